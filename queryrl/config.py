@@ -37,6 +37,9 @@ class TinyModelConfig:
     max_position_embeddings: int = 1024
     seed: int = 0
     corpus: list[str] = field(default_factory=list)  # extra text the tokenizer is trained on
+    # builtin datasets (``builtin://NAME/SPLIT``) whose prompts and SFT targets the tokenizer is also
+    # trained on, so that the domain's words become single tokens (the query-rewrite demo)
+    corpus_datasets: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -170,6 +173,8 @@ class RewardConfig:
     max_retries: int = 2  # async: retries after an exception or a timeout
     overlong_buffer_len: int = 0  # dapo: soft-penalty zone before max_response_length (tokens)
     overlong_penalty_factor: float = 1.0  # dapo: penalty at max_response_length
+    # a step whose failed fraction of samples exceeds this is skipped (no update), with a warning
+    max_failed_frac: float = 0.5
 
 
 @dataclass
@@ -189,13 +194,64 @@ class SeedHybridConfig:
 
 
 @dataclass
+class QueryRewriteJudgeConfig:
+    backend: str = "offline"  # offline (gold documents, no LLM) | openai (any OpenAI-compatible API)
+    model: str = "gpt-5"
+    base_url: str | None = None  # openai: e.g. https://api.openai.com/v1 or a vLLM server
+    api_key_env: str | None = "OPENAI_API_KEY"  # the env var holding the key; null = no key
+    position_swap: bool = False  # judge both orders; a verdict counts only when both agree
+    lang: str = "zh"
+    timeout_s: float = 30.0
+    max_retries: int = 3
+
+
+@dataclass
+class QueryRewriteRAGConfig:
+    url: str | None = None  # an external RAG service (serve-rag or yours); null = embedded in-process
+    corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
+    top_k: int = 5
+    timeout_s: float = 10.0
+    max_retries: int = 2
+
+
+@dataclass
 class QueryRewriteConfig:
+    """The query-rewrite application: its reward replaces ``reward.function`` when enabled."""
+
+    enable: bool = False
+    # group_judge | retrieval_rank | seed_hybrid | mix (weights below decide the components)
+    reward_mode: str = "group_judge"
+    # weights over judge / retrieval_rank / format; empty = the mode's defaults
+    weights: dict[str, float] = field(default_factory=dict)
+    max_query_chars: int = 256
+    judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
+    rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)
     seed_hybrid: SeedHybridConfig = field(default_factory=SeedHybridConfig)
 
 
 @dataclass
 class AppConfig:
     query_rewrite: QueryRewriteConfig = field(default_factory=QueryRewriteConfig)
+
+
+@dataclass
+class SFTConfig:
+    """``queryrl sft``: supervised fine-tuning on prompts and target replies (a warm start before RL)."""
+
+    train_files: list[str] = field(default_factory=list)  # empty = data.train_files
+    val_files: list[str] = field(default_factory=list)  # empty = data.val_files
+    target_key: str = "extra_info.sft_target"  # dotted path in each row to the reply to learn
+    epochs: int = 1
+    max_steps: int = 0  # 0 = epochs over the data
+    batch_size: int = 16  # sequences per optimizer step
+    micro_batch_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # constant | cosine | linear
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft
 
 
 @dataclass
@@ -232,6 +288,7 @@ class QueryRLConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     app: AppConfig = field(default_factory=AppConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
@@ -402,6 +459,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for item in overrides or []:
         key, value = _parse_override(item)
         _set(cfg, key, value, f"override {item!r}")
+    if cfg.app.query_rewrite.seed_hybrid.enable:  # seed 000's launch keys select seed_hybrid
+        cfg.app.query_rewrite.enable = True
+        cfg.app.query_rewrite.reward_mode = "seed_hybrid"
     validate(cfg)
     return cfg
 
@@ -457,7 +517,20 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 for training rollouts (use rollout.val for greedy)")
+    _choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
+    qr = cfg.app.query_rewrite
+    _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
+    _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
+    if qr.enable and qr.judge.backend == "openai" and not qr.judge.base_url:
+        raise ConfigError("app.query_rewrite.judge.backend=openai needs app.query_rewrite.judge.base_url")
+    if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
+        raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
     hybrid = cfg.app.query_rewrite.seed_hybrid
+    if qr.enable and qr.reward_mode == "seed_hybrid" and hybrid.group_size != cfg.rollout.n:
+        raise ConfigError(
+            f"app.query_rewrite.seed_hybrid.group_size={hybrid.group_size} must equal rollout.n={cfg.rollout.n} "
+            "(the candidates per prompt the selector picks from)"
+        )
     if abs(hybrid.gpt5_weight + hybrid.grpo_weight - 1.0) > 1e-6:
         raise ConfigError(
             f"app.query_rewrite.seed_hybrid: gpt5_weight + grpo_weight must be 1 "
