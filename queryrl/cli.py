@@ -42,6 +42,27 @@ def train(
     )
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sft(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
+) -> None:
+    """Supervised fine-tuning (a warm start before RL): ``queryrl sft --config FILE key.sub=value ...``."""
+    import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
+    from queryrl.config import ConfigError, load_config
+    from queryrl.data import DataError
+
+    try:
+        cfg = load_config(config, list(ctx.args))
+        from queryrl.trainer.sft import train_sft
+
+        result = train_sft(cfg)
+    except (ConfigError, DataError) as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"done: {result.output_dir} (final loss {result.final_loss:.3f})")
+
+
 @prepare_app.command("gsm8k")
 def prepare_gsm8k(
     input: Annotated[Path, typer.Option("--input", help="GSM8K JSONL ({question, answer} per line).")],
@@ -177,6 +198,83 @@ def serve_rag(
         k: v for k, v in {"base_url": base_url, "model": model, "api_key_env": api_key_env}.items() if v
     }
     serve(str(corpus), host=host, port=port, rewriter=rewriter, top_k=top_k, **options)
+
+
+@app.command("eval")
+def eval_(
+    data: Annotated[str, typer.Option("--data", help="builtin://sales_demo/test, a .parquet or a .jsonl file.")],
+    systems: Annotated[
+        str,
+        typer.Option(help="Comma-separated: raw_turn, concat_last3, reference, NAME=MODEL_FOLDER or MODEL_FOLDER."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="The JSON summary (eval.png, eval_samples.jsonl beside it).")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Defaults from app.query_rewrite.rag/judge and data.")
+    ] = None,
+    rag_url: Annotated[str | None, typer.Option(help="An external RAG service; default: embedded.")] = None,
+    corpus: Annotated[str | None, typer.Option(help="Embedded service: sales_demo or a corpus file.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Documents per result (>= 5; default 5).")] = None,
+    judge: Annotated[str | None, typer.Option(help="none, offline or openai (default none).")] = None,
+    judge_base_url: Annotated[str | None, typer.Option(help="--judge openai: the API root.")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="--judge openai: the model name.")] = None,
+    judge_api_key_env: Annotated[str | None, typer.Option(help="--judge openai: env var holding the key.")] = None,
+    position_swap: Annotated[
+        bool | None, typer.Option("--position-swap/--no-position-swap", help="--judge openai: judge both orders.")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Generation micro-batch of a model system.")] = 16,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="A model's reply budget (default 64, or data.max_response_length).")
+    ] = None,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples of the confidence intervals.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+    max_samples: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
+) -> None:
+    """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
+    from queryrl.apps.query_rewrite.eval_run import EvalError, JudgeSettings, evaluate
+
+    rag: Any = None
+    jcfg: Any = None
+    max_response_length: int | None = None
+    if config is not None:
+        from queryrl.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(config, [])
+        except ConfigError as exc:
+            _fail(str(exc))
+            return
+        rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
+        max_response_length = int(cfg.data.max_response_length)
+    settings = JudgeSettings(
+        backend=judge or (str(jcfg.backend) if jcfg is not None else "none"),
+        base_url=judge_base_url or (jcfg.base_url if jcfg is not None else None),
+        model=judge_model or (str(jcfg.model) if jcfg is not None else None),
+        api_key_env=judge_api_key_env or (jcfg.api_key_env if jcfg is not None else "OPENAI_API_KEY"),
+        position_swap=position_swap if position_swap is not None else bool(jcfg.position_swap if jcfg else False),
+        lang=str(jcfg.lang) if jcfg is not None else "zh",
+        timeout_s=float(jcfg.timeout_s) if jcfg is not None else 30.0,
+        max_retries=int(jcfg.max_retries) if jcfg is not None else 3,
+    )
+    try:
+        evaluate(
+            data,
+            systems,
+            out,
+            rag_url=rag_url or (rag.url if rag is not None and corpus is None else None),
+            corpus=corpus or (str(rag.corpus) if rag is not None else "sales_demo"),
+            top_k=top_k if top_k is not None else (int(rag.top_k) if rag is not None else 5),
+            rag_timeout_s=float(rag.timeout_s) if rag is not None else 10.0,
+            rag_max_retries=int(rag.max_retries) if rag is not None else 2,
+            judge=settings,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens or max_response_length or 64,
+            n_boot=bootstrap,
+            seed=seed,
+            max_samples=max_samples,
+            echo=typer.echo,
+        )
+    except EvalError as exc:
+        _fail(str(exc))
 
 
 def main() -> None:

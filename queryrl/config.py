@@ -40,6 +40,7 @@ class TinyModelConfig:
     # builtin datasets (``builtin://NAME/SPLIT``) whose prompts and SFT targets the tokenizer is also
     # trained on, so that the domain's words become single tokens (the query-rewrite demo)
     corpus_datasets: list[str] = field(default_factory=list)
+    split_cjk: bool = False  # one pre-token per CJK character: Chinese words stay frequent, copyable tokens
 
 
 @dataclass
@@ -526,6 +527,11 @@ def validate(cfg: DictConfig) -> None:
     if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
         raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
     hybrid = cfg.app.query_rewrite.seed_hybrid
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.adv_estimator != "grpo":
+        raise ConfigError(
+            f"app.query_rewrite.reward_mode=seed_hybrid is defined for algo.adv_estimator=grpo, "
+            f"not {cfg.algo.adv_estimator!r}"
+        )
     if qr.enable and qr.reward_mode == "seed_hybrid" and hybrid.group_size != cfg.rollout.n:
         raise ConfigError(
             f"app.query_rewrite.seed_hybrid.group_size={hybrid.group_size} must equal rollout.n={cfg.rollout.n} "

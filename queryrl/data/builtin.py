@@ -50,9 +50,11 @@ def toy_target_string(split: str) -> list[dict[str, Any]]:
 BUILTIN_DATASETS: dict[str, Callable[[str], list[dict[str, Any]]]] = {
     "toy_target_string": toy_target_string,
 }
+# bumped by a generator whose rows change, so a cached parquet of an older version is not reused
+BUILTIN_VERSIONS: dict[str, int] = {}
 
 
-def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str, Any]]]) -> None:
+def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str, Any]]], version: int = 0) -> None:
     """Make ``builtin://<name>/<split>`` available; applications call this when imported.
 
     The library never imports an application, so the CLI imports ``queryrl.apps`` to register
@@ -62,6 +64,7 @@ def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str
     if existing is not None and existing is not make_rows:
         raise ValueError(f"built-in dataset {name!r} is already registered")
     BUILTIN_DATASETS[name] = make_rows
+    BUILTIN_VERSIONS[name] = version
 
 
 def resolve_data_path(path: str, cache_dir: str | None = None) -> str:
@@ -74,7 +77,9 @@ def resolve_data_path(path: str, cache_dir: str | None = None) -> str:
             f"unknown built-in dataset {name!r} in {path!r}; known: {', '.join(BUILTIN_DATASETS)} "
             "(applications register theirs when imported: import queryrl.apps)"
         )
-    out = cache_root(cache_dir) / "data" / name / f"{split or 'train'}.parquet"
+    version = BUILTIN_VERSIONS.get(name, 0)
+    suffix = f".v{version}" if version else ""
+    out = cache_root(cache_dir) / "data" / name / f"{split or 'train'}{suffix}.parquet"
     if not out.is_file():
         rows = BUILTIN_DATASETS[name](split or "train")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,8 @@ def _settings(tiny: Any) -> dict[str, Any]:
         "max_position_embeddings": int(tiny.max_position_embeddings),
         "seed": int(tiny.seed),
         "corpus": [str(x) for x in tiny.corpus],
+        "corpus_datasets": [str(x) for x in getattr(tiny, "corpus_datasets", [])],
+        "split_cjk": bool(getattr(tiny, "split_cjk", False)),
         "format": 1,  # bump when the construction below changes
     }
 
@@ -70,12 +72,37 @@ def tiny_model_dir(tiny: Any, cache_dir: str | None = None) -> Path:
     return cache_root(cache_dir) / f"tiny-qwen2-{digest}"
 
 
-def _train_tokenizer(vocab_size: int, corpus: list[str]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def dataset_text(name: str) -> list[str]:
+    """The text of a built-in dataset (``builtin://NAME/SPLIT`` or ``NAME/SPLIT``) for tokenizer training:
+    every prompt message and, where present, ``extra_info.sft_target``."""
+    from queryrl.data.builtin import BUILTIN_DATASETS, PREFIX
+
+    dataset, _, split = name.removeprefix(PREFIX).partition("/")
+    if dataset not in BUILTIN_DATASETS:
+        raise ValueError(
+            f"model.tiny.corpus_datasets: unknown built-in dataset {dataset!r}; known: {', '.join(BUILTIN_DATASETS)} "
+            "(applications register theirs when imported: import queryrl.apps)"
+        )
+    lines: list[str] = []
+    for row in BUILTIN_DATASETS[dataset](split or "train"):
+        lines += [str(m.get("content", "")) for m in row.get("prompt") or []]
+        target = (row.get("extra_info") or {}).get("sft_target")
+        if isinstance(target, str):
+            lines.append(target)
+    return lines
+
+
+def _train_tokenizer(vocab_size: int, corpus: list[str], split_cjk: bool = False) -> Any:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_cjk:  # CJK ideographs and full-width punctuation: one pre-token (at most one token) each
+        cjk = pre_tokenizers.Split(Regex("[\u3000-\u303f\u3400-\u9fff\uff00-\uffef]"), behavior="isolated")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([cjk, byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -110,7 +137,10 @@ def build_tiny_model(tiny: Any, cache_dir: str | None = None) -> Path:
 
     hf_logging.disable_progress_bar()
     settings = _settings(tiny)
-    tokenizer = _train_tokenizer(settings["vocab_size"], BASE_CORPUS * 4 + settings["corpus"])
+    extra = [line for name in settings["corpus_datasets"] for line in dataset_text(name)]
+    tokenizer = _train_tokenizer(
+        settings["vocab_size"], BASE_CORPUS * 4 + settings["corpus"] + extra, split_cjk=settings["split_cjk"]
+    )
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=settings["hidden_size"],

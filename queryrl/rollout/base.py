@@ -109,6 +109,12 @@ class RolloutOutput:
         """(N,) long: counted response tokens per row."""
         return self.response_mask.sum(-1).long()
 
+    def select(self, rows: Sequence[int] | Tensor) -> RolloutOutput:
+        """The rows at `rows`, in that order (``prompt_index`` kept: it still names the input prompt)."""
+        index = torch.as_tensor(rows, dtype=torch.long)
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RolloutOutput(**{k: v[index] if isinstance(v, Tensor) else v for k, v in values.items()})
+
     @classmethod
     def concat(cls, outputs: Sequence[RolloutOutput], pad_id: int) -> RolloutOutput:
         """Stack outputs row-wise, re-padding prompts (left) and responses (right) to common widths.

@@ -60,6 +60,8 @@ class Components:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
     data_stats: dict[str, float] = field(default_factory=dict)
+    # picks the rows of a rollout to score and train on (seed 000's selector); None = every row
+    select: Any = None
 
 
 def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptDataset]:
@@ -121,12 +123,26 @@ def build_components(cfg: DictConfig) -> Components:
         min_lr_ratio=cfg.actor.min_lr_ratio,
     )
     rollout = make_rollout(cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device)
-    reward_fn = load_reward_function(cfg.reward.function.path, cfg.reward.function.name)
     r = cfg.reward
+    function_path, function_name, manager, kwargs = r.function.path, r.function.name, r.manager, dict(r.kwargs)
+    select = None
+    if cfg.app.query_rewrite.enable:  # the application supplies the reward (and seed_hybrid's selector)
+        from queryrl.apps.query_rewrite import training as query_rewrite
+
+        if function_path and function_path != query_rewrite.REWARD_FUNCTION:
+            raise ValueError(
+                f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function_path!r} "
+                "would replace it: remove one of the two"
+            )
+        function_path, function_name = query_rewrite.REWARD_FUNCTION, "compute_score"
+        kwargs = query_rewrite.reward_kwargs(cfg)
+        manager = "async" if manager == "naive" else manager  # RAG and judge calls are I/O: run them concurrently
+        select = query_rewrite.make_selector(cfg)
+    reward_fn = load_reward_function(function_path, function_name)
     reward = make_reward_manager(
-        r.manager,
+        manager,
         reward_fn,
-        dict(r.kwargs),
+        kwargs,
         num_workers=r.num_workers,
         timeout_s=r.timeout_s,
         max_concurrency=r.max_concurrency,
@@ -151,6 +167,7 @@ def build_components(cfg: DictConfig) -> Components:
         ref_device=ref_device,
         total_steps=total_steps,
         data_stats={"data/filtered_prompts": float(sum(d.num_filtered for d in train + val))},
+        select=select,
     )
     if cfg.algo.adv_estimator == "gae":
         path = Path(cfg.critic.path) if cfg.critic.path else resolve_model_path(cfg.model)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ class Trainer:
         cfg, c = self.cfg, self.c
         metrics: dict[str, float] = {}
         batch, results = generate_and_score(
-            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device
+            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, select=c.select
         )
         baselines = self._greedy_baselines(items, batch) if cfg.algo.adv_estimator == "remax" else None
         with timer("reward"):
@@ -146,8 +147,15 @@ class Trainer:
             metrics |= reward_metrics | reward_side_metrics(c.reward)
             if baselines is not None:
                 baselines = baselines[keep]
-        if len(batch) == 0:
-            return metrics | {"reward/all_failed": 1.0}
+        failed_frac = 1.0 - len(batch) / max(len(results), 1)
+        metrics["reward/failed_frac"] = failed_frac
+        if len(batch) == 0 or failed_frac > cfg.reward.max_failed_frac:
+            warnings.warn(
+                f"step {self.step}: {len(results) - len(batch)} of {len(results)} samples failed their reward "
+                f"(more than reward.max_failed_frac={cfg.reward.max_failed_frac}): the step is skipped, no update",
+                stacklevel=2,
+            )
+            return metrics | {"reward/step_skipped": 1.0, "reward/all_failed": float(len(batch) == 0)}
         self._save_samples(batch)
         needs_old = cfg.algo.use_kl_in_reward or cfg.actor.ppo_epochs > 1 or self._num_mini_batches(batch) > 1
         if needs_old:

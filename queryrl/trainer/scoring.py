@@ -10,6 +10,7 @@ whole scoring time.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,6 +49,9 @@ def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any]) -> lis
     return inputs
 
 
+Selector = Callable[[RolloutOutput], tuple[Tensor, list[dict[str, Any]]]]
+
+
 def generate_and_score(
     rollout: Any,
     reward: Any,
@@ -56,8 +60,13 @@ def generate_and_score(
     sampling: SamplingParams,
     timer: PhaseTimer,
     device: torch.device,
+    select: Selector | None = None,
 ) -> tuple[Batch, list[RewardResult]]:
     """Generate for `items` and score every response; rewards overlap generation.
+
+    With `select` (e.g. seed 000's candidate selector), everything is generated first, then
+    ``select(output)`` returns the rows to keep and, for each kept row, extra ``extra_info`` entries
+    for its reward; only those rows are scored and returned.
 
     Phases: ``gen`` (generation, decoding and submitting), then ``reward_wait``.
     """
@@ -67,10 +76,19 @@ def generate_and_score(
     with timer("gen"):
         for chunk in rollout.generate_chunks([it.input_ids for it in items], sampling):
             chunk_texts = decode_responses(tokenizer, chunk)
-            pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items)))
+            if select is None:
+                pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items)))
             chunks.append(chunk)
             texts += chunk_texts
         out = RolloutOutput.concat(chunks, int(tokenizer.pad_token_id))
+        if select is not None:
+            rows, extras = select(out)
+            out = out.select(rows)
+            texts = [texts[int(i)] for i in rows]
+            inputs = reward_inputs(out, texts, items)
+            for inp, extra in zip(inputs, extras, strict=True):
+                inp.extra_info.update(extra)
+            pending.append(reward.submit(inputs))
     with timer("reward_wait"):
         results = [r for p in pending for r in p.result()]
     batch = Batch(
@@ -108,4 +126,8 @@ def reward_side_metrics(reward: Any) -> dict[str, float]:
     judge = sys.modules.get("queryrl.rewards.judge")  # only if some reward function imported it
     if judge is not None and hasattr(judge, "collect_judge_metrics"):
         metrics |= judge.collect_judge_metrics()
+    # a reward function's module may count its own side work (RAG calls, judge consistency, ...)
+    module = sys.modules.get(getattr(getattr(reward, "fn", None), "__module__", "") or "")
+    if module is not None and callable(getattr(module, "pop_reward_metrics", None)):
+        metrics |= module.pop_reward_metrics()
     return metrics

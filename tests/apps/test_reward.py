@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from queryrl.apps.query_rewrite.demo_data import make_catalogue, sales_demo_corpus, sales_demo_rows
-from queryrl.apps.query_rewrite.reward import RewardFailure, candidate_calls, compute_score
+from queryrl.apps.query_rewrite.reward import RewardFailure, candidate_calls, compute_score, pop_reward_metrics
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards import RewardInput, load_reward_function, make_reward_manager
@@ -203,13 +203,14 @@ def test_openai_judge_with_and_without_position_swap() -> None:
         return "I cannot decide."
 
     base = {"judge": "openai", "judge_model": "test-judge", "judge_api_key_env": None, "judge_max_retries": 0}
+    pop_reward_metrics()
     with running_server(make_judge_app(same)) as url:
         plain = _score(row, _answer(_correct(row)), judge_base_url=url, **base)
+        assert "judge/position_consistency" not in pop_reward_metrics()
         swapped = _score(row, _answer(_correct(row)), judge_base_url=url, position_swap=True, **base)
     assert plain["quality"] == pytest.approx(0.5 + 30 / 40 * 0.2)
-    assert "position_consistent" not in plain
     assert swapped["quality"] == pytest.approx(plain["quality"])
-    assert swapped["position_consistent"] == 1.0
+    assert pop_reward_metrics()["judge/position_consistency"] == 1.0
     assert len(seen) == 3
     assert _correct(row) in seen[0]
 
@@ -218,5 +219,6 @@ def test_openai_judge_with_and_without_position_swap() -> None:
         assert one_order["quality"] == pytest.approx(0.7 + 36 / 40 * 0.3)
         with pytest.raises(RewardFailure, match="position-inconsistent"):
             _score(row, _answer(_correct(row)), judge_base_url=url, position_swap=True, **base)
+        assert pop_reward_metrics()["judge/position_consistency"] == 0.0
     with running_server(make_judge_app(garbage)) as url, pytest.raises(RewardFailure, match="judge failed"):
         _score(row, _answer(_correct(row)), judge_base_url=url, **base)

@@ -24,6 +24,7 @@ import random
 from typing import Any
 
 from queryrl.apps.query_rewrite.conversations import Conversation, Message, conversations_to_rows
+from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
 CATALOGUE_SEED = 0
 SPLITS = {"train": 400, "val": 60, "test": 60}  # dialogues per split
@@ -212,12 +213,13 @@ def make_dialogues(catalogue: list[dict[str, Any]], n: int, seed: int = 0, prefi
 
 
 def sales_demo_rows(split: str) -> list[dict[str, Any]]:
-    """verl rows of one split (train 400, val 60, test 60 dialogues) over the default catalogue."""
+    """verl rows of one split (train 400, val 60, test 60 dialogues) over the default catalogue, each with
+    the reference rewriter's answer as ``extra_info.sft_target`` (:mod:`.sft_targets`)."""
     if split not in SPLITS:
         raise ValueError(f"builtin://sales_demo has splits {', '.join(SPLITS)}, not {split!r}")
     seed = list(SPLITS).index(split) + 1  # distinct dialogue seeds per split, one shared catalogue
     dialogues = make_dialogues(make_catalogue(CATALOGUE_SEED), SPLITS[split], seed, prefix=f"demo-{split}")
-    return conversations_to_rows(dialogues, DATA_SOURCE)
+    return add_sft_targets(conversations_to_rows(dialogues, DATA_SOURCE))
 
 
 def sales_demo_corpus() -> list[dict[str, str]]:

@@ -59,6 +59,7 @@ from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, parse_rewrite
 from queryrl.apps.query_rewrite.reward_modes import (
     format_reward,
     group_judge_rewards,
+    hybrid_reward,
     mix_rewards,
     normalise_rewrite,
     retrieval_rank_reward,
@@ -153,6 +154,7 @@ async def _shared_both(client: RAGClient, scope: Any, fields: dict[str, Any]) ->
     task = cache.inflight.get(key)
     if task is None:
         cache.calls += 1
+        _count("rag/candidate_calls")
         task = cache.inflight[key] = asyncio.ensure_future(_both(client, fields))
         task.add_done_callback(lambda _: cache.inflight.pop(key, None))
     pair = await asyncio.shield(task)
@@ -222,12 +224,45 @@ async def _judge_quality(
         if r.verdict is None:
             raise RewardFailure(f"judge failed: {r.error or 'invalid verdict'}")
     quality, consistent = combine_swapped(r_ab.verdict, r_ba.verdict)
+    _count("judge/position_consistent" if quality is not None and consistent else "judge/position_inconsistent")
     if quality is None or not consistent:
         raise RewardFailure(
             f"judge position-inconsistent: {r_ab.verdict.get('better') if r_ab.verdict else None!r} "
             f"then {r_ba.verdict.get('better') if r_ba.verdict else None!r} with the positions swapped"
         )
-    return quality, {"position_consistent": 1.0}
+    return quality, {}
+
+
+# --- side metrics ------------------------------------------------------------------------------
+
+_COUNTS: dict[str, float] = {}
+
+
+def _count(key: str, value: float = 1.0) -> None:
+    with _LOCK:
+        _COUNTS[key] = _COUNTS.get(key, 0.0) + value
+
+
+def pop_reward_metrics() -> dict[str, float]:
+    """Counters since the last call, for the trainer's step metrics (reset here): the RAG clients'
+    ``rag/*`` (calls, failures, retries, reference cache hits, latency), ``rag/candidate_calls``
+    (distinct candidate requests actually sent), and with position swap ``judge/position_consistency``
+    (the fraction of swapped pairs whose two verdicts agreed)."""
+    metrics: dict[str, float] = {}
+    with _LOCK:
+        clients = list(_RAG_CLIENTS.values())
+        counts = dict(_COUNTS)
+        _COUNTS.clear()
+    for client in clients:
+        for key, value in client.pop_stats().items():
+            metrics[key] = metrics.get(key, 0.0) + value
+    if len(clients) > 1 and "rag/latency_s" in metrics:
+        metrics["rag/latency_s"] /= len(clients)
+    consistent = counts.pop("judge/position_consistent", 0.0)
+    inconsistent = counts.pop("judge/position_inconsistent", 0.0)
+    if consistent + inconsistent:
+        metrics["judge/position_consistency"] = consistent / (consistent + inconsistent)
+    return metrics | counts
 
 
 # --- the reward --------------------------------------------------------------------------------
@@ -277,7 +312,8 @@ async def compute_score(
     Returns:
         ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
         ``judge``, ``retrieval_rank`` (absent without gold), ``format``, ``recall_at_5`` and
-        ``reference_recall_at_5`` (absent without gold), ``position_consistent`` (with ``position_swap``).
+        ``reference_recall_at_5`` (absent without gold) (with ``position_swap`` the
+        consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``).
 
     Raises:
         RewardFailure: RAG or judge failure, or inconsistent positions: the sample fails.
@@ -293,6 +329,12 @@ async def compute_score(
     parsed = parse_rewrite(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
     if parsed is None:  # the policy's fault: every component at its floor, no service call
         components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
+        if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
+            z = float(info.get("seed_hybrid_z", 0.0))
+            hybrid = hybrid_reward(
+                0.0, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
+            )
+            return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z}
         score = mix_rewards(components, weights)
         assert score is not None
         return {"score": score, "quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
@@ -322,6 +364,13 @@ async def compute_score(
         out["retrieval_rank"] = rank
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
+    if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
+        quality, extra = await _judge_quality(kwargs, contexts, candidate, reference, gold, top_k)
+        z = float(info.get("seed_hybrid_z", 0.0))
+        hybrid = hybrid_reward(
+            quality, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
+        )
+        return {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
     if weights.get("judge", 0.0) != 0.0:
         quality, extra = await _judge_quality(kwargs, contexts, candidate, reference, gold, top_k)
         (judge_reward,) = group_judge_rewards([quality])

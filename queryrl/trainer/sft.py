@@ -1,0 +1,428 @@
+"""Supervised fine-tuning: learn a target reply per prompt, as a warm start before RL.
+
+``queryrl sft --config FILE key=value ...`` reads verl-layout rows (parquet, JSON lines or
+``builtin://NAME/SPLIT``), exactly as the RL data: each row's prompt becomes the chat template
+with the assistant turn opened (the very tokens the RL rollout is prompted with), and the string
+at ``sft.target_key`` (a dotted path such as ``extra_info.sft_target``) followed by the
+tokenizer's EOS token is the reply to learn.
+
+The loss is the cross-entropy of the target tokens only (prompt and padding are masked), one
+token mean over each optimizer batch: the micro-batches of an optimizer step share one
+normaliser, the number of target tokens in the batch, so ``sft.micro_batch_size`` never changes
+the update. The result is a plain Hugging Face folder (LoRA merged) with the tokenizer, the
+metrics and the redacted config, written to a temporary sibling and renamed into
+``sft.output_dir`` once complete; RL starts from it with ``model.path=<folder>``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from queryrl.config import ConfigError, redacted, save_config
+from queryrl.data import build_prompt_dataset
+from queryrl.data.builtin import resolve_data_path
+from queryrl.data.records import DataError
+from queryrl.models import load_policy
+from queryrl.trainer.components import resolve_device, seed_everything
+from queryrl.trainer.optim import make_optimizer
+
+IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
+CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
+CONFIG_NAME = "sft_config.yaml"  # the redacted config, next to the model files
+
+
+@dataclass
+class SFTExample:
+    """One prompt and its target reply, as token ids.
+
+    Attributes:
+        prompt_ids: the chat prompt with the assistant turn opened, ``(P,)``.
+        target_ids: the target reply followed by EOS (cut at ``data.max_response_length``), ``(T,)``.
+        source: the file the row came from.
+        index: the row's 0-based index in that file.
+    """
+
+    prompt_ids: list[int]
+    target_ids: list[int]
+    source: str
+    index: int
+
+
+@dataclass
+class SFTData:
+    """The examples of one or more files and what was left out or cut on the way.
+
+    Attributes:
+        examples: the examples kept, file after file, in file order.
+        num_filtered: prompts longer than ``data.max_prompt_length``, dropped.
+        num_truncated: targets longer than ``data.max_response_length``, cut to it.
+    """
+
+    examples: list[SFTExample]
+    num_filtered: int = 0
+    num_truncated: int = 0
+
+
+@dataclass
+class SFTResult:
+    """What :func:`train_sft` produced.
+
+    Attributes:
+        output_dir: the Hugging Face model folder.
+        steps: optimizer steps taken.
+        losses: the training loss of every step, in order.
+        final_loss: the last step's training loss.
+        val_loss: the last validation loss, or None without validation data.
+    """
+
+    output_dir: Path
+    steps: int
+    losses: list[float] = field(default_factory=list)
+    final_loss: float = float("nan")
+    val_loss: float | None = None
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def lookup_target(row: dict[str, Any], key: str, source: str, index: int) -> str:
+    """The string at the dotted path `key` of `row`.
+
+    Raises:
+        DataError: the path is missing (or null) or does not end at a string; the message names
+            the file, the row and the key.
+    """
+    node: Any = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            raise DataError(f"{source}: row {index}: field {key!r}: missing (the SFT target, sft.target_key)")
+        node = node[part]
+    if not isinstance(node, str):
+        raise DataError(
+            f"{source}: row {index}: field {key!r}: the SFT target must be a string, got {type(node).__name__}"
+        )
+    return node
+
+
+def build_sft_data(
+    files: Sequence[str],
+    tokenizer: Any,
+    target_key: str,
+    max_prompt_length: int,
+    max_response_length: int,
+    filter_overlong: bool = True,
+    prompt_key: str = "prompt",
+    cache_dir: str | None = None,
+) -> SFTData:
+    """Read the rows of `files` and encode each prompt and target.
+
+    The prompts go through :func:`queryrl.data.build_prompt_dataset`, as the RL prompts do (same
+    chat template, same overlong filter); the target is the string at `target_key` tokenised
+    without special tokens, then the tokenizer's EOS id, cut to `max_response_length` tokens.
+
+    Raises:
+        DataError: a bad file or row, or a row without a string target (naming file, row, key).
+    """
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no EOS token; the SFT target needs one to learn where to stop")
+    data = SFTData(examples=[])
+    for name in files:
+        path = resolve_data_path(str(name), cache_dir)
+        dataset = build_prompt_dataset(
+            path, tokenizer, max_prompt_length, filter_overlong=filter_overlong, prompt_key=prompt_key
+        )
+        data.num_filtered += dataset.num_filtered
+        source = path if path == str(name) else f"{path} ({name})"
+        targets = [lookup_target(item.row, target_key, source, item.index) for item in dataset.items]
+        encoded = tokenizer(targets, add_special_tokens=False)["input_ids"] if targets else []
+        for item, ids in zip(dataset.items, encoded, strict=True):
+            target = [*ids, eos]
+            if len(target) > max_response_length:
+                data.num_truncated += 1
+                target = target[:max_response_length]
+            data.examples.append(SFTExample(list(item.input_ids), target, source, item.index))
+    return data
+
+
+def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels``, each ``(N, L)``.
+
+    ``labels`` hold the token id at target positions and :data:`IGNORE_INDEX` at prompt and
+    padding positions; ``L`` is the longest prompt + target of these examples.
+    """
+    length = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
+    for i, e in enumerate(examples):
+        p, t = len(e.prompt_ids), len(e.target_ids)
+        input_ids[i, : p + t] = torch.tensor(e.prompt_ids + e.target_ids)
+        labels[i, p : p + t] = torch.tensor(e.target_ids)
+        attention_mask[i, : p + t] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+# --- the loss -----------------------------------------------------------------------------------
+
+
+def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.device) -> tuple[Tensor, int]:
+    """The summed cross-entropy of the target tokens of `batch` and how many there are."""
+    input_ids = batch["input_ids"].to(device)
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"].to(device), use_cache=False).logits
+    labels = batch["labels"].to(device)[:, 1:]  # position t predicts token t + 1
+    logits = logits[:, :-1].float()
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return loss, int((labels != IGNORE_INDEX).sum())
+
+
+def accumulate_gradients(
+    model: nn.Module, examples: Sequence[SFTExample], micro_batch_size: int, pad_id: int, device: torch.device
+) -> tuple[float, int]:
+    """Backward the token-mean loss of one optimizer batch, micro-batch by micro-batch.
+
+    Every micro-batch's summed loss is divided by the same normaliser, the number of target
+    tokens in the whole of `examples`, so the accumulated gradient does not depend on
+    `micro_batch_size`. Returns the batch's mean loss and its number of target tokens.
+    """
+    num_tokens = sum(len(e.target_ids) for e in examples)
+    total = 0.0
+    for start in range(0, len(examples), micro_batch_size):
+        loss_sum, _ = sum_target_loss(model, collate(examples[start : start + micro_batch_size], pad_id), device)
+        (loss_sum / max(num_tokens, 1)).backward()
+        total += loss_sum.item()
+    return total / max(num_tokens, 1), num_tokens
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: nn.Module, examples: Sequence[SFTExample], micro_batch_size: int, pad_id: int, device: torch.device
+) -> float:
+    """The token-mean target loss over `examples` (no gradient, eval mode, then back to train)."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for start in range(0, len(examples), micro_batch_size):
+        loss_sum, n = sum_target_loss(model, collate(examples[start : start + micro_batch_size], pad_id), device)
+        total, tokens = total + loss_sum.item(), tokens + n
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """``range(n)`` in the order of epoch `epoch`: a permutation seeded by ``(seed, epoch)``."""
+    if not shuffle:
+        return list(range(n))
+    return [int(i) for i in np.random.default_rng([seed, epoch]).permutation(n)]
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def default_output_dir(cfg: DictConfig) -> Path:
+    """``sft.output_dir``, or ``{trainer.output_dir}/{trainer.experiment_name}/sft``."""
+    if cfg.sft.output_dir:
+        return Path(cfg.sft.output_dir).expanduser()
+    return Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name / "sft"
+
+
+def _save_model(model: nn.Module, tokenizer: Any, lora: bool, folder: Path) -> None:
+    """The model (LoRA merged into its weights) and the tokenizer as a plain Hugging Face folder."""
+    merged = model.merge_and_unload() if lora else model  # type: ignore[operator]
+    merged.save_pretrained(folder)  # type: ignore[operator]
+    tokenizer.save_pretrained(folder)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the complete folder `tmp` to `out`; an existing `out` is removed only afterwards.
+
+    An existing `out` is first renamed aside, then `tmp` takes its name, then the old one is
+    deleted; if the second rename fails, the old folder is put back.
+    """
+    if not out.exists():
+        tmp.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check(cfg: DictConfig) -> None:
+    s = cfg.sft
+    for key, value in {"sft.batch_size": s.batch_size, "sft.micro_batch_size": s.micro_batch_size}.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    if s.epochs <= 0 and s.max_steps <= 0:
+        raise ConfigError(f"sft.epochs must be > 0 (or sft.max_steps set), got {s.epochs}")
+    if s.max_steps < 0:
+        raise ConfigError(f"sft.max_steps must be >= 0, got {s.max_steps}")
+    if not (list(s.train_files) or list(cfg.data.train_files)):
+        raise ConfigError("no SFT data: set sft.train_files (or data.train_files)")
+
+
+def _warn_left_out(data: SFTData, cfg: DictConfig, what: str) -> None:
+    if data.num_filtered:
+        warnings.warn(
+            f"sft {what}: {data.num_filtered} prompts longer than data.max_prompt_length="
+            f"{cfg.data.max_prompt_length} were left out",
+            stacklevel=3,
+        )
+    if data.num_truncated:
+        warnings.warn(
+            f"sft {what}: {data.num_truncated} targets longer than data.max_response_length="
+            f"{cfg.data.max_response_length} tokens were truncated (their EOS is cut off)",
+            stacklevel=3,
+        )
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def train_sft(cfg: DictConfig) -> SFTResult:
+    """Fine-tune the policy of `cfg` on the SFT targets and write the model folder.
+
+    Args:
+        cfg: a resolved config from :func:`queryrl.config.load_config`; reads ``sft.*``,
+            ``model.*``, ``data.*`` (prompt key, lengths, overlong filter, shuffle) and
+            ``trainer.*`` (seed, device, num_threads, logger, eval_every, log_every).
+
+    Returns:
+        The output folder and the loss history.
+
+    Raises:
+        ConfigError: an invalid ``sft.*`` setting or no training data.
+        DataError: a bad data file or row (e.g. a row without its target).
+    """
+    _check(cfg)
+    s = cfg.sft
+    if cfg.trainer.num_threads > 0:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    bundle = load_policy(cfg.model, device, None, need_ref=False)
+    model, tokenizer = bundle.model, bundle.tokenizer
+    pad_id = int(tokenizer.pad_token_id)
+
+    def load(files: list[str], what: str) -> SFTData:
+        data = build_sft_data(
+            files,
+            tokenizer,
+            s.target_key,
+            cfg.data.max_prompt_length,
+            cfg.data.max_response_length,
+            filter_overlong=cfg.data.filter_overlong_prompts,
+            prompt_key=cfg.data.prompt_key,
+            cache_dir=cfg.model.cache_dir,
+        )
+        _warn_left_out(data, cfg, what)
+        return data
+
+    train = load(list(s.train_files) or list(cfg.data.train_files), "train")
+    if not train.examples:
+        raise DataError(f"no SFT examples to train on ({train.num_filtered} prompts were filtered as overlong)")
+    val = load(list(s.val_files) or list(cfg.data.val_files), "val")
+
+    steps_per_epoch = math.ceil(len(train.examples) / s.batch_size)  # the last, smaller batch is kept
+    total_steps = s.max_steps or s.epochs * steps_per_epoch
+    data_stats = {
+        "data/filtered_prompts": float(train.num_filtered + val.num_filtered),
+        "sft/truncated_targets": float(train.num_truncated + val.num_truncated),
+    }
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = make_optimizer(
+        params,
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        betas=(0.9, 0.999),
+        warmup_steps=s.warmup_steps,
+        total_steps=total_steps,
+        schedule=s.lr_schedule,
+        min_lr_ratio=s.min_lr_ratio,
+    )
+
+    out = default_output_dir(cfg)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary folder
+    result = SFTResult(output_dir=out, steps=0)
+    try:
+        save_config(cfg, tmp / CONFIG_NAME)
+        from queryrl.trainer.tracking import Tracker
+
+        t = cfg.trainer
+        with Tracker(
+            tmp,
+            list(t.logger),
+            t.project_name,
+            t.experiment_name,
+            redacted(cfg),
+            total_steps,
+            console_keys=CONSOLE_KEYS,
+        ) as tracker:
+            model.train()
+            step, epoch, order, pos = 0, 0, epoch_order(len(train.examples), t.seed, 0, cfg.data.shuffle), 0
+            while step < total_steps:
+                if pos >= len(order):
+                    epoch, pos = epoch + 1, 0
+                    order = epoch_order(len(train.examples), t.seed, epoch, cfg.data.shuffle)
+                batch = [train.examples[i] for i in order[pos : pos + s.batch_size]]
+                pos += s.batch_size
+                step += 1
+                optimizer.zero_grad(set_to_none=True)
+                loss, tokens = accumulate_gradients(model, batch, s.micro_batch_size, pad_id, device)
+                grad_norm = nn.utils.clip_grad_norm_(params, s.grad_clip)
+                metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
+                if torch.isfinite(grad_norm):
+                    optimizer.step()
+                else:  # skip the step, as the RL trainer does, and say so
+                    metrics["sft/grad_norm_nonfinite"] = 1.0
+                optimizer.zero_grad(set_to_none=True)
+                scheduler.step()
+                metrics |= {"sft/grad_norm": float(grad_norm), "sft/epoch": float(epoch)} | data_stats
+                result.losses.append(loss)
+                last = step == total_steps
+                if val.examples and ((t.eval_every and step % t.eval_every == 0) or last):
+                    result.val_loss = evaluate_loss(model, val.examples, s.micro_batch_size, pad_id, device)
+                    metrics["sft/val_loss"] = result.val_loss
+                if step % max(t.log_every, 1) == 0 or last:
+                    tracker.log(metrics, step=step)
+        result.steps, result.final_loss = step, result.losses[-1]
+        model.eval()
+        _save_model(model, tokenizer, bundle.lora, tmp)
+        _move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def run_sft(cfg: DictConfig) -> Path:
+    """Fine-tune as :func:`train_sft` does and return the Hugging Face model folder."""
+    return train_sft(cfg).output_dir
