@@ -216,14 +216,21 @@ class QueryRewriteRAGConfig:
 
 
 @dataclass
+class QueryRewriteWeights:
+    judge: float | None = None  # 2q - 1, in [-1, 1]
+    retrieval_rank: float | None = None  # ConvSearch-R1's rank reward, in [0, 2]
+    format: float | None = None  # 1 when the output parses within the length cap
+
+
+@dataclass
 class QueryRewriteConfig:
     """The query-rewrite application: its reward replaces ``reward.function`` when enabled."""
 
     enable: bool = False
     # group_judge | retrieval_rank | seed_hybrid | mix (weights below decide the components)
     reward_mode: str = "group_judge"
-    # weights over judge / retrieval_rank / format; empty = the mode's defaults
-    weights: dict[str, float] = field(default_factory=dict)
+    # weights of the reward components; null = the mode's default (apps/query_rewrite/training.py)
+    weights: QueryRewriteWeights = field(default_factory=lambda: QueryRewriteWeights())
     max_query_chars: int = 256
     judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
     rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)

@@ -45,7 +45,8 @@ MODE_WEIGHTS: dict[str, dict[str, float]] = {
 def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """``compute_score``'s keyword arguments for this config (``reward.kwargs`` entries win)."""
     qr = cfg.app.query_rewrite
-    weights = {**MODE_WEIGHTS[qr.reward_mode], **{str(k): float(v) for k, v in dict(qr.weights).items()}}
+    chosen = {str(k): float(v) for k, v in qr.weights.items() if v is not None}
+    weights = MODE_WEIGHTS[qr.reward_mode] | chosen
     kwargs: dict[str, Any] = {
         "mode": qr.reward_mode,
         "weights": weights,
