@@ -121,6 +121,10 @@ def build_components(cfg: DictConfig) -> Components:
         min_lr_ratio=cfg.actor.min_lr_ratio,
     )
     rollout = make_rollout(cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device)
+    if cfg.rollout.multi_turn.enable:
+        from queryrl.agent import build_agent_rollout
+
+        rollout = build_agent_rollout(rollout, policy.tokenizer, cfg.rollout.multi_turn, cfg.rollout.micro_batch_size)
     reward_fn = load_reward_function(cfg.reward.function.path, cfg.reward.function.name)
     r = cfg.reward
     reward = make_reward_manager(

@@ -174,6 +174,10 @@ class Trainer:
                 metrics |= self._update_actor(batch)
             c.rollout.update_weights(c.policy.model)
         metrics |= data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length) | c.data_stats
+        if cfg.rollout.multi_turn.enable:
+            from queryrl.agent import episode_metrics
+
+            metrics |= episode_metrics(batch.non_tensor["rollout_extras"])
         metrics["perf/total_num_tokens"] = float((batch.prompt_lengths + batch.response_lengths).sum())
         return metrics
 
