@@ -57,7 +57,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
 _CONSTANTS = {"pi": math.pi, "e": math.e}
 MAX_EXPRESSION_CHARS = 500
 MAX_MAGNITUDE = 1e100  # every intermediate result stays below this (no huge-integer hangs)
-MAX_DEPTH = 50
+MAX_DEPTH = 100
 
 
 def _check_size(value: Any) -> Any:
@@ -144,6 +144,8 @@ def evaluate(expression: str) -> str:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as e:
         raise ToolError(f"cannot parse the expression: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, pathological nesting
+        raise ToolError(f"cannot parse the expression: {type(e).__name__}") from None
     return format_number(_eval(tree))
 
 
