@@ -46,6 +46,11 @@ def test_the_calculator_preset_trains_from_the_cli_and_its_rollouts_call_the_too
         assert "critic/score/mean" in r
     sample = json.loads((tmp_path / "agent_calculator" / "samples" / "step_2.jsonl").read_text().splitlines()[0])
     assert sample["data_source"] == "arithmetic/tool"
+    assert sample["rollout"]["num_tool_calls"] == 1
+    transcript = sample["transcript"]  # the forced call, the calculator's answer, then the policy's turn
+    assert transcript.startswith("<tool_call>")
+    assert "<|im_start|>tool\n" in transcript
+    assert "<tool_call>" not in sample["response"]  # the reward's text: the policy's tokens only
 
 
 def test_arithmetic_reward_reads_the_answer_and_the_tool_calls() -> None:
