@@ -88,6 +88,24 @@ class SamplingConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn agent rollouts with tools (see :mod:`queryrl.agent`)."""
+
+    enable: bool = False
+    tools: list[str] = field(default_factory=list)  # built-in tools (calculator, python, rag_search), defaults
+    tools_config: str = ""  # a YAML file declaring tools (name, description, parameters, implementation, config)
+    max_turns: int = 5  # assistant turns the policy generates per episode
+    max_tool_calls: int = 5  # tool calls executed per episode; later ones get an error message
+    tool_timeout_s: float = 10.0  # wall-clock limit on one call
+    max_tool_response_length: int = 256  # characters of a tool response the model reads; 0 = all
+    truncate_side: str = "left"  # left: keep the beginning | right: keep the end | middle: both ends
+    agent_key: str = "agent_name"  # the data column choosing each row's agent loop
+    default_agent: str = "tool_agent"  # single_turn | tool_agent | a registered loop
+    prefix_key: str = "assistant_prefix"  # data column with a forced opening of the first assistant turn
+    plugins: list[str] = field(default_factory=list)  # modules or .py files imported first (custom loops)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"
     n: int = 4  # responses per prompt (the GRPO group size)
@@ -96,6 +114,7 @@ class RolloutConfig:
     top_k: int = 0
     micro_batch_size: int = 64  # sequences generated at once
     val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -525,6 +544,14 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 for training rollouts (use rollout.val for greedy)")
+    mt = cfg.rollout.multi_turn
+    _choice(mt.truncate_side, ["left", "right", "middle"], "rollout.multi_turn.truncate_side")
+    if mt.max_turns < 1 or mt.max_tool_calls < 0 or mt.tool_timeout_s <= 0 or mt.max_tool_response_length < 0:
+        raise ConfigError(
+            "rollout.multi_turn needs max_turns >= 1, max_tool_calls >= 0, tool_timeout_s > 0 and "
+            f"max_tool_response_length >= 0 (got {mt.max_turns}, {mt.max_tool_calls}, {mt.tool_timeout_s}, "
+            f"{mt.max_tool_response_length})"
+        )
     _choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
     qr = cfg.app.query_rewrite
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")

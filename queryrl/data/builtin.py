@@ -6,6 +6,7 @@ path of the split's file is returned, so everything downstream reads it like any
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -47,8 +48,52 @@ def toy_target_string(split: str) -> list[dict[str, Any]]:
     return rows
 
 
+ARITHMETIC_SYSTEM = (
+    'Call the calculator as <tool_call>{"name": "calculator", "arguments": {"expression": "..."}}</tool_call>, '
+    "read its result, then answer with the number."
+)
+
+
+def arithmetic_tool(split: str) -> list[dict[str, Any]]:
+    """Arithmetic questions for the calculator agent (``configs/agent_calculator.yaml``).
+
+    Each row asks for ``a op b`` (two-digit operands; + - *) and carries, in
+    ``assistant_prefix``, a *forced* first assistant turn: the calculator call for the question,
+    closed with ChatML's ``<|im_end|>``. The agent loop puts it in the response with mask 0 (the
+    policy did not write it), runs the call and shows the result; the policy is trained on the
+    turn it writes after that: the answer. A random tiny model never writes a well-formed call
+    by itself, so this forcing is what makes its rollouts call the tool.
+    """
+    rng = random.Random(f"arithmetic_tool/{split}")
+    size = {"train": 512, "val": 32}.get(split)
+    if size is None:
+        raise ValueError(f"builtin://arithmetic_tool has splits train and val, not {split!r}")
+    rows = []
+    for i in range(size):
+        a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice("+-*")
+        expression = f"{a} {op} {b}"
+        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        rows.append(
+            {
+                "data_source": "arithmetic/tool",
+                "prompt": [
+                    {"role": "system", "content": ARITHMETIC_SYSTEM},
+                    {"role": "user", "content": f"What is {expression}? Use the calculator."},
+                ],
+                "ability": "math",
+                "agent_name": "tool_agent",
+                "assistant_prefix": f"<tool_call>{call}</tool_call><|im_end|>",
+                "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                "extra_info": {"split": split, "index": i, "expression": expression},
+            }
+        )
+    return rows
+
+
 BUILTIN_DATASETS: dict[str, Callable[[str], list[dict[str, Any]]]] = {
     "toy_target_string": toy_target_string,
+    "arithmetic_tool": arithmetic_tool,
 }
 # bumped by a generator whose rows change, so a cached parquet of an older version is not reused
 BUILTIN_VERSIONS: dict[str, int] = {}

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from queryrl.rewards import arithmetic, gsm8k, toy
 from queryrl.rewards import code as code_reward
-from queryrl.rewards import gsm8k, toy
 from queryrl.rewards import math as math_reward
 
 RewardFn = Callable[..., Any]  # the contract above; returns float | dict, or an awaitable of one
@@ -53,6 +53,11 @@ def _code(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | Non
     return code_reward.compute_score("code", solution_str, ground_truth, extra_info, **kwargs)
 
 
+def _arithmetic(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None, **kwargs: Any) -> Any:
+    # kwargs: partial_credit, free_calls, call_penalty, require_tool
+    return arithmetic.compute_score("arithmetic/tool", solution_str, ground_truth, extra_info, **kwargs)
+
+
 # data_source -> scorer. verl routes "openai/gsm8k"; the bare "gsm8k" is a common spelling.
 # The MATH and code names are verl's (default_compute_score), plus bare "math", "leetcode", "code".
 MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
@@ -61,6 +66,7 @@ BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
     "openai/gsm8k": _gsm8k,
     "gsm8k": _gsm8k,
     "toy/target_string": _toy,
+    "arithmetic/tool": _arithmetic,
     **dict.fromkeys(MATH_SOURCES, _math),
     **dict.fromkeys(CODE_SOURCES, _code),
 }
@@ -77,6 +83,7 @@ def default_compute_score(
 
     ``openai/gsm8k`` and ``gsm8k``: :func:`queryrl.rewards.gsm8k.compute_score` (strict unless
     ``reward.kwargs.method=flexible``); ``toy/target_string``: :func:`queryrl.rewards.toy.compute_score`;
+    ``arithmetic/tool``: :func:`queryrl.rewards.arithmetic.compute_score` (uses ``num_tool_calls``);
     :data:`MATH_SOURCES` (``lighteval/MATH``, ``HuggingFaceH4/MATH-500``, ...):
     :func:`queryrl.rewards.math.compute_score` (last ``\\boxed{}``, symbolic equivalence);
     :data:`CODE_SOURCES` (``codecontests``, ``apps``, ``taco``, ``leetcode``, ...):

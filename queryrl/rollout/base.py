@@ -75,6 +75,11 @@ class RolloutOutput:
             greedy); 0 where ``response_mask`` is 0.
         prompt_index: (N,) long, the (absolute) index of the input prompt each row came from.
         truncated: (N,) bool, no EOS within ``max_new_tokens``.
+        response_attention_mask: (N, T) long or None, 1 on every real response token: generated,
+            or inserted by a multi-turn agent loop (tool output, chat-template tokens), which the
+            policy attends to but is not trained on. None = ``response_mask > 0`` (single turn).
+        extras: per-row facts about the rollout (a multi-turn loop's ``num_turns``,
+            ``num_tool_calls``, ...), merged into the reward function's ``extra_info``; None = none.
     """
 
     prompt_ids: Tensor
@@ -84,19 +89,21 @@ class RolloutOutput:
     rollout_logprobs: Tensor
     prompt_index: Tensor
     truncated: Tensor
+    response_attention_mask: Tensor | None = None
+    extras: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         n = self.prompt_ids.shape[0]
         for f in fields(self):
             t = getattr(self, f.name)
-            if t.shape[0] != n:
-                raise ValueError(f"RolloutOutput.{f.name} has {t.shape[0]} rows, prompt_ids has {n}")
+            if t is not None and len(t) != n:
+                raise ValueError(f"RolloutOutput.{f.name} has {len(t)} rows, prompt_ids has {n}")
         if self.prompt_mask.shape != self.prompt_ids.shape:
             raise ValueError(
                 f"prompt_mask {tuple(self.prompt_mask.shape)} != prompt_ids {tuple(self.prompt_ids.shape)}"
             )
-        for name in ("response_mask", "rollout_logprobs"):
-            if getattr(self, name).shape != self.response_ids.shape:
+        for name in ("response_mask", "rollout_logprobs", "response_attention_mask"):
+            if getattr(self, name) is not None and getattr(self, name).shape != self.response_ids.shape:
                 raise ValueError(
                     f"{name} {tuple(getattr(self, name).shape)} != response_ids {tuple(self.response_ids.shape)}"
                 )
@@ -112,8 +119,21 @@ class RolloutOutput:
     def select(self, rows: Sequence[int] | Tensor) -> RolloutOutput:
         """The rows at `rows`, in that order (``prompt_index`` kept: it still names the input prompt)."""
         index = torch.as_tensor(rows, dtype=torch.long)
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RolloutOutput(**{k: v[index] if isinstance(v, Tensor) else v for k, v in values.items()})
+        picked: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = value[index]
+            elif isinstance(value, list):
+                value = [value[int(i)] for i in index.tolist()]
+            picked[f.name] = value
+        return RolloutOutput(**picked)
+
+    def attention_mask(self) -> Tensor:
+        """(N, T) long: 1 on every real response token (``response_attention_mask``, or the trained ones)."""
+        if self.response_attention_mask is not None:
+            return self.response_attention_mask.long()
+        return (self.response_mask > 0).long()
 
     @classmethod
     def concat(cls, outputs: Sequence[RolloutOutput], pad_id: int) -> RolloutOutput:
@@ -144,6 +164,16 @@ class RolloutOutput:
             rollout_logprobs=torch.cat([_pad(o.rollout_logprobs, t, 0, left=False) for o in outputs]),
             prompt_index=torch.cat([o.prompt_index for o in outputs]),
             truncated=torch.cat([o.truncated for o in outputs]),
+            response_attention_mask=(
+                torch.cat([_pad(o.attention_mask(), t, 0, left=False) for o in outputs])
+                if any(o.response_attention_mask is not None for o in outputs)
+                else None
+            ),
+            extras=(
+                [e for o in outputs for e in (o.extras if o.extras is not None else [{}] * len(o))]
+                if any(o.extras is not None for o in outputs)
+                else None
+            ),
         )
 
 

@@ -123,6 +123,10 @@ def build_components(cfg: DictConfig) -> Components:
         min_lr_ratio=cfg.actor.min_lr_ratio,
     )
     rollout = make_rollout(cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device)
+    if cfg.rollout.multi_turn.enable:
+        from queryrl.agent import build_agent_rollout
+
+        rollout = build_agent_rollout(rollout, policy.tokenizer, cfg.rollout.multi_turn, cfg.rollout.micro_batch_size)
     r = cfg.reward
     function_path, function_name, manager, kwargs = r.function.path, r.function.name, r.manager, dict(r.kwargs)
     select = None

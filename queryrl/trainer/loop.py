@@ -182,6 +182,10 @@ class Trainer:
                 metrics |= self._update_actor(batch)
             c.rollout.update_weights(c.policy.model)
         metrics |= data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length) | c.data_stats
+        if cfg.rollout.multi_turn.enable:
+            from queryrl.agent import episode_metrics
+
+            metrics |= episode_metrics(batch.non_tensor["rollout_extras"])
         metrics["perf/total_num_tokens"] = float((batch.prompt_lengths + batch.response_lengths).sum())
         return metrics
 
@@ -400,6 +404,10 @@ class Trainer:
         for i in range(min(count, len(batch))):
             row = batch.non_tensor["row"][i]
             prompt = tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=False)
+            extras = batch.non_tensor.get("rollout_extras", [{}] * len(batch))[i]
+            if extras:  # a multi-turn episode: its counters, and every response token (tool outputs too)
+                real = batch.response_ids[i][batch.response_attention_mask[i].bool()]
+                extras = {"rollout": extras, "transcript": tokenizer.decode(real, skip_special_tokens=False)}
             lines.append(
                 json.dumps(
                     {
@@ -410,6 +418,7 @@ class Trainer:
                         "response": batch.non_tensor["response_text"][i],
                         "ground_truth": (row.get("reward_model") or {}).get("ground_truth"),
                         "score": batch.non_tensor["score"][i],
+                        **extras,
                     },
                     ensure_ascii=False,
                     default=str,

@@ -34,7 +34,8 @@ def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any]) -> lis
     """What the reward function sees for each response of `out` (verl's contract)."""
     inputs = []
     lengths = out.response_mask.sum(dim=-1).long().tolist()
-    for prompt, text, length in zip(out.prompt_index.tolist(), texts, lengths, strict=True):
+    extras = out.extras if out.extras is not None else [{}] * len(out)
+    for prompt, text, length, extra in zip(out.prompt_index.tolist(), texts, lengths, extras, strict=True):
         row = items[prompt].row
         reward_model = row.get("reward_model") or {}
         inputs.append(
@@ -42,7 +43,7 @@ def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any]) -> lis
                 data_source=str(row.get("data_source", "")),
                 solution_str=text,
                 ground_truth=reward_model.get("ground_truth"),
-                extra_info=dict(row.get("extra_info") or {}),
+                extra_info=dict(row.get("extra_info") or {}) | extra,  # + the rollout's (num_tool_calls, ...)
                 response_length=int(length),
             )
         )
@@ -74,7 +75,10 @@ def generate_and_score(
     texts: list[str] = []
     pending = []
     with timer("gen"):
-        for chunk in rollout.generate_chunks([it.input_ids for it in items], sampling):
+        prompts = [it.input_ids for it in items]
+        # a backend that chooses per row (the multi-turn agent loop) also gets the data rows
+        rows = {"rows": [it.row for it in items]} if getattr(rollout, "wants_rows", False) else {}
+        for chunk in rollout.generate_chunks(prompts, sampling, **rows):
             chunk_texts = decode_responses(tokenizer, chunk)
             if select is None:
                 pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items)))
@@ -82,9 +86,9 @@ def generate_and_score(
             texts += chunk_texts
         out = RolloutOutput.concat(chunks, int(tokenizer.pad_token_id))
         if select is not None:
-            rows, extras = select(out)
-            out = out.select(rows)
-            texts = [texts[int(i)] for i in rows]
+            keep, extras = select(out)
+            out = out.select(keep)
+            texts = [texts[int(i)] for i in keep]
             inputs = reward_inputs(out, texts, items)
             for inp, extra in zip(inputs, extras, strict=True):
                 inp.extra_info.update(extra)
@@ -95,11 +99,15 @@ def generate_and_score(
         prompt_ids=out.prompt_ids,
         prompt_mask=out.prompt_mask,
         response_ids=out.response_ids,
-        response_attention_mask=(out.response_mask > 0).long(),
+        response_attention_mask=out.attention_mask(),
         response_mask=out.response_mask.float(),
         group_ids=out.prompt_index.clone(),
         rollout_logprobs=out.rollout_logprobs,
-        non_tensor={"row": [items[int(i)].row for i in out.prompt_index], "response_text": texts},
+        non_tensor={
+            "row": [items[int(i)].row for i in out.prompt_index],
+            "response_text": texts,
+            "rollout_extras": out.extras if out.extras is not None else [{} for _ in range(len(out))],
+        },
     ).to(device)
     return batch, results
 
