@@ -1,0 +1,240 @@
+"""The query-rewrite application inside the trainer: the real-model path (a model folder, an external
+RAG service over HTTP, an OpenAI-compatible judge), failure handling, and seed 000's hybrid mode."""
+
+from __future__ import annotations
+
+import json
+import socket
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import queryrl.apps  # noqa: F401  registers builtin://sales_demo
+from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
+from queryrl.apps.query_rewrite.training import make_selector, reward_kwargs
+from queryrl.config import ConfigError, load_config
+from queryrl.rag import BM25Index, Document, HeuristicRewriter
+from queryrl.rag import make_app as make_rag_app
+from queryrl.rewards.judge_server import make_app as make_judge_app
+from queryrl.rewards.judge_server import running_server
+from queryrl.rollout import RolloutOutput
+from queryrl.trainer.loop import Trainer
+from queryrl.trainer.sft import run_sft
+
+REPO = Path(__file__).resolve().parents[3]
+DEMO = REPO / "configs" / "query_rewrite_demo.yaml"
+SECRET = "sk-test-0123456789abcdef"
+
+
+def demo_overrides(tmp_path: Path, model_cache: Path, *extra: str) -> list[str]:
+    return [
+        f"trainer.output_dir={tmp_path}",
+        f"model.cache_dir={model_cache}",
+        "trainer.logger=[jsonl]",
+        "trainer.plot=false",
+        "trainer.total_steps=2",
+        "trainer.eval_every=0",
+        "data.val_files=[]",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=4",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Path:
+    """The demo's tiny model after a short SFT on a few prompts: it answers in the JSON format."""
+    tmp = tmp_path_factory.mktemp("sft")
+    cfg = load_config(
+        DEMO,
+        demo_overrides(
+            tmp,
+            model_cache,
+            "sft.max_steps=40",
+            "sft.lr=5e-3",
+            "sft.lr_schedule=constant",
+            "sft.warmup_steps=0",
+            "sft.batch_size=8",
+            "sft.micro_batch_size=8",
+            f"sft.output_dir={tmp / 'sft'}",
+        ),
+    )
+    return run_sft(cfg)
+
+
+def _verdict(better: str, s8: float, s32: float) -> str:
+    def side(total: float) -> dict[str, float]:
+        return {"quality": total * 0.4, "relevance": total * 0.2, "completeness": total * 0.2, "retrieval": total * 0.2}
+
+    return json.dumps({"better": better, "score": {"8b": {**side(s8), "sum": s8}, "32b": {**side(s32), "sum": s32}}})
+
+
+@pytest.fixture(scope="module")
+def rag_service() -> Iterator[tuple[str, Any]]:
+    """A real HTTP RAG service (FastAPI on loopback) over the sales demo catalogue."""
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
+    app = make_rag_app(BM25Index(docs), HeuristicRewriter(), top_k=5)
+    with running_server(app) as url:
+        yield url.removesuffix("/v1"), app.state.requests
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_real_model_path_external_rag_and_openai_judge(
+    tmp_path: Path, model_cache: Path, json_model: Path, rag_service: tuple[str, Any], monkeypatch: Any
+) -> None:
+    """What a user with a real model does: model.path, rag.url and an OpenAI-compatible judge."""
+    rag_url, rag_requests = rag_service
+    monkeypatch.setenv("QUERYRL_TEST_JUDGE_KEY", SECRET)
+    judged: list[str] = []
+
+    def judge(messages: list[dict[str, Any]]) -> str:
+        judged.append(messages[-1]["content"])
+        return _verdict("8b", 36.0, 30.0) if len(judged) % 2 else _verdict("32b", 20.0, 30.0)
+
+    before = dict(rag_requests)
+    with running_server(make_judge_app(judge)) as judge_url:
+        cfg = load_config(
+            DEMO,
+            demo_overrides(
+                tmp_path,
+                model_cache,
+                f"model.path={json_model}",
+                f"app.query_rewrite.rag.url={rag_url}",
+                "app.query_rewrite.reward_mode=group_judge",
+                "app.query_rewrite.judge.backend=openai",
+                f"app.query_rewrite.judge.base_url={judge_url}",
+                "app.query_rewrite.judge.model=queryrl-judge",
+                "app.query_rewrite.judge.api_key_env=QUERYRL_TEST_JUDGE_KEY",
+            ),
+        )
+        with Trainer(cfg) as trainer:
+            last = trainer.fit()
+    rows = _metrics(tmp_path / "demo")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert judged, "the judge server got no request"
+    assert sum(rag_requests.values()) > sum(before.values()), "the RAG service got no request"
+    assert last["reward/failed"] == 0.0
+    assert sum(r["rag/calls"] for r in rows) > 0
+    assert sum(r["judge/requests"] for r in rows) >= len(judged) > 0
+    assert "reward/quality/mean" in last
+    # the key reached the judge server only: not the logs, the saved config or the samples
+    run = tmp_path / "demo"
+    for path in run.rglob("*"):
+        if path.is_file() and path.suffix in {".yaml", ".jsonl", ".json", ".txt"}:
+            assert SECRET not in path.read_text(errors="ignore"), path
+
+
+def test_rag_down_fails_the_samples_and_skips_the_step(tmp_path: Path, model_cache: Path, json_model: Path) -> None:
+    cfg = load_config(
+        DEMO,
+        demo_overrides(
+            tmp_path,
+            model_cache,
+            f"model.path={json_model}",
+            f"app.query_rewrite.rag.url=http://127.0.0.1:{_closed_port()}",
+            "app.query_rewrite.rag.timeout_s=2",
+            "app.query_rewrite.rag.max_retries=0",
+            "reward.max_retries=0",
+            "reward.max_failed_frac=0.0",  # any failed sample skips the step
+        ),
+    )
+    with Trainer(cfg) as trainer, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
+        trainer.fit()
+        after = dict(trainer.c.policy.model.named_parameters())
+    rows = _metrics(tmp_path / "demo")
+    assert [r["step"] for r in rows] == [1, 2]  # training went on
+    parsed = [r for r in rows if r["reward/failed"] > 0]
+    assert parsed, "no sample reached the RAG service (the model did not answer in JSON)"
+    assert all(r["reward/step_skipped"] == 1.0 and r["reward/failed_frac"] > 0 for r in parsed)
+    assert all("reward/step_skipped" not in r for r in rows if r["reward/failed"] == 0)
+    assert any("max_failed_frac" in str(w.message) for w in caught)
+    if len(parsed) == len(rows):  # every step skipped: no update at all
+        assert all(torch.equal(before[k], after[k].detach()) for k in before)
+
+
+def test_seed_launch_keys_select_seed_hybrid() -> None:
+    overrides = [
+        "+algorithm.hybrid_grpo_gpt5.enable=true",
+        "+algorithm.hybrid_grpo_gpt5.group_size=5",
+        "+algorithm.hybrid_grpo_gpt5.gpt5_weight=0.85",
+        "+algorithm.hybrid_grpo_gpt5.grpo_weight=0.15",
+        "+algorithm.hybrid_grpo_gpt5.selection_method=max_log_prob",
+        "actor_rollout_ref.rollout.n=5",
+    ]
+    cfg = load_config(DEMO, overrides)
+    qr = cfg.app.query_rewrite
+    assert qr.enable and qr.reward_mode == "seed_hybrid"
+    kwargs = reward_kwargs(cfg)
+    assert kwargs["mode"] == "seed_hybrid"
+    assert (kwargs["gpt5_weight"], kwargs["grpo_weight"]) == (0.85, 0.15)
+    with pytest.raises(ConfigError, match="group_size=5 must equal rollout.n=4"):
+        load_config(DEMO, [*overrides[:-1], "rollout.n=4"])
+    with pytest.raises(ConfigError, match="sum to 1|must be 1"):
+        load_config(DEMO, [*overrides[:3], "+algorithm.hybrid_grpo_gpt5.grpo_weight=0.2", overrides[-1]])
+
+
+def test_seed_hybrid_selector_picks_by_log_prob_z_score() -> None:
+    cfg = load_config(
+        DEMO, ["app.query_rewrite.reward_mode=seed_hybrid", "app.query_rewrite.seed_hybrid.group_size=4", "rollout.n=4"]
+    )
+    select = make_selector(cfg)
+    assert select is not None
+    n, t = 8, 3
+    logprobs = torch.tensor([[-1.0, -1.0, 0.0], [-0.1, -0.1, 0.0], [-3.0, 0.0, 0.0], [-2.0, -2.0, -2.0]] * 2)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]] * 2)
+    out = RolloutOutput(
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        response_ids=torch.ones(n, t, dtype=torch.long),
+        response_mask=mask,
+        rollout_logprobs=logprobs * mask,
+        prompt_index=torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]),
+        truncated=torch.zeros(n, dtype=torch.bool),
+    )
+    rows, extras = select(out)
+    assert rows.tolist() == [1, 5]  # the most likely candidate of each group (-0.2)
+    seq = torch.tensor([-2.0, -0.2, -3.0, -6.0], dtype=torch.float64)
+    z = (seq - seq.mean()) / seq.std(unbiased=False)
+    assert extras[0]["seed_hybrid_z"] == pytest.approx(float(z[1]))
+    assert extras[1]["seed_hybrid_z"] == pytest.approx(float(z[1]))
+
+
+def test_seed_hybrid_trains_on_the_selected_candidates_only(
+    tmp_path: Path, model_cache: Path, json_model: Path
+) -> None:
+    cfg = load_config(
+        DEMO,
+        demo_overrides(
+            tmp_path,
+            model_cache,
+            f"model.path={json_model}",
+            "trainer.total_steps=1",
+            "app.query_rewrite.reward_mode=seed_hybrid",
+            "app.query_rewrite.seed_hybrid.group_size=4",
+            "trainer.save_samples=64",
+        ),
+    )
+    with Trainer(cfg) as trainer:
+        last = trainer.fit()
+    samples = [json.loads(x) for x in (tmp_path / "demo" / "samples" / "step_1.jsonl").read_text().splitlines()]
+    assert len(samples) == 4  # one selected candidate per prompt, not 4 x 4
+    assert len({s["group"] for s in samples}) == 4
+    assert "reward/selected_z/mean" in last
+    assert last["reward/selected_z/mean"] >= 0.0  # max_log_prob picks the group's most likely: z >= 0
