@@ -180,13 +180,14 @@ def test_seed_launch_keys_select_seed_hybrid() -> None:
     ]
     cfg = load_config(DEMO, overrides)
     qr = cfg.app.query_rewrite
-    assert qr.enable and qr.reward_mode == "seed_hybrid"
+    assert qr.enable
+    assert qr.reward_mode == "seed_hybrid"
     kwargs = reward_kwargs(cfg)
     assert kwargs["mode"] == "seed_hybrid"
     assert (kwargs["gpt5_weight"], kwargs["grpo_weight"]) == (0.85, 0.15)
-    with pytest.raises(ConfigError, match="group_size=5 must equal rollout.n=4"):
+    with pytest.raises(ConfigError, match=r"group_size=5 must equal rollout\.n=4"):
         load_config(DEMO, [*overrides[:-1], "rollout.n=4"])
-    with pytest.raises(ConfigError, match="sum to 1|must be 1"):
+    with pytest.raises(ConfigError, match=r"sum to 1|must be 1"):
         load_config(DEMO, [*overrides[:3], "+algorithm.hybrid_grpo_gpt5.grpo_weight=0.2", overrides[-1]])
 
 
