@@ -37,8 +37,8 @@ class TinyModelConfig:
     max_position_embeddings: int = 1024
     seed: int = 0
     corpus: list[str] = field(default_factory=list)  # extra text the tokenizer is trained on
-    # builtin datasets (``builtin://NAME/SPLIT``) whose prompts and SFT targets the tokenizer is also
-    # trained on, so that the domain's words become single tokens (the query-rewrite demo)
+    # datasets (``builtin://NAME/SPLIT`` or parquet/JSONL files) whose prompts and SFT targets the
+    # tokenizer is also trained on, so that the domain's words become single tokens (query-rewrite demo)
     corpus_datasets: list[str] = field(default_factory=list)
     split_cjk: bool = False  # one pre-token per CJK character: Chinese words stay frequent, copyable tokens
 

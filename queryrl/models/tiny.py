@@ -73,18 +73,25 @@ def tiny_model_dir(tiny: Any, cache_dir: str | None = None) -> Path:
 
 
 def dataset_text(name: str) -> list[str]:
-    """The text of a built-in dataset (``builtin://NAME/SPLIT`` or ``NAME/SPLIT``) for tokenizer training:
-    every prompt message and, where present, ``extra_info.sft_target``."""
+    """The text of a dataset for tokenizer training: every prompt message and, where present,
+    ``extra_info.sft_target``. `name` is a parquet/JSONL file in verl's layout, or a built-in dataset
+    (``builtin://NAME/SPLIT`` or ``NAME/SPLIT``)."""
     from queryrl.data.builtin import BUILTIN_DATASETS, PREFIX
 
-    dataset, _, split = name.removeprefix(PREFIX).partition("/")
-    if dataset not in BUILTIN_DATASETS:
-        raise ValueError(
-            f"model.tiny.corpus_datasets: unknown built-in dataset {dataset!r}; known: {', '.join(BUILTIN_DATASETS)} "
-            "(applications register theirs when imported: import queryrl.apps)"
-        )
+    if not name.startswith(PREFIX) and Path(name).suffix in {".parquet", ".jsonl", ".json"}:
+        from queryrl.data.records import load_records
+
+        rows = load_records(name)
+    else:
+        dataset, _, split = name.removeprefix(PREFIX).partition("/")
+        if dataset not in BUILTIN_DATASETS:
+            raise ValueError(
+                f"model.tiny.corpus_datasets: unknown built-in dataset {dataset!r}; known: "
+                f"{', '.join(BUILTIN_DATASETS)} (applications register theirs when imported: import queryrl.apps)"
+            )
+        rows = BUILTIN_DATASETS[dataset](split or "train")
     lines: list[str] = []
-    for row in BUILTIN_DATASETS[dataset](split or "train"):
+    for row in rows:
         lines += [str(m.get("content", "")) for m in row.get("prompt") or []]
         target = (row.get("extra_info") or {}).get("sft_target")
         if isinstance(target, str):

@@ -346,6 +346,9 @@ def prepare_conversations(
 ) -> dict[str, Path]:
     """Read a conversation log and write ``train/val/test.parquet`` into `out_dir`.
 
+    Every row carries the reference rewriter's answer as ``extra_info.sft_target`` (the
+    ``queryrl sft`` warm start; :mod:`queryrl.apps.query_rewrite.sft_targets`).
+
     Args:
         input_path: the log (see :func:`load_conversations`).
         out_dir: created if needed.
@@ -363,7 +366,11 @@ def prepare_conversations(
     conversations = load_conversations(input_path, columns, sheet)
     splits = split_conversations(conversations, val_fraction, test_fraction, seed)
     source = name or input_path.stem
+    from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
+
     return {
-        split: write_parquet(conversations_to_rows(convs, source, lang), Path(out_dir) / f"{split}.parquet")
+        split: write_parquet(
+            add_sft_targets(conversations_to_rows(convs, source, lang)), Path(out_dir) / f"{split}.parquet"
+        )
         for split, convs in splits.items()
     }
