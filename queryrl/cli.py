@@ -120,7 +120,6 @@ def prepare_kdconv(
 
     from queryrl.apps.query_rewrite.conversations import write_parquet
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_rows
-
     from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
     rows = add_sft_targets(kdconv_rows(input, both_speakers=True, require_gold=True))
