@@ -126,6 +126,15 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: groups whose rewards are all equal teach nothing under GRPO; drop them
+    and generate more prompts until the step has ``data.train_batch_size`` informative groups."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 4  # generation rounds per step at most (0 = no limit); then train on what there is
+
+
+@dataclass
 class AlgoConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -134,6 +143,7 @@ class AlgoConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"  # estimator for KL in the reward
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -331,6 +341,8 @@ VERL_ALIASES: dict[str, str] = {
     "algorithm.use_kl_in_reward": "algo.use_kl_in_reward",
     "algorithm.kl_penalty": "algo.kl_penalty",
     "algorithm.kl_ctrl.*": "algo.kl_ctrl.*",
+    "algorithm.filter_groups.enable": "algo.filter_groups.enable",
+    "algorithm.filter_groups.max_num_gen_batches": "algo.filter_groups.max_num_gen_batches",
     "algorithm.hybrid_grpo_gpt5.*": "app.query_rewrite.seed_hybrid.*",
     "actor_rollout_ref.model.path": "model.path",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "model.gradient_checkpointing",
@@ -561,6 +573,10 @@ def validate(cfg: DictConfig) -> None:
     if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
         raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
     hybrid = cfg.app.query_rewrite.seed_hybrid
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.filter_groups.enable:
+        raise ConfigError("algo.filter_groups needs whole groups; seed_hybrid trains on one candidate per group")
+    if cfg.algo.filter_groups.enable and cfg.algo.adv_estimator == "remax":
+        raise ConfigError("algo.filter_groups is not supported with algo.adv_estimator=remax")
     if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.adv_estimator != "grpo":
         raise ConfigError(
             f"app.query_rewrite.reward_mode=seed_hybrid is defined for algo.adv_estimator=grpo, "

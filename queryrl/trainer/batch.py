@@ -97,6 +97,39 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         return self._map(lambda t: t.to(device))
 
+    @staticmethod
+    def concat(batches: Sequence[Batch], pad_id: int) -> Batch:
+        """Stack batches row-wise: prompts re-padded on the left, responses on the right (with `pad_id`
+        for token ids, 0 elsewhere). A field set in some batches only, or a non-tensor key missing
+        from one, is an error; ``group_ids`` are kept as they are (make them distinct first)."""
+        if not batches:
+            raise ValueError("nothing to concatenate")
+        p = max(b.prompt_ids.shape[1] for b in batches)
+        t = max(b.response_ids.shape[1] for b in batches)
+        out: dict[str, Any] = {}
+        for name in _TENSOR_FIELDS:
+            values = [getattr(b, name) for b in batches]
+            if all(v is None for v in values):
+                continue
+            if any(v is None for v in values):
+                raise ValueError(f"Batch.{name} is set in some batches only")
+            if values[0].dim() == 1:
+                out[name] = torch.cat(values)
+                continue
+            left = name.startswith("prompt")
+            fill = pad_id if name in ("prompt_ids", "response_ids") else 0
+            width = p if left else t
+            padded = []
+            for v in values:
+                pad = v.new_full((v.shape[0], width - v.shape[1]), fill)
+                padded.append(torch.cat([pad, v] if left else [v, pad], dim=1))
+            out[name] = torch.cat(padded)
+        keys = set(batches[0].non_tensor)
+        if any(set(b.non_tensor) != keys for b in batches):
+            raise ValueError("the batches have different non_tensor keys")
+        out["non_tensor"] = {k: [x for b in batches for x in b.non_tensor[k]] for k in batches[0].non_tensor}
+        return Batch(**out)
+
     def trimmed(self) -> Batch:
         """Drop prompt columns that are padding in every row and response columns past the longest response.
 

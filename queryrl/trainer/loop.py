@@ -138,24 +138,15 @@ class Trainer:
         """One step over the prompts in `items`; returns its metrics."""
         cfg, c = self.cfg, self.c
         metrics: dict[str, float] = {}
-        batch, results = generate_and_score(
-            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, select=c.select
-        )
-        baselines = self._greedy_baselines(items, batch) if cfg.algo.adv_estimator == "remax" else None
-        with timer("reward"):
-            batch, reward_metrics, keep = apply_scores(batch, results)
-            metrics |= reward_metrics | reward_side_metrics(c.reward)
-            if baselines is not None:
-                baselines = baselines[keep]
-        failed_frac = 1.0 - len(batch) / max(len(results), 1)
-        metrics["reward/failed_frac"] = failed_frac
-        if len(batch) == 0 or failed_frac > cfg.reward.max_failed_frac:
-            warnings.warn(
-                f"step {self.step}: {len(results) - len(batch)} of {len(results)} samples failed their reward "
-                f"(more than reward.max_failed_frac={cfg.reward.max_failed_frac}): the step is skipped, no update",
-                stacklevel=2,
-            )
-            return metrics | {"reward/step_skipped": 1.0, "reward/all_failed": float(len(batch) == 0)}
+        scored = self._scored_batch(items, timer, metrics)
+        if scored is None:
+            return metrics
+        batch, baselines = scored
+        if cfg.algo.filter_groups.enable:
+            batch = self._informative_groups(batch, len(items), timer, metrics)
+            if len(batch) == 0:
+                warnings.warn(f"step {self.step}: every group had equal rewards: no update", stacklevel=2)
+                return metrics | {"reward/step_skipped": 1.0}
         self._save_samples(batch)
         needs_old = cfg.algo.use_kl_in_reward or cfg.actor.ppo_epochs > 1 or self._num_mini_batches(batch) > 1
         if needs_old:
@@ -190,6 +181,73 @@ class Trainer:
         return metrics
 
     # --- phases ---------------------------------------------------------------------------------
+
+    def _scored_batch(
+        self, items: list[Any], timer: PhaseTimer, metrics: dict[str, float]
+    ) -> tuple[Batch, Tensor | None] | None:
+        """Generate for `items`, score, drop failed samples; None (step skipped) when too many failed.
+
+        Adds the reward metrics to `metrics`. Returns the scored batch and, for ReMax, the greedy
+        baselines of its rows.
+        """
+        cfg, c = self.cfg, self.c
+        batch, results = generate_and_score(
+            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, select=c.select
+        )
+        baselines = self._greedy_baselines(items, batch) if cfg.algo.adv_estimator == "remax" else None
+        with timer("reward"):
+            batch, reward_metrics, keep = apply_scores(batch, results)
+            metrics |= reward_metrics | reward_side_metrics(c.reward)
+            if baselines is not None:
+                baselines = baselines[keep]
+        failed_frac = 1.0 - len(batch) / max(len(results), 1)
+        metrics["reward/failed_frac"] = failed_frac
+        if len(batch) == 0 or failed_frac > cfg.reward.max_failed_frac:
+            warnings.warn(
+                f"step {self.step}: {len(results) - len(batch)} of {len(results)} samples failed their reward "
+                f"(more than reward.max_failed_frac={cfg.reward.max_failed_frac}): the step is skipped, no update",
+                stacklevel=2,
+            )
+            metrics |= {"reward/step_skipped": 1.0, "reward/all_failed": float(len(batch) == 0)}
+            return None
+        return batch, baselines
+
+    def _informative_groups(
+        self, batch: Batch, num_prompts: int, timer: PhaseTimer, metrics: dict[str, float]
+    ) -> Batch:
+        """DAPO's dynamic sampling: keep the groups whose rewards differ; while fewer than
+        ``data.train_batch_size`` such groups, generate for the loader's next prompts (at most
+        ``algo.filter_groups.max_num_gen_batches`` rounds in all), then train on the first
+        ``train_batch_size`` of them. Logs ``filter_groups/num_gen_batches`` and ``/num_groups``."""
+        cfg, c = self.cfg, self.c
+        wanted, limit = cfg.data.train_batch_size, cfg.algo.filter_groups.max_num_gen_batches
+        parts: list[Batch] = []
+        groups: list[int] = []
+        rounds, offset = 0, 0
+        current: Batch | None = batch
+        while True:
+            rounds += 1
+            if current is not None:
+                current.group_ids = current.group_ids + offset
+                scores = torch.tensor(current.non_tensor["score"])
+                for g in torch.unique(current.group_ids).tolist():
+                    rows = (current.group_ids == g).nonzero(as_tuple=True)[0]
+                    if rows.numel() > 1 and bool((scores[rows.cpu()] != scores[rows[0].cpu()]).any()):
+                        groups.append(g)
+                parts.append(current)
+            offset += num_prompts
+            if len(groups) >= wanted or (limit and rounds >= limit):
+                break
+            extra: dict[str, float] = {}
+            scored = self._scored_batch(self.c.loader.next_batch(), timer, extra)
+            current = scored[0] if scored is not None else None
+            metrics["reward/failed"] = metrics.get("reward/failed", 0.0) + extra.get("reward/failed", 0.0)
+        keep = set(groups[:wanted])
+        merged = Batch.concat(parts, int(c.policy.tokenizer.pad_token_id))
+        rows = [i for i, g in enumerate(merged.group_ids.tolist()) if g in keep]
+        metrics["filter_groups/num_gen_batches"] = float(rounds)
+        metrics["filter_groups/num_groups"] = float(len(keep))
+        return merged.select(rows)
 
     def _greedy_baselines(self, items: list[Any], batch: Batch) -> Tensor:
         """ReMax: the reward of one greedy response per prompt, for each sampled row."""
