@@ -288,6 +288,7 @@ class SFTConfig:
     lr_schedule: str = "cosine"  # constant | cosine | linear
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+    eval_every: int = 0  # validation loss every N steps; 0 = only at the end
     output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft
 
 

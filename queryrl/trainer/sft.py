@@ -312,7 +312,7 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     Args:
         cfg: a resolved config from :func:`queryrl.config.load_config`; reads ``sft.*``,
             ``model.*``, ``data.*`` (prompt key, lengths, overlong filter, shuffle) and
-            ``trainer.*`` (seed, device, num_threads, logger, eval_every, log_every).
+            ``trainer.*`` (seed, device, num_threads, logger, log_every); validation every ``sft.eval_every`` steps.
 
     Returns:
         The output folder and the loss history.
@@ -409,7 +409,7 @@ def train_sft(cfg: DictConfig) -> SFTResult:
                 metrics |= {"sft/grad_norm": float(grad_norm), "sft/epoch": float(epoch)} | data_stats
                 result.losses.append(loss)
                 last = step == total_steps
-                if val.examples and ((t.eval_every and step % t.eval_every == 0) or last):
+                if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):
                     result.val_loss = evaluate_loss(model, val.examples, s.micro_batch_size, pad_id, device)
                     metrics["sft/val_loss"] = result.val_loss
                 if step % max(t.log_every, 1) == 0 or last:
