@@ -77,6 +77,9 @@ def build_messages(
 ) -> list[dict[str, str]]:
     """Chat messages asking the policy to rewrite the last user turn of `history`.
 
+    The user message holds, in this order: the user profile and the history summary (when
+    non-empty), the earlier turns, and the current turn, last.
+
     Args:
         history: the conversation so far as ``{"role": "user"|"assistant", "content": str}``
             messages, ending with the current user turn.
@@ -93,12 +96,14 @@ def build_messages(
         raise ValueError("history must end with the current user turn (role 'user')")
     labels = _LABELS[lang]
     earlier = [f"{labels.get(str(m['role']), str(m['role']))}{labels['sep']}{m['content']}" for m in history[:-1]]
-    parts = [labels["history"], "\n".join(earlier) if earlier else labels["none"], ""]
-    parts += [labels["current"], str(history[-1]["content"])]
+    parts: list[str] = []
     if user_profile and user_profile.strip():
-        parts += ["", labels["profile"], user_profile.strip()]
+        parts += [labels["profile"], user_profile.strip(), ""]
     if history_summary and history_summary.strip():
-        parts += ["", labels["summary"], history_summary.strip()]
+        parts += [labels["summary"], history_summary.strip(), ""]
+    parts += [labels["history"], "\n".join(earlier) if earlier else labels["none"], ""]
+    # the current turn last, right before the answer: at a fixed distance from where the model writes
+    parts += [labels["current"], str(history[-1]["content"])]
     return [{"role": "system", "content": SYSTEM_PROMPTS[lang]}, {"role": "user", "content": "\n".join(parts)}]
 
 

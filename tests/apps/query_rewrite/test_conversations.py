@@ -98,7 +98,8 @@ def test_row_layout(tmp_path: Path) -> None:
     assert info["history_summary"] == "问过价格"
     body = second["prompt"][1]["content"]
     assert "客服：售价 2999 元。" in body
-    assert body.endswith("用户画像：\n学生\n\n历史摘要：\n问过价格")
+    assert body.startswith("用户画像：\n学生\n\n历史摘要：\n问过价格")
+    assert body.endswith("当前问题：\n它续航怎么样？")
     assert rows[0]["extra_info"]["contexts"] == [{"role": "user", "content": "星辰 X3 多少钱？"}]
     assert rows[2]["reward_model"]["ground_truth"]["gold_doc_ids"] == ["phone-01-specs", "phone-02-specs"]
     no_gold = to_rows(load_conversations(_write_all(tmp_path)["csv"], columns={"gold_doc_ids": "absent"}), "x")

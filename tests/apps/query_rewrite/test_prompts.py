@@ -26,6 +26,7 @@ def test_build_messages_zh_shows_history_current_turn_profile_and_summary() -> N
     assert "它续航怎么样？" not in body.split("当前问题：")[0]  # the current turn is not repeated as history
     assert "价格敏感型用户" in body
     assert "问过 X3 的价格" in body
+    assert body.endswith("当前问题：\n它续航怎么样？")  # the current turn comes last
 
 
 def test_build_messages_first_turn_and_no_profile() -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import queryrl.apps  # noqa: F401  registers builtin://sales_demo
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
+from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
 from queryrl.apps.query_rewrite.training import make_selector, reward_kwargs
 from queryrl.config import ConfigError, load_config
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
@@ -31,6 +31,7 @@ SECRET = "sk-test-0123456789abcdef"
 
 
 def demo_overrides(tmp_path: Path, model_cache: Path, *extra: str) -> list[str]:
+    """The demo preset shrunk to 2 fast steps over `few_rows` (given in `extra` where data is needed)."""
     return [
         f"trainer.output_dir={tmp_path}",
         f"model.cache_dir={model_cache}",
@@ -47,15 +48,25 @@ def demo_overrides(tmp_path: Path, model_cache: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Path:
-    """The demo's tiny model after a short SFT on a few prompts: it answers in the JSON format."""
+def few_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """16 pronoun turns of the sales demo as a JSONL file: the training data of these tests."""
+    rows = [r for r in sales_demo_rows("val") if r["extra_info"]["turn_type"] == "pronoun"][:16]
+    path = tmp_path_factory.mktemp("data") / "few.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path, few_rows: Path) -> Path:
+    """The demo's tiny model after a short SFT on those rows: it answers them in the JSON format."""
     tmp = tmp_path_factory.mktemp("sft")
     cfg = load_config(
         DEMO,
         demo_overrides(
             tmp,
             model_cache,
-            "sft.max_steps=40",
+            f"data.train_files=[{few_rows}]",
+            "sft.max_steps=60",
             "sft.lr=5e-3",
             "sft.lr_schedule=constant",
             "sft.warmup_steps=0",
@@ -95,7 +106,12 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_real_model_path_external_rag_and_openai_judge(
-    tmp_path: Path, model_cache: Path, json_model: Path, rag_service: tuple[str, Any], monkeypatch: Any
+    tmp_path: Path,
+    model_cache: Path,
+    json_model: Path,
+    few_rows: Path,
+    rag_service: tuple[str, Any],
+    monkeypatch: Any,
 ) -> None:
     """What a user with a real model does: model.path, rag.url and an OpenAI-compatible judge."""
     rag_url, rag_requests = rag_service
@@ -114,6 +130,7 @@ def test_real_model_path_external_rag_and_openai_judge(
                 tmp_path,
                 model_cache,
                 f"model.path={json_model}",
+                f"data.train_files=[{few_rows}]",
                 f"app.query_rewrite.rag.url={rag_url}",
                 "app.query_rewrite.reward_mode=group_judge",
                 "app.query_rewrite.judge.backend=openai",
@@ -139,13 +156,16 @@ def test_real_model_path_external_rag_and_openai_judge(
             assert SECRET not in path.read_text(errors="ignore"), path
 
 
-def test_rag_down_fails_the_samples_and_skips_the_step(tmp_path: Path, model_cache: Path, json_model: Path) -> None:
+def test_rag_down_fails_the_samples_and_skips_the_step(
+    tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
+) -> None:
     cfg = load_config(
         DEMO,
         demo_overrides(
             tmp_path,
             model_cache,
             f"model.path={json_model}",
+            f"data.train_files=[{few_rows}]",
             f"app.query_rewrite.rag.url=http://127.0.0.1:{_closed_port()}",
             "app.query_rewrite.rag.timeout_s=2",
             "app.query_rewrite.rag.max_retries=0",
@@ -218,7 +238,7 @@ def test_seed_hybrid_selector_picks_by_log_prob_z_score() -> None:
 
 
 def test_seed_hybrid_trains_on_the_selected_candidates_only(
-    tmp_path: Path, model_cache: Path, json_model: Path
+    tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
 ) -> None:
     cfg = load_config(
         DEMO,
@@ -226,6 +246,7 @@ def test_seed_hybrid_trains_on_the_selected_candidates_only(
             tmp_path,
             model_cache,
             f"model.path={json_model}",
+            f"data.train_files=[{few_rows}]",
             "trainer.total_steps=1",
             "app.query_rewrite.reward_mode=seed_hybrid",
             "app.query_rewrite.seed_hybrid.group_size=4",
