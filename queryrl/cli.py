@@ -185,19 +185,29 @@ def serve_rag(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     rewriter: Annotated[
-        str, typer.Option(help="The reference pipeline's rewriter: heuristic, last_turn or openai.")
+        str,
+        typer.Option(
+            help="The reference pipeline's rewriter: heuristic, last_turn, openai or policy (a model folder)."
+        ),
     ] = "heuristic",
     top_k: Annotated[int, typer.Option(help="Documents per answer.")] = 5,
     base_url: Annotated[str | None, typer.Option(help="--rewriter openai: the OpenAI-compatible base URL.")] = None,
-    model: Annotated[str | None, typer.Option(help="--rewriter openai: the model name.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="--rewriter openai: the model name; --rewriter policy: the model folder.")
+    ] = None,
     api_key_env: Annotated[str | None, typer.Option(help="--rewriter openai: env var holding the key.")] = None,
 ) -> None:
     """Serve the RAG endpoints (POST /rag/chat_8b, POST /rag/chat, GET /health) over a BM25 index."""
+    import queryrl.apps  # noqa: F401  registers the "policy" rewriter
     from queryrl.rag import serve
 
     options: dict[str, Any] = {
         k: v for k, v in {"base_url": base_url, "model": model, "api_key_env": api_key_env}.items() if v
     }
+    if rewriter == "policy":
+        if not model:
+            _fail("--rewriter policy needs --model MODEL_FOLDER (e.g. the initial policy)")
+        options = {"model_path": model}
     serve(str(corpus), host=host, port=port, rewriter=rewriter, top_k=top_k, **options)
 
 

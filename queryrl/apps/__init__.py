@@ -1,6 +1,10 @@
 """Applications built on the library (the library itself never imports this package)."""
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_rows as _sales_demo_rows
+from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter as _PolicyRewriter
 from queryrl.data.builtin import register_builtin_dataset as _register
+from queryrl.rag.rewriters import REWRITERS as _REWRITERS
 
-_register("sales_demo", _sales_demo_rows, version=3)  # builtin://sales_demo/{train,val,test}
+_register("sales_demo", _sales_demo_rows, version=5)  # builtin://sales_demo/{train,val,test}
+if "policy" not in _REWRITERS:  # the reference rewriter "policy": a model folder (e.g. the initial policy)
+    _REWRITERS["policy"] = _PolicyRewriter

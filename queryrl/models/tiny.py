@@ -54,7 +54,7 @@ def _settings(tiny: Any) -> dict[str, Any]:
         "max_position_embeddings": int(tiny.max_position_embeddings),
         "seed": int(tiny.seed),
         "corpus": [str(x) for x in tiny.corpus],
-        "corpus_datasets": [str(x) for x in getattr(tiny, "corpus_datasets", [])],
+        "corpus_datasets": [_dataset_fingerprint(str(x)) for x in getattr(tiny, "corpus_datasets", [])],
         "split_cjk": bool(getattr(tiny, "split_cjk", False)),
         "format": 1,  # bump when the construction below changes
     }
@@ -70,6 +70,18 @@ def tiny_model_dir(tiny: Any, cache_dir: str | None = None) -> Path:
     """The folder the tiny model with these settings lives in (built or not)."""
     digest = hashlib.sha256(json.dumps(_settings(tiny), sort_keys=True).encode()).hexdigest()[:12]
     return cache_root(cache_dir) / f"tiny-qwen2-{digest}"
+
+
+def _dataset_fingerprint(name: str) -> str:
+    """`name` plus what changes when its text changes: a built-in's version, a file's size and mtime."""
+    from queryrl.data.builtin import BUILTIN_VERSIONS, PREFIX
+
+    path = Path(name)
+    if not name.startswith(PREFIX) and path.is_file():
+        stat = path.stat()
+        return f"{name}@{stat.st_size}:{stat.st_mtime_ns}"
+    dataset = name.removeprefix(PREFIX).partition("/")[0]
+    return f"{name}@v{BUILTIN_VERSIONS.get(dataset, 0)}"
 
 
 def dataset_text(name: str) -> list[str]:
@@ -144,7 +156,7 @@ def build_tiny_model(tiny: Any, cache_dir: str | None = None) -> Path:
 
     hf_logging.disable_progress_bar()
     settings = _settings(tiny)
-    extra = [line for name in settings["corpus_datasets"] for line in dataset_text(name)]
+    extra = [line for name in getattr(tiny, "corpus_datasets", []) for line in dataset_text(str(name))]
     tokenizer = _train_tokenizer(
         settings["vocab_size"], BASE_CORPUS * 4 + settings["corpus"] + extra, split_cjk=settings["split_cjk"]
     )

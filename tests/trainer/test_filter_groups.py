@@ -14,12 +14,12 @@ from queryrl.trainer.loop import Trainer
 from tests.trainer.test_loop import make_cfg, metrics_of
 
 # odd prompts: a constant reward (a zero-variance group); even prompts: the response's length
-REWARD = '''
+REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     if extra_info["index"] % 2:
         return 0.5
     return float(len(solution_str))
-'''
+"""
 
 
 def test_concat_pads_prompts_left_and_responses_right() -> None:

@@ -260,3 +260,32 @@ def test_seed_hybrid_trains_on_the_selected_candidates_only(
     assert len({s["group"] for s in samples}) == 4
     assert "reward/selected_z/mean" in last
     assert last["reward/selected_z/mean"] >= 0.0  # max_log_prob picks the group's most likely: z >= 0
+
+
+def test_frozen_policy_as_the_reference_rewriter(json_model: Path, few_rows: Path) -> None:
+    """``/rag/chat`` with the "policy" rewriter: the model folder's own greedy rewrite is the reference query."""
+    import asyncio
+
+    from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
+    from queryrl.apps.query_rewrite.prompts import build_messages, parse_rewrite
+    from queryrl.rag import InProcessRAG, make_rewriter
+
+    rewriter = make_rewriter("policy", model_path=json_model)
+    assert isinstance(rewriter, PolicyRewriter)
+    row = json.loads(few_rows.read_text().splitlines()[0])
+    contexts = row["extra_info"]["contexts"]
+    query = rewriter.rewrite_sync(contexts)  # /rag/chat sends no profile or summary
+    tok, model = rewriter.tokenizer, rewriter.model
+    text = tok.apply_chat_template(build_messages(contexts), add_generation_prompt=True, tokenize=False)
+    ids = tok(text, return_tensors="pt")
+    out = model.generate(**ids, do_sample=False, max_new_tokens=64, pad_token_id=tok.pad_token_id)
+    expected = parse_rewrite(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
+    assert expected is not None, "the SFT'd model did not answer its training prompt in JSON"
+    assert query == expected.rewritten_query
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
+    rag = InProcessRAG(BM25Index(docs), rewriter, top_k=5)
+    ids = {k: row["extra_info"][k] for k in ("tenant_id", "contact_id", "account_id", "message_id")}
+    answer = asyncio.run(rag.chat(contexts=contexts, **ids))
+    assert answer["rewritten_query"] == query
+    with pytest.raises(FileNotFoundError, match="not a Hugging Face model folder"):
+        PolicyRewriter(few_rows.parent)
