@@ -42,7 +42,8 @@ class PolicyRewriter:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"reference rewriter model: {path} is not a Hugging Face model folder")
         self.tokenizer: Any = AutoTokenizer.from_pretrained(path)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(path).to(device).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(path)
+        self.model: Any = model.to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.lang = lang
