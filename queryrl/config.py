@@ -312,9 +312,24 @@ class TrainerConfig:
     resume: str = "auto"  # auto | disable | a checkpoint folder
     save_samples: int = 8  # rows of samples/step_N.jsonl
     plot: bool = True
-    backend: str = "local"
-    n_gpus_per_node: int = 1
-    nnodes: int = 1
+    backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
+    n_gpus_per_node: int = 1  # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs)
+    nnodes: int = 1  # with backend=ray: nodes in the resource pool
+
+
+@dataclass
+class RayConfig:
+    """``trainer.backend=ray``: where the workers run and how long the driver waits for them."""
+
+    address: str = ""  # "" = start a local cluster for this run; "auto" or host:port = connect to one
+    num_cpus: int = 0  # CPUs of the local cluster started for you; 0 = world size x num_cpus_per_worker
+    num_cpus_per_worker: float = 1.0  # CPU slots per worker bundle (the whole resource on a CPU machine)
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement groups)
+    use_gpu: str = "auto"  # auto (GPUs when the cluster has them) | true | false
+    fsdp: bool = True  # on GPUs: wrap each worker's policy (and critic) in FSDP; CPU workers replicate
+    call_timeout_s: float = 1800.0  # a worker call that takes longer fails the run (a hang, not slowness)
+    collective_timeout_s: float = 600.0  # torch.distributed timeout inside the pool
+    num_threads: int = 1  # torch threads per CPU worker
 
 
 @dataclass
@@ -329,6 +344,7 @@ class QueryRLConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     app: AppConfig = field(default_factory=AppConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 # --- verl aliases -------------------------------------------------------------------------------
@@ -527,6 +543,16 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg.rollout.backend, ["hf", "vllm"], "rollout.backend")
     _choice(cfg.reward.manager, ["naive", "batch", "parallel", "dapo", "async"], "reward.manager")
     _choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
+    _choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")
+    _choice(str(cfg.ray.use_gpu).lower(), ["auto", "true", "false"], "ray.use_gpu")
+    for key in ("trainer.n_gpus_per_node", "trainer.nnodes"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    for key in ("ray.num_cpus_per_worker", "ray.call_timeout_s", "ray.collective_timeout_s"):
+        if not OmegaConf.select(cfg, key) > 0:
+            raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
+    if cfg.ray.num_cpus < 0 or cfg.ray.num_threads < 0:
+        raise ConfigError("ray.num_cpus and ray.num_threads must be >= 0")
     _choice(
         cfg.app.query_rewrite.seed_hybrid.selection_method,
         ["max_log_prob", "weighted_sample"],

@@ -33,3 +33,13 @@ def tiny_bundle(model_cache: Path) -> Any:
 
     cfg = load_config(None, [f"model.cache_dir={model_cache}"])
     return load_policy(cfg.model, torch.device("cpu"), None, need_ref=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` are skipped, with the reason, on a machine without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none is available here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,7 +1,7 @@
 """Rollout: prompts (token ids) -> sampled responses with their log-probs.
 
 Backends by name (``rollout.backend``): ``hf`` (transformers ``generate``, CPU or GPU);
-``vllm`` is reserved for the GPU backend and not available yet.
+``vllm`` (:mod:`queryrl.rollout.vllm`: a CUDA GPU and the vllm extra; imported only when chosen).
 """
 
 from queryrl.rollout.base import (

@@ -7,7 +7,7 @@ A backend turns token-id prompts into sampled responses with the log-probs of th
 Rows are prompt-major: the ``n`` samples of prompt ``i`` are contiguous, and ``prompt_index``
 says which input prompt each row came from (an absolute index into the prompts given to
 ``generate``). The registry maps ``rollout.backend`` to a factory; ``hf`` runs anywhere,
-``vllm`` is reserved for the GPU backend (not implemented yet).
+``vllm`` (GPU, imported lazily) runs vLLM with weights synced from the trainer.
 """
 
 from __future__ import annotations
@@ -252,11 +252,9 @@ def _hf(model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.d
 
 @ROLLOUT_BACKENDS.register("vllm")
 def _vllm(model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None) -> RolloutBackend:
-    # Placeholder: the vLLM backend replaces this body (a lazy import of its module).
-    raise NotImplementedError(
-        "rollout.backend='vllm' is not available yet: it will need the vllm extra "
-        "(pip install -e .[vllm]) and a CUDA GPU; use rollout.backend='hf'"
-    )
+    from queryrl.rollout.vllm import VLLMRollout  # imports vllm itself only when built
+
+    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device)
 
 
 def make_rollout(

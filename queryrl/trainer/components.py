@@ -62,6 +62,10 @@ class Components:
     data_stats: dict[str, float] = field(default_factory=dict)
     # picks the rows of a rollout to score and train on (seed 000's selector); None = every row
     select: Any = None
+    # trainer.backend=ray: the worker group (queryrl.distributed.ray_group.RayWorkers) that computes
+    # log-probs, values and the updates; the driver's policy/critic/optimizers above are its mirrors
+    # (the policy generates and is checkpointed; optimizer states are pulled before a checkpoint)
+    workers: Any = None
 
 
 def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptDataset]:
@@ -81,11 +85,9 @@ def build_components(cfg: DictConfig) -> Components:
     """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers."""
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
-    if cfg.trainer.backend != "local":
-        raise NotImplementedError("trainer.backend=ray is not available yet; use trainer.backend=local")
     if not cfg.data.train_files:
         raise ValueError("data.train_files is empty: give at least one parquet/jsonl file (or builtin://NAME/SPLIT)")
-    if cfg.trainer.n_gpus_per_node > 1 or cfg.trainer.nnodes > 1:
+    if cfg.trainer.backend == "local" and (cfg.trainer.n_gpus_per_node > 1 or cfg.trainer.nnodes > 1):
         warnings.warn(
             f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}, trainer.nnodes={cfg.trainer.nnodes} take effect "
             "with trainer.backend=ray; the local backend trains on one device (trainer.device)",
@@ -185,4 +187,12 @@ def build_components(cfg: DictConfig) -> Components:
             warmup_steps=cfg.critic.lr_warmup_steps,
             total_steps=total_steps,
         )
+    if cfg.trainer.backend == "ray":
+        from queryrl.distributed.ray_group import RayWorkers
+
+        components.workers = RayWorkers(cfg, policy.model, components.critic)
+        # the workers step; the driver's optimizers only carry the schedule (and checkpointed states)
+        for mirror in (optimizer, components.critic_optimizer):
+            if mirror is not None:
+                mirror._opt_called = True  # type: ignore[attr-defined]  # silences "scheduler before optimizer"
     return components

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from queryrl.algos import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LossNormalizer, agg_loss, kl_penalty, value_loss
+from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
 from queryrl.config import save_config
 from queryrl.rollout import SamplingParams
@@ -35,8 +34,9 @@ from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.components import Components, build_components, seed_everything
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
-from queryrl.trainer.policy import compute_logprobs, compute_values, forward_logprobs, forward_values
+from queryrl.trainer.policy import compute_logprobs, compute_values
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
+from queryrl.trainer.update import add_metrics, micro_step_for, optimizer_step, role_settings
 
 
 class Trainer:
@@ -77,8 +77,12 @@ class Trainer:
         )
 
     def close(self) -> None:
-        """Release what the run holds outside this process (reward worker pools, event loops)."""
-        self.c.reward.close()
+        """Release what the run holds outside this process (reward worker pools, event loops, Ray workers)."""
+        try:
+            self.c.reward.close()
+        finally:
+            if self.c.workers is not None:
+                self.c.workers.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -151,18 +155,21 @@ class Trainer:
         needs_old = cfg.algo.use_kl_in_reward or cfg.actor.ppo_epochs > 1 or self._num_mini_batches(batch) > 1
         if needs_old:
             with timer("old_log_prob"):
-                batch.old_logprobs, _ = compute_logprobs(
-                    c.policy.model, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
-                )
+                if c.workers is not None:
+                    batch.old_logprobs = c.workers.compute("logprobs", batch)
+                else:
+                    batch.old_logprobs, _ = compute_logprobs(
+                        c.policy.model, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+                    )
         if c.need_ref:
-            with timer("ref"), c.policy.reference() as ref:
-                batch.ref_logprobs, _ = compute_logprobs(
-                    ref, batch.to(c.ref_device), cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
-                )
-                batch.ref_logprobs = batch.ref_logprobs.to(c.device)
+            with timer("ref"):
+                batch.ref_logprobs = self._ref_logprobs(batch)
         if c.critic is not None:
             with timer("values"):
-                batch.values = compute_values(c.critic, batch, cfg.critic.ppo_micro_batch_size)
+                if c.workers is not None:
+                    batch.values = c.workers.compute("values", batch)
+                else:
+                    batch.values = compute_values(c.critic, batch, cfg.critic.ppo_micro_batch_size)
         with timer("adv"):
             metrics |= self._advantages(batch, baselines)
         if c.critic is not None:
@@ -297,128 +304,71 @@ class Trainer:
         prompts = cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size
         return max(prompts * cfg.rollout.n, 1)
 
-    def _ppo_updates(
-        self,
-        batch: Batch,
-        prefix: str,
-        epochs: int,
-        micro_batch_size: int,
-        optimizer: torch.optim.Optimizer,
-        params: list[nn.Parameter],
-        grad_clip: float,
-        micro_step: Callable[[Batch, LossNormalizer], dict[str, float]],
-    ) -> dict[str, float]:
-        """``epochs`` x mini-batches x micro-batches with gradient accumulation.
+    def _ppo_updates(self, batch: Batch, role: str, module: nn.Module, params: list[nn.Parameter]) -> dict[str, float]:
+        """``ppo_epochs`` x mini-batches x micro-batches of `role` (``actor`` or ``critic``).
 
-        One optimizer step per mini-batch; its loss normaliser is computed once and shared by
-        its micro-batches, so the micro-batch size never changes the update. Returns the
-        metrics averaged over the optimizer steps, with ``<prefix>/grad_norm`` and ``<prefix>/lr``.
+        One optimizer step per mini-batch; its loss normaliser is computed once from the whole
+        mini-batch and shared by its micro-batches (and, with ``trainer.backend=ray``, by every
+        data-parallel rank's shard), so neither the micro-batch size nor the number of workers
+        changes the update. Returns the metrics averaged over the optimizer steps, with
+        ``<role>/grad_norm`` and ``<role>/lr``.
         """
+        cfg, c = self.cfg, self.c
+        settings = role_settings(role, cfg)
+        optimizer = c.optimizer if role == "actor" else c.critic_optimizer
+        assert optimizer is not None
+        micro_step = micro_step_for(role, cfg, module)
         totals: dict[str, float] = {}
         updates = 0
-        for _ in range(epochs):
+        for _ in range(settings.ppo_epochs):
             for mini in batch.split(self._mini_batch_sequences()):
-                norm = LossNormalizer.from_mask(mini.response_mask, horizon=self.cfg.data.max_response_length)
-                optimizer.zero_grad(set_to_none=True)
-                step_metrics: dict[str, float] = {}
-                for micro in mini.split(micro_batch_size):
-                    step_metrics = _add(step_metrics, micro_step(micro.trimmed(), norm))
-                grad_norm = nn.utils.clip_grad_norm_(params, grad_clip)
-                if torch.isfinite(grad_norm):
-                    optimizer.step()
-                else:  # skip the step, as verl does, and say so
-                    step_metrics[f"{prefix}/grad_norm_nonfinite"] = 1.0
-                optimizer.zero_grad(set_to_none=True)
-                step_metrics[f"{prefix}/grad_norm"] = float(grad_norm)
-                totals = _add(totals, step_metrics)
+                norm = LossNormalizer.from_mask(mini.response_mask, horizon=cfg.data.max_response_length)
+                if c.workers is not None:  # every rank steps on its shard; gradients summed over the ranks
+                    summed, after = c.workers.optimizer_step(role, mini, norm, optimizer.param_groups[0]["lr"])
+                else:
+                    summed, after = optimizer_step(
+                        mini,
+                        norm,
+                        settings.ppo_micro_batch_size,
+                        micro_step,
+                        optimizer,
+                        params,
+                        settings.grad_clip,
+                        role,
+                    )
+                totals = add_metrics(totals, summed | after)
                 updates += 1
         out = {k: v / updates for k, v in totals.items()}
-        out[f"{prefix}/lr"] = optimizer.param_groups[0]["lr"]
+        out[f"{role}/lr"] = optimizer.param_groups[0]["lr"]
         return out
 
     def _update_actor(self, batch: Batch) -> dict[str, float]:
-        cfg, c = self.cfg.actor, self.c
-        model = c.policy.model
-        model.train()
-        loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
-        metrics = self._ppo_updates(
-            batch,
-            "actor",
-            cfg.ppo_epochs,
-            cfg.ppo_micro_batch_size,
-            c.optimizer,
-            c.trainable_params,
-            cfg.grad_clip,
-            lambda micro, norm: self._actor_micro_step(model, loss_fn, micro, norm),
-        )
+        c = self.c
+        c.policy.model.train()
+        metrics = self._ppo_updates(batch, "actor", c.policy.model, c.trainable_params)
         c.scheduler.step()
-        return metrics
-
-    def _actor_micro_step(self, model: nn.Module, loss_fn: Any, micro: Batch, norm: LossNormalizer) -> dict[str, float]:
-        """Forward and backward one micro-batch; returns its share of the mini-batch metrics."""
-        cfg = self.cfg.actor
-        want_entropy_grad = cfg.entropy_coeff != 0
-        logprobs, entropy = forward_logprobs(
-            model, micro, self.cfg.rollout.temperature, with_entropy=True, entropy_grad=want_entropy_grad
-        )
-        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-        assert micro.advantages is not None
-        out = loss_fn(
-            old,
-            logprobs,
-            micro.advantages,
-            micro.response_mask,
-            loss_agg_mode=cfg.loss_agg_mode,
-            clip_ratio_low=cfg.clip_ratio_low,
-            clip_ratio_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            tau_pos=cfg.tau_pos,
-            tau_neg=cfg.tau_neg,
-            normalizer=norm,
-        )
-        loss = out.loss
-        share = float(micro.response_mask.sum()) / max(norm.num_tokens, 1.0)  # token share, for mean metrics
-        metrics = {"actor/pg_loss": out.loss.item()}
-        metrics |= {f"actor/{k}": v.item() * share for k, v in out.metrics.items()}
-        assert entropy is not None
-        metrics["actor/entropy"] = float((entropy.detach() * micro.response_mask).sum() / max(norm.num_tokens, 1.0))
-        if want_entropy_grad:
-            loss = loss - cfg.entropy_coeff * agg_loss(entropy, micro.response_mask, cfg.loss_agg_mode, norm)
-        if cfg.use_kl_loss:
-            assert micro.ref_logprobs is not None
-            kl = agg_loss(
-                kl_penalty(logprobs, micro.ref_logprobs, cfg.kl_loss_type), micro.response_mask, cfg.loss_agg_mode, norm
-            )
-            loss = loss + cfg.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = kl.item()
-        loss.backward()
+        if c.workers is not None:  # the driver's copy generates (and is checkpointed): rank 0's new weights
+            c.workers.pull_policy(c.policy.model)
         return metrics
 
     def _update_critic(self, batch: Batch) -> dict[str, float]:
-        cfg, c = self.cfg.critic, self.c
-        critic, optimizer, scheduler = c.critic, c.critic_optimizer, c.critic_scheduler
-        assert critic is not None
-        assert optimizer is not None
-        assert scheduler is not None
-        critic.train()
-
-        def micro_step(micro: Batch, norm: LossNormalizer) -> dict[str, float]:
-            assert micro.returns is not None
-            assert micro.values is not None
-            vpreds = forward_values(critic, micro)
-            loss, clipfrac = value_loss(
-                vpreds, micro.returns, micro.values, micro.response_mask, cfg.cliprange_value, cfg.loss_agg_mode, norm
-            )
-            loss.backward()
-            share = float(micro.response_mask.sum()) / max(norm.num_tokens, 1.0)
-            return {"critic/vf_loss": loss.item(), "critic/vf_clipfrac": clipfrac.item() * share}
-
-        params = list(critic.parameters())
-        metrics = self._ppo_updates(
-            batch, "critic", cfg.ppo_epochs, cfg.ppo_micro_batch_size, optimizer, params, cfg.grad_clip, micro_step
-        )
-        scheduler.step()
+        c = self.c
+        assert c.critic is not None
+        assert c.critic_scheduler is not None
+        c.critic.train()
+        metrics = self._ppo_updates(batch, "critic", c.critic, list(c.critic.parameters()))
+        c.critic_scheduler.step()
         return metrics
+
+    def _ref_logprobs(self, batch: Batch) -> Tensor:
+        cfg, c = self.cfg, self.c
+        if c.workers is not None:
+            return c.workers.compute("ref_logprobs", batch).to(c.device)
+        with c.policy.reference() as ref:
+            logprobs, _ = compute_logprobs(
+                ref, batch.to(c.ref_device), cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+            )
+        return logprobs.to(c.device)
 
     # --- validation, samples, checkpoints -----------------------------------------------------
 
@@ -489,6 +439,8 @@ class Trainer:
     def save(self) -> Path:
         """Checkpoint the run at the current step."""
         state = {"kl_coef": self.kl_ctrl.value, "config": _plain(self.run_dir / "config.yaml")}
+        if self.c.workers is not None:  # the driver's mirrors take the workers' optimizer and critic states
+            self.c.workers.pull_state(self.c)
         return ckpt.save_components(self.c, self.run_dir / "checkpoints", self.step, state, self.cfg.trainer.keep_last)
 
     def _resume(self) -> None:
@@ -499,15 +451,10 @@ class Trainer:
         if folder is None:
             return
         state = ckpt.restore_components(self.c, folder)
+        if self.c.workers is not None:
+            self.c.workers.push_state(self.c)
         self.kl_ctrl.value = state["kl_coef"]
         self.step = int(state["step"])
-
-
-def _add(into: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    out = dict(into)
-    for k, v in new.items():
-        out[k] = out.get(k, 0.0) + v
-    return out
 
 
 def _plain(config_yaml: Path) -> dict[str, Any]:

@@ -1,0 +1,347 @@
+"""Ray worker groups: resource pools, actors, dispatch/collect, and failures that fail fast.
+
+verl's single controller, reduced to what this trainer needs:
+
+- :class:`ResourcePool`: ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` bundles in a Ray
+  placement group, one GPU each (or ``ray.num_cpus_per_worker`` CPU slots when there is no GPU).
+- :class:`RayWorkerGroup`: one :class:`~queryrl.distributed.worker.PolicyWorker` actor per bundle,
+  joined into one ``torch.distributed`` group; ``call_all`` runs a method on every rank and
+  collects the results in rank order. A dead actor raises :class:`WorkerDiedError` (naming the
+  rank, pid and the call) as soon as Ray reports it, and a call that outlives
+  ``ray.call_timeout_s`` raises :class:`WorkerTimeoutError`: the driver never waits forever.
+  After either, the remaining actors are killed (they may be blocked in a collective).
+- :class:`RayWorkers`: what the trainer loop calls (``compute``, ``optimizer_step``, weight and
+  state sync), with the batch split by data-parallel rank and the results concatenated.
+
+Ray is imported here only; the package imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from queryrl.algos import LossNormalizer
+from queryrl.distributed.dispatch import collect, dispatch
+from queryrl.distributed.worker import PolicyWorker, load_trainable_state, trainable_state
+from queryrl.trainer.batch import Batch
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker of the group died (process killed, node lost, out of memory)."""
+
+
+class WorkerTimeoutError(RuntimeError):
+    """A worker call did not finish within ``ray.call_timeout_s``."""
+
+
+def import_ray() -> Any:
+    """``import ray``, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(
+            "trainer.backend=ray needs Ray: pip install 'queryrl[ray]' (or pip install 'ray[default]'); "
+            "trainer.backend=local needs nothing more"
+        ) from e
+    return ray
+
+
+@dataclass(frozen=True)
+class ResourcePool:
+    """``nnodes`` x ``workers_per_node`` bundles: one GPU each, or `cpus_per_worker` CPU slots without GPUs."""
+
+    nnodes: int
+    workers_per_node: int
+    use_gpu: bool
+    cpus_per_worker: float
+    strategy: str = "PACK"
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.workers_per_node
+
+    def bundles(self) -> list[dict[str, float]]:
+        bundle: dict[str, float] = {"CPU": self.cpus_per_worker}
+        if self.use_gpu:
+            bundle["GPU"] = 1.0
+        return [dict(bundle) for _ in range(self.world_size)]
+
+    def check(self, available: dict[str, float]) -> None:
+        """Raise a clear error when the cluster's resources cannot hold the pool (instead of waiting forever)."""
+        need_cpu = self.cpus_per_worker * self.world_size
+        need_gpu = float(self.world_size) if self.use_gpu else 0.0
+        have_cpu, have_gpu = available.get("CPU", 0.0), available.get("GPU", 0.0)
+        if have_cpu < need_cpu or have_gpu < need_gpu:
+            raise RuntimeError(
+                f"the Ray cluster has {have_cpu:g} CPUs and {have_gpu:g} GPUs; the worker pool "
+                f"(trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.workers_per_node}) needs "
+                f"{need_cpu:g} CPUs (ray.num_cpus_per_worker={self.cpus_per_worker:g} each) and {need_gpu:g} GPUs"
+            )
+
+
+class RayWorkerGroup:
+    """`pool.world_size` :class:`PolicyWorker` actors placed by a placement group, in one process group.
+
+    Args:
+        cfg: the run config.
+        pool: where the workers go.
+        init_state: per role, the state (:meth:`PolicyWorker.set_state`) every worker loads before
+            the process group forms, so that all ranks start from the driver's weights.
+    """
+
+    def __init__(self, cfg: DictConfig, pool: ResourcePool, init_state: dict[str, dict[str, Any]]) -> None:
+        ray = import_ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._ray = ray
+        self.pool = pool
+        self.timeout_s = float(cfg.ray.call_timeout_s)
+        self.world_size = pool.world_size
+        pool.check(ray.cluster_resources())
+        self._pg = placement_group(pool.bundles(), strategy=pool.strategy, name="")
+        self._remove_pg = remove_placement_group
+        self.actors: list[Any] = []
+        self.info: list[dict[str, Any]] = [{"rank": r, "pid": "?"} for r in range(self.world_size)]
+        try:
+            self._wait([self._pg.ready()], "placing the resource pool", ranks=None)
+            remote_cls = ray.remote(PolicyWorker)
+            plain = OmegaConf.to_container(cfg, resolve=True)
+            threads = str(max(int(cfg.ray.num_threads), 1))
+            for rank in range(self.world_size):
+                actor = remote_cls.options(
+                    num_cpus=pool.cpus_per_worker,
+                    num_gpus=1 if pool.use_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._pg, placement_group_bundle_index=rank
+                    ),
+                    runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}},
+                    max_restarts=0,
+                    max_task_retries=0,
+                ).remote(plain, rank, self.world_size)
+                self.actors.append(actor)
+            pids = self.call_all("pid", what="starting the workers")
+            for rank, pid in enumerate(pids):
+                self.info[rank]["pid"] = pid
+            for role, state in init_state.items():
+                self.call_all("set_state", role, state, what=f"loading the driver's {role} weights")
+            host, port = self._wait([self.actors[0].address.remote()], "rendezvous", ranks=[0])[0]
+            self.info = self.call_all("init_process_group", host, port, what="forming the process group")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def call_all(self, method: str, *args: Any, what: str | None = None) -> list[Any]:
+        """`method` on every rank with the same arguments; results in rank order."""
+        refs = [getattr(a, method).remote(*args) for a in self.actors]
+        return self._wait(refs, what or method, ranks=list(range(self.world_size)))
+
+    def call_each(self, method: str, per_rank: list[tuple[Any, ...]], what: str | None = None) -> list[Any]:
+        """`method` on rank ``r`` with ``per_rank[r]``; results in rank order."""
+        refs = [getattr(a, method).remote(*args) for a, args in zip(self.actors, per_rank, strict=True)]
+        return self._wait(refs, what or method, ranks=list(range(self.world_size)))
+
+    def _wait(self, refs: list[Any], what: str, ranks: list[int] | None) -> list[Any]:
+        """Results of `refs` in order; fails fast on the first dead worker or past the call timeout."""
+        ray = self._ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WorkerTimeoutError(
+                        f"{what}: {len(pending)} of {len(refs)} worker calls did not finish within "
+                        f"ray.call_timeout_s={self.timeout_s:g}s"
+                    )
+                ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 5.0))
+                for ref in ready:
+                    i = index[ref]
+                    rank = ranks[i] if ranks is not None else None
+                    try:
+                        results[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+                    except RayActorError as e:
+                        who = "a worker" if rank is None else f"worker {rank} (pid {self.info[rank].get('pid', '?')})"
+                        first_line = str(e).splitlines()[0] if str(e) else ""
+                        raise WorkerDiedError(f"{who} died during {what!r}: {type(e).__name__}: {first_line}") from e
+                    except GetTimeoutError as e:
+                        raise WorkerTimeoutError(f"{what}: no result within ray.call_timeout_s") from e
+        except BaseException:
+            self.shutdown()  # the other ranks may be blocked in a collective with the lost one
+            raise
+        return results
+
+    def shutdown(self) -> None:
+        """Kill the actors and free the placement group (safe to call twice)."""
+        ray = self._ray
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._pg is not None:
+            with contextlib.suppress(Exception):
+                self._remove_pg(self._pg)
+            self._pg = None
+
+
+def _use_gpu(cfg: DictConfig, cluster: dict[str, float]) -> bool:
+    choice = str(cfg.ray.use_gpu).lower()
+    if choice == "auto":
+        return cluster.get("GPU", 0.0) >= 1.0
+    return choice == "true"
+
+
+class RayWorkers:
+    """The trainer's handle on a Ray worker group (``Components.workers``).
+
+    Starts (``ray.address=""``) or connects to (``"auto"``, ``host:port``, ``ray://...``) a Ray
+    cluster, creates the worker group from the driver's current weights, and serves the loop's
+    calls. Ray is shut down on :meth:`close` only if this object started it.
+
+    Args:
+        cfg: the run config.
+        policy: the driver's policy (its trainable weights initialise every worker).
+        critic: the driver's critic, if any.
+    """
+
+    def __init__(self, cfg: DictConfig, policy: nn.Module, critic: nn.Module | None) -> None:
+        ray = import_ray()
+        self._ray = ray
+        self.cfg = cfg
+        self.pad_id = 0
+        self._started_ray = False
+        rc = cfg.ray
+        world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        if not ray.is_initialized():
+            if rc.address:
+                ray.init(address=rc.address, include_dashboard=False, log_to_driver=True)
+            else:
+                package_root = str(Path(__file__).resolve().parents[2])
+                path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+                ray.init(
+                    num_cpus=rc.num_cpus or max(round(world * rc.num_cpus_per_worker), 1),
+                    include_dashboard=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": path}},
+                )
+            self._started_ray = True
+        self.group: RayWorkerGroup | None = None
+        try:
+            pool = ResourcePool(
+                cfg.trainer.nnodes,
+                cfg.trainer.n_gpus_per_node,
+                _use_gpu(cfg, ray.cluster_resources()),
+                float(rc.num_cpus_per_worker),
+                rc.placement_strategy,
+            )
+            init: dict[str, dict[str, Any]] = {"actor": {"weights": trainable_state(policy)}}
+            if critic is not None:
+                init["critic"] = {"weights": trainable_state(critic)}
+            self.group = RayWorkerGroup(cfg, pool, init)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def world_size(self) -> int:
+        assert self.group is not None
+        return self.group.world_size
+
+    def _group(self) -> RayWorkerGroup:
+        if self.group is None:
+            raise RuntimeError("the Ray worker group is closed")
+        return self.group
+
+    def _check_even(self, rows: int, what: str) -> None:
+        group = self._group()
+        if group.pool.use_gpu and self.cfg.ray.fsdp and rows % group.world_size:
+            raise ValueError(
+                f"{what}: {rows} rows do not split evenly over {group.world_size} FSDP ranks (every rank must run the "
+                "same number of forward passes); make the batch and mini-batch sizes multiples of the world size"
+            )
+
+    def compute(self, what: str, batch: Batch) -> Tensor:
+        """``logprobs`` | ``ref_logprobs`` | ``values`` (N, T): split by rank, computed, concatenated."""
+        group = self._group()
+        self._check_even(len(batch), what)
+        shards = dispatch(batch, group.world_size)
+        return collect(group.call_each("compute", [(what, s) for s in shards], what=what)).to(
+            batch.response_mask.device
+        )
+
+    def optimizer_step(
+        self, role: str, mini: Batch, norm: LossNormalizer, lr: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step of `role` on `mini`, each rank on its shard with the global `norm`.
+
+        Returns the micro-batch metrics summed over the ranks, and rank 0's step metrics
+        (grad norm: the same on every rank once the gradients are summed).
+        """
+        group = self._group()
+        self._check_even(len(mini), f"update_{role}")
+        shards = dispatch(mini, group.world_size)
+        results = group.call_each(
+            "optimizer_step", [(role, s, norm, lr) for s in shards], what=f"update_{role} (optimizer step)"
+        )
+        summed: dict[str, float] = {}
+        for part, _ in results:
+            for k, v in part.items():
+                summed[k] = summed.get(k, 0.0) + v
+        return summed, results[0][1]
+
+    def pull_policy(self, model: nn.Module) -> None:
+        """Load rank 0's trainable policy weights into the driver's `model` (it generates the next rollout)."""
+        state = self._group().call_all("get_state", "actor", False, what="weight sync")[0]
+        load_trainable_state(model, state["weights"])
+
+    def pull_state(self, c: Any) -> None:
+        """Before a checkpoint: the driver's policy, optimizer (and critic) take rank 0's states."""
+        group = self._group()
+        roles = [("actor", c.policy.model, c.optimizer)]
+        if c.critic is not None:
+            roles.append(("critic", c.critic, c.critic_optimizer))
+        for role, module, optimizer in roles:
+            state = group.call_all("get_state", role, True, what=f"{role} state for the checkpoint")[0]
+            load_trainable_state(module, state["weights"])
+            optimizer.load_state_dict(state["optimizer"])
+
+    def push_state(self, c: Any) -> None:
+        """After a resume: every worker takes the driver's restored weights and optimizer states."""
+        group = self._group()
+        group.call_all(
+            "set_state",
+            "actor",
+            {"weights": trainable_state(c.policy.model), "optimizer": c.optimizer.state_dict()},
+            what="loading the resumed actor state",
+        )
+        if c.critic is not None:
+            group.call_all(
+                "set_state",
+                "critic",
+                {"weights": trainable_state(c.critic), "optimizer": c.critic_optimizer.state_dict()},
+                what="loading the resumed critic state",
+            )
+
+    def checksums(self, role: str = "actor") -> list[float]:
+        """Per rank, the sum of `role`'s trainable parameters (equal on every rank when in sync)."""
+        return [float(x) for x in self._group().call_all("checksum", role)]
+
+    def close(self) -> None:
+        """Stop the workers; shut Ray down if this object started it."""
+        if self.group is not None:
+            self.group.shutdown()
+            self.group = None
+        if self._started_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,265 @@
+"""The data-parallel worker: one process of a worker group, every training role colocated.
+
+Each worker owns, on its device, a copy of the policy (with its reference, or the LoRA base)
+and its optimizer, and the critic with its optimizer when the estimator is GAE: verl's
+colocated ``ActorRolloutRefWorker`` + ``CriticWorker``. The workers of a group form one
+``torch.distributed`` process group (gloo on CPU, NCCL on GPU). A gradient step runs
+:func:`queryrl.trainer.update.optimizer_step` (the code the local backend runs) on this rank's
+shard with the mini-batch's global loss normaliser, then sums the gradients over the ranks, so
+every rank takes the single-process step.
+
+This module does not import Ray: :mod:`queryrl.distributed.ray_group` wraps the class in
+``ray.remote``; it is also usable in-process (world size 1) by tests.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+
+from queryrl.algos import LossNormalizer
+from queryrl.trainer.batch import Batch
+from queryrl.trainer.update import micro_step_for, optimizer_step, role_settings
+
+
+def trainable_state(module: nn.Module) -> dict[str, Tensor]:
+    """The trainable parameters of `module` by name, on the CPU (LoRA: the adapters; else all weights)."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in module.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(module: nn.Module, state: dict[str, Tensor]) -> None:
+    """Copy `state` (from :func:`trainable_state`) into `module`'s parameters; every name must match."""
+    params = dict(module.named_parameters())
+    missing = [n for n in state if n not in params]
+    if missing:
+        raise KeyError(f"parameters not in the model: {missing[:5]}")
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+
+class PolicyWorker:
+    """Rank `rank` of `world_size`: the policy, its reference and optimizer, and the critic.
+
+    Args:
+        cfg: the run config as a plain dict (``OmegaConf.to_container``).
+        rank: this worker's data-parallel rank.
+        world_size: ranks in the group.
+    """
+
+    def __init__(self, cfg: dict[str, Any], rank: int, world_size: int) -> None:
+        from queryrl.models import ValueModel, load_policy, resolve_model_path
+        from queryrl.trainer.components import seed_everything
+        from queryrl.trainer.optim import make_optimizer
+
+        self.cfg: DictConfig = OmegaConf.create(cfg)
+        self.rank, self.world_size = rank, world_size
+        self.use_gpu = torch.cuda.is_available() and str(self.cfg.ray.use_gpu).lower() != "false"
+        if self.use_gpu:
+            torch.cuda.set_device(0)  # Ray makes this worker's GPU the only visible one
+            self.device = torch.device("cuda", 0)
+        else:
+            self.device = torch.device("cpu")
+            if self.cfg.ray.num_threads > 0:
+                torch.set_num_threads(self.cfg.ray.num_threads)
+        seed_everything(self.cfg.trainer.seed)
+        need_ref = bool(self.cfg.actor.use_kl_loss or self.cfg.algo.use_kl_in_reward)
+        self.policy = load_policy(self.cfg.model, self.device, self.device, need_ref=need_ref)
+        self.fsdp = False
+        self.modules: dict[str, nn.Module] = {"actor": self.policy.model}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        actor = self.cfg.actor
+        self.optimizers["actor"], _ = make_optimizer(
+            self.policy.model.parameters(),
+            lr=actor.lr,
+            weight_decay=actor.weight_decay,
+            betas=(actor.betas[0], actor.betas[1]),
+            warmup_steps=0,
+            total_steps=1,
+        )
+        if self.cfg.algo.adv_estimator == "gae":
+            path = resolve_model_path(self.cfg.model)
+            critic_path = self.cfg.critic.path or str(path)
+            from pathlib import Path
+
+            self.modules["critic"] = ValueModel.from_pretrained(Path(critic_path), self.cfg.model, self.device)
+            self.optimizers["critic"], _ = make_optimizer(
+                self.modules["critic"].parameters(),
+                lr=self.cfg.critic.lr,
+                weight_decay=self.cfg.critic.weight_decay,
+                betas=(0.9, 0.999),
+                warmup_steps=0,
+                total_steps=1,
+            )
+
+    # --- the process group ----------------------------------------------------------------------
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port, for the rendezvous of the process group (rank 0)."""
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:  # in-process use
+            host = "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return host, port
+
+    def init_process_group(self, host: str, port: int) -> dict[str, Any]:
+        """Join the group (gloo on CPU, NCCL on GPU); on GPUs wrap the trained modules in FSDP.
+
+        Returns facts about this worker (pid, device, backend) for the driver's messages.
+        """
+        backend = "nccl" if self.use_gpu else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=float(self.cfg.ray.collective_timeout_s)),
+        )
+        if self.use_gpu and self.cfg.ray.fsdp:
+            self._wrap_fsdp()
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "backend": backend}
+
+    def _wrap_fsdp(self) -> None:
+        """FSDP (full sharding) around the policy and critic, optimizers rebuilt over the sharded parameters.
+
+        FSDP averages gradients over the ranks during backward; the losses are multiplied by the
+        world size (``loss_scale``) so the average is the sum the global normaliser expects.
+        """
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from queryrl.trainer.optim import make_optimizer
+
+        for role in list(self.modules):
+            wrapped = FSDP(self.modules[role], device_id=self.device, use_orig_params=True)
+            settings = role_settings(role, self.cfg)
+            betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)
+            self.optimizers[role], _ = make_optimizer(
+                wrapped.parameters(),
+                lr=settings.lr,
+                weight_decay=settings.weight_decay,
+                betas=betas,
+                warmup_steps=0,
+                total_steps=1,
+            )
+            self.modules[role] = wrapped
+        self.policy.model = self.modules["actor"]
+        self.fsdp = True
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # --- compute --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute(self, what: str, shard: Batch) -> Tensor:
+        """``logprobs`` | ``ref_logprobs`` | ``values`` (n_r, T) of this rank's shard, on the CPU."""
+        from queryrl.trainer.policy import compute_logprobs, compute_values
+
+        cfg = self.cfg
+        batch = shard.to(self.device)
+        if what == "values":
+            return compute_values(self.modules["critic"], batch, cfg.critic.ppo_micro_batch_size).cpu()
+        if what == "logprobs":
+            out, _ = compute_logprobs(
+                self.modules["actor"], batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+            )
+            return out.cpu()
+        if what == "ref_logprobs":
+            with self.policy.reference() as ref:
+                out, _ = compute_logprobs(ref, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature)
+            return out.cpu()
+        raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")
+
+    def optimizer_step(
+        self, role: str, shard: Batch, norm: LossNormalizer, lr: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """One optimizer step of `role` on this rank's shard of a mini-batch (see the module docstring)."""
+        module, optimizer = self.modules[role], self.optimizers[role]
+        settings = role_settings(role, self.cfg)
+        for group in optimizer.param_groups:  # the driver's scheduler decides the learning rate
+            group["lr"] = lr
+        module.train()
+        params = [p for p in module.parameters() if p.requires_grad]
+        clip: Callable[[float], Tensor] | None = None
+        if self.fsdp:
+            clip = getattr(module, "clip_grad_norm_")  # noqa: B009 - FSDP's sharded clip
+        return optimizer_step(
+            shard.to(self.device),
+            norm,
+            settings.ppo_micro_batch_size,
+            micro_step_for(role, self.cfg, module, loss_scale=float(self.world_size) if self.fsdp else 1.0),
+            optimizer,
+            params,
+            settings.grad_clip,
+            role,
+            reduce_grads=None if self.fsdp or self.world_size == 1 else _sum_gradients,
+            clip_grads=clip,
+        )
+
+    # --- state ------------------------------------------------------------------------------------
+
+    def get_state(self, role: str, with_optimizer: bool = False) -> dict[str, Any] | None:
+        """Rank 0: the trainable weights of `role` (and its optimizer state); other ranks: None.
+
+        Every rank must call it (under FSDP, gathering the full state is a collective).
+        """
+        module = self.modules[role]
+        if self.fsdp:
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            with FSDP.state_dict_type(module, StateDictType.FULL_STATE_DICT, config):
+                full = module.state_dict()
+                optim = FSDP.optim_state_dict(module, self.optimizers[role]) if with_optimizer else None
+            names = {n.replace("_fsdp_wrapped_module.", "") for n, p in module.named_parameters() if p.requires_grad}
+            weights = {k: v for k, v in full.items() if k in names}
+        else:
+            weights = trainable_state(module) if self.rank == 0 else {}
+            optim = self.optimizers[role].state_dict() if with_optimizer and self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        return {"weights": weights, "optimizer": optim}
+
+    def set_state(self, role: str, state: dict[str, Any]) -> None:
+        """Load trainable weights (and optimizer state) from the driver; every rank loads the same."""
+        if self.fsdp:
+            raise NotImplementedError(
+                "loading driver state into FSDP-wrapped workers is not supported: workers are initialised from the "
+                "same weights before wrapping, and resuming a checkpoint under FSDP is not implemented"
+            )
+        load_trainable_state(self.modules[role], state["weights"])
+        if state.get("optimizer") is not None:
+            self.optimizers[role].load_state_dict(state["optimizer"])
+
+    def checksum(self, role: str) -> float:
+        """Sum of the trainable parameters (tests compare ranks with it)."""
+        return float(sum(p.detach().double().sum() for p in self.modules[role].parameters() if p.requires_grad))
+
+
+def _sum_gradients(params: list[nn.Parameter]) -> None:
+    """All-reduce (SUM) the gradients of `params` over the process group, as one flat buffer.
+
+    A parameter without a gradient (this rank had no rows) contributes zeros.
+    """
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(p).clone()
+        offset += n
