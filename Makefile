@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy test lint format pytest install clean bench-step
+.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-kdconv
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -33,6 +33,12 @@ demo-toy: $(STAMP)
 
 bench-step: $(STAMP)
 	$(BIN)/python benchmarks/step_phases.py
+
+# KdConv travel (../shared/data/kdconv/travel; KDCONV_DIR to change): SFT + GRPO on dev.json's training
+# conversations, evaluation on the held-out ones (or on the KdConv file $KDCONV_TEST) against the
+# baselines -> benchmarks/results/kdconv.json. Skips with a message when the KdConv folder is absent.
+bench-kdconv: $(STAMP)
+	$(BIN)/python benchmarks/kdconv.py
 
 test: lint pytest
 

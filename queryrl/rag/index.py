@@ -9,6 +9,14 @@ HMM, so the result depends only on the text and jieba's bundled dictionary); tok
 or CJK character (whitespace, punctuation) are dropped. Latin words and digit runs come out of jieba as
 whole tokens (``"iphone"``, ``"15"``, ``"mate60"``).
 
+Entity dictionary. jieba's bundled dictionary cuts many names apart (``"古北水镇"`` -> ``古北 / 水 / 镇``).
+``BM25Index(docs, entities=names)`` (and :class:`~queryrl.rag.rewriters.HeuristicRewriter`) cut with a
+private ``jieba.Tokenizer`` that knows `names` as words (:func:`entity_tokenizer`), so a known name is one
+token wherever it occurs; jieba's global tokenizer is left alone, so indexes over different corpora do not
+interfere. The index also keeps each entity's pieces after it (``古北水镇 古北 水 镇``), so a partial
+mention still matches while a full one matches more (on KdConv travel this lifts every system's
+Recall@5: concat_last3 0.280 -> 0.321). :func:`title_entities` picks a corpus's titles as such names.
+
 Scores are raw BM25 (Lucene variant, bm25s) over the title and content of each document; hits with a
 score of 0 (no query term in the document) are never returned. Ties are broken by ``doc_id``, so a search
 is deterministic.
@@ -19,6 +27,7 @@ fuses any indexes by reciprocal rank.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -36,6 +45,11 @@ jieba.setLogLevel(logging.WARNING)  # jieba logs its dictionary loading at INFO
 
 REQUIRED_FIELDS = ("doc_id", "title", "content")
 _WORD = re.compile(r"[0-9a-z\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+# what jieba's precise mode cuts as one block (jieba.re_han_default): a word with any other character
+# (a space, "·", "（") can never come out whole, so it is not added to a dictionary
+_JIEBA_BLOCK = re.compile(r"[\u4E00-\u9FD5a-zA-Z0-9+#&\._%\-]+")
+MAX_ENTITY_CHARS = 32  # a longer "title" is a sentence, not a name
+ENTITY_FREQ = 100_000  # dictionary frequency of an entity: beats the bundled words it overlaps
 
 
 @dataclass(frozen=True)
@@ -66,8 +80,66 @@ class Index(Protocol):
     def search_many(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]: ...
 
 
-def tokenize(text: str) -> list[str]:
-    """Lowercased jieba tokens of `text`, without whitespace and punctuation tokens."""
+def normalise_entities(entities: Iterable[str]) -> frozenset[str]:
+    """The usable entity words of `entities`: stripped, lowercased, at most :data:`MAX_ENTITY_CHARS`
+    characters and cut by jieba as one block (no space or punctuation inside); others are dropped."""
+    words = (str(e).strip().lower() for e in entities)
+    return frozenset(w for w in words if 0 < len(w) <= MAX_ENTITY_CHARS and _JIEBA_BLOCK.fullmatch(w))
+
+
+class EntityTokenizer:
+    """jieba's precise mode with `entities` as extra dictionary words, in a private ``jieba.Tokenizer``.
+
+    Args:
+        entities: normalised entity words (:func:`normalise_entities`), non-empty.
+    """
+
+    def __init__(self, entities: frozenset[str]) -> None:
+        self.entities = entities
+        self._jieba = jieba.Tokenizer()
+        for word in sorted(entities):
+            self._jieba.add_word(word, freq=ENTITY_FREQ)
+        # the pieces jieba's bundled dictionary cuts each entity into (for `pieces=True`)
+        self._pieces = {
+            word: [p for p in jieba.lcut(word, HMM=False) if p != word and _WORD.search(p)] for word in sorted(entities)
+        }
+
+    def cut(self, text: str, pieces: bool = False) -> list[str]:
+        """Word tokens of lowercased `text`; with `pieces`, each entity is followed by its pieces (the
+        tokens jieba cuts it into without the dictionary), so a partial mention (``"长城"`` of
+        ``"八达岭长城"``) still matches, and a full one matches more."""
+        out: list[str] = []
+        for token in self._jieba.lcut(text.lower(), HMM=False):
+            if not _WORD.search(token):
+                continue
+            out.append(token)
+            if pieces and token in self._pieces:
+                out.extend(self._pieces[token])
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def entity_tokenizer(entities: frozenset[str]) -> EntityTokenizer | None:
+    """The :class:`EntityTokenizer` of `entities`, shared by every index and rewriter with the same set;
+    None (jieba's global tokenizer) for no entities. `entities` must come from :func:`normalise_entities`."""
+    return EntityTokenizer(entities) if entities else None
+
+
+def title_entities(documents: Iterable[Document]) -> frozenset[str]:
+    """The distinct titles of `documents` usable as entity words (:func:`normalise_entities`)."""
+    return normalise_entities(d.title for d in documents)
+
+
+def tokenize(text: str, tokenizer: EntityTokenizer | None = None, pieces: bool = False) -> list[str]:
+    """Lowercased jieba tokens of `text`, without whitespace and punctuation tokens.
+
+    Args:
+        text: any text.
+        tokenizer: an entity dictionary (:func:`entity_tokenizer`); None: jieba's global tokenizer.
+        pieces: with a `tokenizer`, each entity token is followed by its pieces (:meth:`EntityTokenizer.cut`).
+    """
+    if tokenizer is not None:
+        return tokenizer.cut(text, pieces)
     return [t for t in jieba.lcut(text.lower(), HMM=False) if _WORD.search(t)]
 
 
@@ -169,22 +241,32 @@ class BM25Index:
     Args:
         documents: the corpus; doc_ids must be unique.
         k1, b: the BM25 parameters.
+        entities: names to keep whole when cutting documents and queries (e.g. :func:`title_entities`);
+            default none: jieba's bundled dictionary only.
     """
 
-    def __init__(self, documents: Sequence[Document], k1: float = 1.5, b: float = 0.75) -> None:
+    def __init__(
+        self, documents: Sequence[Document], k1: float = 1.5, b: float = 0.75, entities: Iterable[str] = ()
+    ) -> None:
         self.documents = _check_documents(documents)
         self.k1, self.b = k1, b
+        self.entities = normalise_entities(entities)
+        self._tokenizer = entity_tokenizer(self.entities)
         self._bm25 = bm25s.BM25(k1=k1, b=b)
-        corpus_tokens = [tokenize(f"{d.title} {d.content}") for d in self.documents]
+        corpus_tokens = [self.tokenize(f"{d.title} {d.content}") for d in self.documents]
         self._bm25.index(corpus_tokens, show_progress=False)
         self._vocab: set[str] = set(self._bm25.vocab_dict)
 
     def __len__(self) -> int:
         return len(self.documents)
 
+    def tokenize(self, text: str) -> list[str]:
+        """:func:`tokenize` with this index's entity dictionary: each entity whole, then its pieces."""
+        return tokenize(text, self._tokenizer, pieces=True)
+
     def scores(self, query: str) -> np.ndarray:
         """Raw BM25 scores of every document for `query`, shape (N,); all zeros when no term is known."""
-        tokens = [t for t in tokenize(query) if t in self._vocab]
+        tokens = [t for t in self.tokenize(query) if t in self._vocab]
         if not tokens:
             return np.zeros(len(self.documents), dtype=np.float32)
         return np.asarray(self._bm25.get_scores(tokens))

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from queryrl.rag.index import tokenize
+from queryrl.rag.index import entity_tokenizer, normalise_entities, tokenize
 
 USER_ROLES = frozenset({"user", "human", "customer"})
 _ENTITY_CHARS = re.compile(r"[0-9a-z]")
@@ -54,30 +54,44 @@ class HeuristicRewriter:
     """Deterministic rewrite: the last user message plus the entity terms of the most recent earlier turn.
 
     Rule. A token (:func:`~queryrl.rag.index.tokenize`) is *entity-like* when it contains a latin letter
-    or a digit (product names and models: ``iphone``, ``15``, ``mate60``) or belongs to `entities` (known
-    names, e.g. brands or document titles' words, for names written in Chinese). If the last user
-    message already holds an entity-like token it is taken as standalone (a topic switch) and returned
-    as is. Otherwise the earlier turns (both roles) are scanned newest first; the entity-like tokens of
-    the first turn that has any (at most `max_terms`, in their order there) are prepended to the last
-    user message, separated by a space. With no such turn the last message is returned unchanged; with
-    no user message, "".
+    or a digit (product names and models: ``iphone``, ``15``, ``mate60``; unless `latin_entities` is
+    False) or belongs to `entities` (known names, e.g. brands or document titles, for names written in
+    Chinese). The text is cut with `entities` in the jieba dictionary, so a known multi-character name
+    (``"古北水镇"``) is one token, not its pieces. If the last user message already holds an entity-like
+    token it is taken as standalone (a topic switch) and returned as is. Otherwise the earlier turns
+    (both roles) are scanned newest first; the entity-like tokens of the first turn that has any (at most
+    `max_terms`, in their order there) are prepended to the last user message, separated by a space.
+    With no such turn the last message is returned unchanged; with no user message, "".
 
     Args:
-        entities: extra entity words (matched after lowercasing).
+        entities: extra entity words (matched after lowercasing; see
+            :func:`~queryrl.rag.index.normalise_entities`).
         max_terms: cap on the carried-over terms.
         use_summary: also scan `history_summary` as the oldest turn.
+        latin_entities: tokens with a latin letter or digit are entity-like (the product-catalogue rule);
+            False: only `entities` are (for corpora whose names are Chinese and whose digits are
+            prices, years and hours).
     """
 
-    def __init__(self, entities: Iterable[str] = (), max_terms: int = 4, use_summary: bool = True) -> None:
-        self.entities = frozenset(e.lower() for e in entities)
+    def __init__(
+        self,
+        entities: Iterable[str] = (),
+        max_terms: int = 4,
+        use_summary: bool = True,
+        latin_entities: bool = True,
+    ) -> None:
+        self.entities = normalise_entities(entities)
         self.max_terms = max_terms
         self.use_summary = use_summary
+        self.latin_entities = latin_entities
+        self._tokenizer = entity_tokenizer(self.entities)
 
     def entity_terms(self, text: str) -> list[str]:
         """The entity-like tokens of `text`, first occurrence order, without repeats."""
         terms: list[str] = []
-        for token in tokenize(text):
-            if (_ENTITY_CHARS.search(token) or token in self.entities) and token not in terms:
+        for token in tokenize(text, self._tokenizer):
+            latin = self.latin_entities and _ENTITY_CHARS.search(token)
+            if (latin or token in self.entities) and token not in terms:
                 terms.append(token)
         return terms
 

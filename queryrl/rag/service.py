@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from queryrl.rag.index import BM25Index, Hit, Index, load_corpus
+from queryrl.rag.index import BM25Index, Hit, Index, load_corpus, title_entities
 from queryrl.rag.rewriters import HeuristicRewriter, Rewriter, make_rewriter
 
 if TYPE_CHECKING:  # fastapi is only needed to serve over HTTP; InProcessRAG works without it
@@ -177,11 +177,17 @@ def serve(
 ) -> None:
     """Load `corpus`, index it with BM25 and serve the app with uvicorn until interrupted.
 
-    `rewriter` names a :data:`~queryrl.rag.rewriters.REWRITERS` entry built with `rewriter_kwargs`
-    (e.g. ``rewriter="openai", base_url=..., model=...``).
+    The corpus's titles are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of the
+    index and, unless `rewriter_kwargs` name ``entities``, of the ``heuristic`` rewriter (as in the
+    embedded service over a corpus file). `rewriter` names a :data:`~queryrl.rag.rewriters.REWRITERS`
+    entry built with `rewriter_kwargs` (e.g. ``rewriter="openai", base_url=..., model=...``).
     """
     import uvicorn
 
-    index = BM25Index(load_corpus(corpus), k1=k1, b=b)
+    documents = load_corpus(corpus)
+    entities = title_entities(documents)
+    index = BM25Index(documents, k1=k1, b=b, entities=entities)
+    if rewriter == "heuristic":
+        rewriter_kwargs.setdefault("entities", entities)
     app = make_app(index, make_rewriter(rewriter, **rewriter_kwargs), top_k=top_k)
     uvicorn.run(app, host=host, port=port, log_level="info")

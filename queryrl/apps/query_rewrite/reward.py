@@ -65,6 +65,7 @@ from queryrl.apps.query_rewrite.reward_modes import (
     retrieval_rank_reward,
 )
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, RAGFailure, load_corpus
+from queryrl.rag.index import title_entities
 from queryrl.rewards.judge import JudgeClient
 
 DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
@@ -101,24 +102,45 @@ class _CandidateCache:
 _CANDIDATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
 
 
+KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
+
+
 def _corpus_documents(corpus: str) -> list[Document]:
     if corpus == "sales_demo":
         return [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
+    if corpus.startswith(KDCONV_PREFIX):
+        from queryrl.apps.query_rewrite.kdconv import kdconv_corpus
+
+        kb = corpus[len(KDCONV_PREFIX) :]
+        return [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kb)]
     return load_corpus(corpus)
+
+
+def embedded_rag(corpus: str, top_k: int) -> InProcessRAG:
+    """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file).
+
+    ``sales_demo``: BM25 and the heuristic reference rewriter as they are. Otherwise the corpus's titles
+    are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of both the index and the
+    reference rewriter; for a KdConv knowledge base, whose names are Chinese and whose digits are years,
+    prices and hours, only those titles count as entities (``latin_entities=False``).
+    """
+    documents = _corpus_documents(corpus)
+    if corpus == "sales_demo":
+        return InProcessRAG(BM25Index(documents), HeuristicRewriter(), top_k=top_k)
+    entities = title_entities(documents)
+    rewriter = HeuristicRewriter(entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
+    return InProcessRAG(BM25Index(documents, entities=entities), rewriter, top_k=top_k)
 
 
 def rag_client(rag_url: str | None, corpus: str, top_k: int, timeout_s: float, max_retries: int) -> RAGClient:
     """The shared client of this configuration (made on first use): HTTP to `rag_url`, or with
-    ``rag_url=None`` an embedded :class:`InProcessRAG` (BM25 over `corpus`, heuristic reference rewriter)."""
+    ``rag_url=None`` an embedded :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`,
+    heuristic reference rewriter)."""
     key = (rag_url, corpus if rag_url is None else None, top_k, float(timeout_s), max_retries)
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
-            target: str | InProcessRAG = (
-                rag_url
-                if rag_url is not None
-                else InProcessRAG(BM25Index(_corpus_documents(corpus)), HeuristicRewriter(), top_k=top_k)
-            )
+            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k)
             client = _RAG_CLIENTS[key] = RAGClient(target, timeout_s=timeout_s, max_retries=max_retries)
         return client
 

@@ -1,0 +1,359 @@
+"""KdConv travel benchmark: SFT + GRPO query rewriter vs the baselines (``make bench-kdconv``).
+
+    python benchmarks/kdconv.py                      # -> benchmarks/results/kdconv.json
+    KDCONV_TEST=path/to/test.json python benchmarks/kdconv.py
+    python benchmarks/kdconv.py --sft-steps 200 --grpo-steps 20   # a quick run
+
+Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_kdconv.yaml``):
+
+1. Data. The conversations of ``$KDCONV_DIR/dev.json`` (default ``../shared/data/kdconv/travel``)
+   are split by conversation id (seeded): 80 % train, 10 % validation, 10 % held-out test. Both
+   speakers ask (:func:`~queryrl.apps.query_rewrite.kdconv.load_kdconv_conversations` with
+   ``both_speakers``); only turns whose reply uses the knowledge base are kept. The policy's prompt
+   shows the most recent history only (at most ``--history-chars`` characters of earlier messages, at
+   least the previous one) so that it fits ``data.max_prompt_length``; ``extra_info.contexts`` keeps
+   the whole conversation, which the baselines and the reference rewriter see. The SFT target
+   (``--sft-target``) is by default ``reference``: the entity-aware reference rewriter's answer on the
+   prompt's history (KB entity names as a jieba dictionary, :class:`~queryrl.rag.HeuristicRewriter`
+   with ``latin_entities=False``); ``gold`` builds it from the training row's gold documents
+   (:func:`gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
+   Test rows never carry gold-derived text.
+2. ``queryrl sft``, ``queryrl train`` (GRPO from the SFT model against the embedded RAG over the
+   knowledge base, corpus ``kdconv:KB``), ``queryrl export`` of the last checkpoint.
+3. ``queryrl eval`` on the held-out conversations, or on the KdConv file named by ``KDCONV_TEST``
+   (all its conversations), with raw_turn, concat_last3, reference, sft and grpo.
+
+Output: ``benchmarks/results/kdconv.json`` (written atomically), the eval JSON (``systems``,
+``eval_file``, ...) plus ``bench`` (settings, data sizes, wall time per stage) and ``goal``: GRPO's
+Recall@5 on the context-dependent turns against twice concat_last3's. The numbers are what the
+evaluation measured, met or not. Without the KdConv folder the bench prints why and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
+DEFAULT_KDCONV_DIR = REPO.parent / "shared" / "data" / "kdconv" / "travel"
+RESULTS = REPO / "benchmarks" / "results" / "kdconv.json"
+WORK = REPO / "runs" / "bench_kdconv"
+GOAL_FACTOR = 2.0
+SYSTEMS = ("raw_turn", "concat_last3", "reference", "sft", "grpo")
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def split_ids(ids: Sequence[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, set[str]]:
+    """Conversation ids -> train/val/test sets: sorted, shuffled with `seed`, cut (rounded shares)."""
+    if val_fraction < 0 or test_fraction < 0 or val_fraction + test_fraction >= 1:
+        raise ValueError(f"need 0 <= val_fraction, test_fraction and a sum < 1, got {val_fraction}, {test_fraction}")
+    ordered = sorted(set(ids))
+    random.Random(seed).shuffle(ordered)
+    n_val, n_test = round(len(ordered) * val_fraction), round(len(ordered) * test_fraction)
+    return {
+        "val": set(ordered[:n_val]),
+        "test": set(ordered[n_val : n_val + n_test]),
+        "train": set(ordered[n_val + n_test :]),
+    }
+
+
+def history_window(contexts: Sequence[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
+    """The last message of `contexts` and the earlier ones, newest first, while their text stays within
+    `max_chars` characters (the previous message is always kept, whatever its length)."""
+    window = [dict(contexts[-1])]
+    used = 0
+    for i, message in enumerate(reversed(contexts[:-1])):
+        used += len(str(message.get("content", "")))
+        if i > 0 and used > max_chars:
+            break
+        window.insert(0, dict(message))
+    return window
+
+
+def gold_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
+    """A training row's query built with its gold documents (``entity::attribute`` ids): the entity of
+    the first gold document when the window shows it (else `reference`'s query), the current turn,
+    then that entity's gold attributes that the query does not contain yet."""
+    entity = gold_doc_ids[0].split("::", 1)[0]
+    current = str(window[-1]["content"]).strip()
+    if entity in current:
+        query = current
+    elif any(entity in str(m["content"]) for m in window):
+        query = f"{entity} {current}"
+    else:
+        query = reference
+    for doc in gold_doc_ids:
+        name, _, attribute = doc.partition("::")
+        if name == entity and attribute and attribute not in query:
+            query = f"{query} {attribute}"
+    return query
+
+
+def windowed_rows(
+    rows: list[dict[str, Any]], rewriter: Any, max_chars: int, sft_target: str = "reference", lang: str = "zh"
+) -> list[dict[str, Any]]:
+    """`rows` with the prompt built from :func:`history_window` of the contexts and the SFT target on
+    that same window (what the policy can see); rows are changed in place.
+
+    `sft_target`: ``reference`` (`rewriter`'s answer) or ``gold`` (:func:`gold_query`, from the row's
+    gold documents; fine for training rows, whose labels the GRPO reward uses anyway).
+    """
+    from queryrl.apps.query_rewrite.prompts import build_messages
+    from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, reference_target
+
+    if sft_target not in ("reference", "gold"):
+        raise ValueError(f"unknown sft_target {sft_target!r}; use reference or gold")
+    for row in rows:
+        info = row["extra_info"]
+        window = history_window(info["contexts"], max_chars)
+        row["prompt"] = build_messages(window, info.get("user_profile", ""), info.get("history_summary", ""), lang)
+        info["prompt_messages"] = len(window)
+        target = reference_target({**info, "contexts": window}, rewriter)
+        if sft_target == "gold":
+            answer = json.loads(target)
+            gold = list(row["reward_model"]["ground_truth"]["gold_doc_ids"])
+            answer["rewritten_query"] = gold_query(window, gold, answer["rewritten_query"])
+            target = json.dumps(answer, ensure_ascii=False)
+        info[SFT_TARGET_KEY] = target
+    return rows
+
+
+def prepare(
+    kdconv_dir: Path,
+    out: Path,
+    test_file: Path | None,
+    seed: int,
+    history_chars: int,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    sft_target: str = "reference",
+) -> dict[str, Any]:
+    """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
+
+    With `test_file` (a KdConv dialogue file), ``test.parquet`` holds all its conversations and dev's
+    held-out share goes to training. `sft_target` (:func:`windowed_rows`) applies to the train and
+    validation rows; the test rows always carry the reference's answer (never read by the evaluation).
+    """
+    from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, load_kdconv_conversations
+    from queryrl.rag import Document, HeuristicRewriter
+    from queryrl.rag.index import title_entities
+
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))]
+    rewriter = HeuristicRewriter(title_entities(docs), latin_entities=False)
+    conversations = load_kdconv_conversations(kdconv_dir / "dev.json", both_speakers=True)
+    ids = split_ids([c.id for c in conversations], val_fraction, 0.0 if test_file else test_fraction, seed)
+    if test_file is not None:
+        ids["test"] = set()
+    splits = {name: [c for c in conversations if c.id in members] for name, members in ids.items()}
+    if test_file is not None:
+        splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
+    info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
+    for name, convs in splits.items():
+        rows = [r for r in conversations_to_rows(convs, "kdconv") if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+        if not rows:
+            raise ValueError(f"split {name!r} has no turn with gold documents")
+        windowed_rows(rows, rewriter, history_chars, sft_target if name != "test" else "reference")
+        info["files"][name] = str(write_parquet(rows, out / f"{name}.parquet"))
+        info["rows"][name] = len(rows)
+        info["conversations"][name] = len({c.id for c in convs})
+    return info
+
+
+def _kb_name(kdconv_dir: Path) -> str:
+    """The knowledge-base file beside dev.json (``kb_<domain>.json``)."""
+    found = sorted(p.name for p in kdconv_dir.glob("kb_*.json"))
+    if not found:
+        raise FileNotFoundError(f"{kdconv_dir}: no kb_*.json knowledge base")
+    return found[0]
+
+
+# --- pipeline -------------------------------------------------------------------------------------
+
+
+def run_stage(name: str, cmd: list[str], log: Path, timings: dict[str, float]) -> None:
+    """Run `cmd` in the repo (output to `log` and a short tail on failure); record its wall time."""
+    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    start = time.perf_counter()
+    with log.open("w", encoding="utf-8") as f:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=_env(), check=False)
+    timings[name] = round(time.perf_counter() - start, 1)
+    print(f"[{name}] {timings[name]:.0f} s (log: {log})", flush=True)
+    if proc.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-30:]
+        raise RuntimeError(f"stage {name} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    return env
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """The ``checkpoints/step_N`` folder with the largest N."""
+    steps = sorted((run_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not steps:
+        raise FileNotFoundError(f"{run_dir}/checkpoints: no step_* checkpoint")
+    return steps[-1]
+
+
+def goal(systems: dict[str, Any]) -> dict[str, Any]:
+    """GRPO's context-dependent Recall@5 against concat_last3's (met: at least :data:`GOAL_FACTOR` times)."""
+
+    def ctx(name: str) -> float | None:
+        value = (systems.get(name) or {}).get("context_dependent", {}).get("recall@5")
+        return None if value is None else float(value)
+
+    grpo, base = ctx("grpo"), ctx("concat_last3")
+    ratio = grpo / base if grpo is not None and base else None
+    return {
+        "ctx_dep_recall@5": {"grpo": grpo, "concat_last3": base},
+        "ratio": ratio,
+        "target_ratio": GOAL_FACTOR,
+        "met": ratio is not None and ratio >= GOAL_FACTOR,
+    }
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=2)
+            f.write("\n")
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def table(systems: dict[str, Any]) -> str:
+    """Recall@5 / MRR overall and on the context-dependent turns, one line per system."""
+    lines = [f"{'system':<14}{'R@5':>8}{'MRR':>8}{'ctx R@5':>10}{'ctx MRR':>10}{'format':>8}"]
+    for name, m in systems.items():
+        dep = m.get("context_dependent") or {}
+        lines.append(
+            f"{name:<14}{m.get('recall@5', float('nan')):>8.3f}{m.get('mrr', float('nan')):>8.3f}"
+            f"{dep.get('recall@5', float('nan')):>10.3f}{dep.get('mrr', float('nan')):>10.3f}"
+            f"{m.get('format_ok', float('nan')):>8.3f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kdconv-dir", type=Path, default=Path(os.environ.get("KDCONV_DIR", DEFAULT_KDCONV_DIR)))
+    parser.add_argument("--work", type=Path, default=WORK, help="run folder (wiped first)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--seed", type=int, default=0, help="the split's seed")
+    parser.add_argument("--history-chars", type=int, default=160, help="earlier-message characters in the prompt")
+    parser.add_argument(
+        "--sft-target",
+        choices=("reference", "gold"),
+        default="reference",
+        help="SFT targets: the entity-aware reference rewriter's answers, or built from the gold documents",
+    )
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: the config's sft.max_steps")
+    parser.add_argument("--grpo-steps", type=int, default=None, help="default: the config's trainer.total_steps")
+    parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for sft and train")
+    args = parser.parse_args(argv)
+
+    kdconv_dir: Path = args.kdconv_dir
+    if not (kdconv_dir / "dev.json").exists():
+        print(f"SKIP: KdConv not found ({kdconv_dir / 'dev.json'} is absent); set KDCONV_DIR to the travel folder")
+        return 0
+    test_env = os.environ.get("KDCONV_TEST")
+    test_file = Path(test_env) if test_env else None
+    if test_file is not None and not test_file.exists():
+        print(f"KDCONV_TEST={test_env}: file not found", file=sys.stderr)
+        return 2
+    kb = kdconv_dir / _kb_name(kdconv_dir)
+
+    work: Path = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "logs").mkdir(parents=True)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    data = prepare(kdconv_dir, work / "data", test_file, args.seed, args.history_chars, sft_target=args.sft_target)
+    timings["prepare"] = round(time.perf_counter() - start, 1)
+    print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
+
+    files = data["files"]
+    settings = [
+        *([f"sft.max_steps={args.sft_steps}"] if args.sft_steps is not None else []),
+        *([f"trainer.total_steps={args.grpo_steps}"] if args.grpo_steps is not None else []),
+        *args.overrides,
+    ]
+    common = [
+        f"trainer.output_dir={work.parent}",
+        f"trainer.experiment_name={work.name}",
+        f"model.tiny.corpus_datasets=[{files['train']}]",
+        f"data.train_files=[{files['train']}]",
+        f"data.val_files=[{files['val']}]",
+        f"app.query_rewrite.rag.corpus=kdconv:{kb}",
+        *settings,
+    ]
+    queryrl = str(Path(sys.executable).parent / "queryrl")
+    logs = work / "logs"
+    run_stage("sft", [queryrl, "sft", "--config", str(CONFIG), *common], logs / "sft.log", timings)
+    train = [queryrl, "train", "--config", str(CONFIG), *common, f"model.path={work / 'sft'}", "trainer.resume=disable"]
+    run_stage("grpo", train, logs / "grpo.log", timings)
+    export = [queryrl, "export", str(last_checkpoint(work)), str(work / "grpo")]
+    run_stage("export", export, logs / "export.log", timings)
+    eval_json = work / "eval" / "eval.json"
+    systems = f"raw_turn,concat_last3,reference,sft={work / 'sft'},grpo={work / 'grpo'}"
+    evaluate = [queryrl, "eval", "--config", str(CONFIG), "--data", files["test"], "--systems", systems]
+    evaluate += ["--corpus", f"kdconv:{kb}", "--out", str(eval_json)]
+    run_stage("eval", evaluate, logs / "eval.log", timings)
+    timings["total"] = round(time.perf_counter() - start, 1)
+
+    report = json.loads(eval_json.read_text(encoding="utf-8"))
+    report["eval_file"] = str(test_file) if test_file is not None else report["eval_file"]
+    report["goal"] = goal(report["systems"])
+    report["bench"] = {
+        "config": str(CONFIG.relative_to(REPO)),
+        "kdconv_dir": str(kdconv_dir),
+        "test": "KDCONV_TEST" if test_file is not None else "held-out dev conversations (10 %)",
+        "eval_rows_file": files["test"],
+        "split_seed": args.seed,
+        "history_chars": args.history_chars,
+        "sft_target": args.sft_target,
+        "overrides": settings,
+        "rows": data["rows"],
+        "conversations": data["conversations"],
+        "wall_time_s": timings,
+        "cpu_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    atomic_write_json(args.out, report)
+
+    print(table(report["systems"]))
+    g = report["goal"]
+    grpo, base = g["ctx_dep_recall@5"]["grpo"], g["ctx_dep_recall@5"]["concat_last3"]
+    verdict = "MET" if g["met"] else "NOT met"
+    ratio = "n/a" if g["ratio"] is None else f"{g['ratio']:.2f}x"
+    print(
+        f"goal {verdict}: grpo context-dependent Recall@5 {grpo:.3f} vs concat_last3 {base:.3f} = {ratio} "
+        f"(target {GOAL_FACTOR:.1f}x, i.e. >= {GOAL_FACTOR * (base or 0):.3f})"
+    )
+    print(f"wall time {timings['total']:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
