@@ -147,6 +147,33 @@ def test_identical_rewrites_share_one_candidate_call(rag_url: tuple[str, dict[st
     assert outs[4]["score"] < outs[0]["score"]
 
 
+def test_identical_rewrites_share_one_judge_call(rag_url: tuple[str, dict[str, int]]) -> None:
+    url, _ = rag_url
+    row = _rows()[2]
+    gt, info = row["reward_model"]["ground_truth"], row["extra_info"]
+    seen: list[str] = []
+
+    def judge(messages: list[dict[str, Any]]) -> str:
+        seen.append(messages[-1]["content"])
+        return _verdict("same", 30.0, 30.0)
+
+    with running_server(make_judge_app(judge)) as judge_url:
+        kw = {"judge": "openai", "judge_model": "j", "judge_api_key_env": None, "judge_base_url": judge_url}
+
+        async def group() -> list[dict[str, float]]:
+            solutions = [_answer(_correct(row))] * 3 + [_answer(" " + _correct(row)), _answer("你好")]
+            return await asyncio.gather(
+                *(compute_score(row["data_source"], s, gt, info, rag_url=url, **kw) for s in solutions)
+            )
+
+        pop_reward_metrics()
+        outs = asyncio.run(group())
+        metrics = pop_reward_metrics()
+    assert len(seen) == 2  # one verdict for the four identical (after normalising) rewrites, one for "你好"
+    assert metrics["judge/distinct_calls"] == 2.0
+    assert len({o["quality"] for o in outs[:4]}) == 1
+
+
 def test_runs_on_the_async_managers_loop() -> None:
     fn = load_reward_function("queryrl.apps.query_rewrite.reward", "compute_score")
     rows = _rows()[:4]

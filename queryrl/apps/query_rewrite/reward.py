@@ -43,7 +43,7 @@ import json
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
@@ -94,12 +94,14 @@ class _CandidateCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.done: OrderedDict[str, Pair] = OrderedDict()
-        self.inflight: dict[str, asyncio.Task[Pair]] = {}
+        self.done: OrderedDict[str, Any] = OrderedDict()
+        self.inflight: dict[str, asyncio.Task[Any]] = {}
         self.calls = 0  # candidate calls actually sent (for tests and debugging)
 
 
 _CANDIDATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
+_JUDGED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
+JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap")
 
 
 KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
@@ -219,27 +221,39 @@ def candidate_calls() -> int:
     return cache.calls if cache is not None else 0
 
 
-async def _shared_both(client: RAGClient, scope: Any, fields: dict[str, Any]) -> Pair:
-    """``client.both(**fields)``, shared with every identical request on this loop; raises on a failed side."""
+async def _share(
+    caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache],
+    key: str,
+    make: Callable[[], Awaitable[Any]],
+    counter: str,
+) -> Any:
+    """``await make()``, shared with every call of the same `key` on this event loop: a finished result
+    comes from the loop's LRU, a running one is awaited rather than started twice. Failures are not kept."""
     loop = asyncio.get_running_loop()
-    cache = _CANDIDATES.get(loop)
+    cache = caches.get(loop)
     if cache is None:
-        cache = _CANDIDATES[loop] = _CandidateCache(CANDIDATE_CACHE_SIZE)
-    key = json.dumps([repr(scope), fields], sort_keys=True, ensure_ascii=False, default=str)
+        cache = caches[loop] = _CandidateCache(CANDIDATE_CACHE_SIZE)
     if key in cache.done:
         cache.done.move_to_end(key)
         return cache.done[key]
     task = cache.inflight.get(key)
     if task is None:
         cache.calls += 1
-        _count("rag/candidate_calls")
-        task = cache.inflight[key] = asyncio.ensure_future(_both(client, fields))
+        _count(counter)
+        task = cache.inflight[key] = asyncio.ensure_future(make())
         task.add_done_callback(lambda _: cache.inflight.pop(key, None))
-    pair = await asyncio.shield(task)
-    cache.done[key] = pair
+    result = await asyncio.shield(task)
+    cache.done[key] = result
     cache.done.move_to_end(key)
     while len(cache.done) > cache.size:
         cache.done.popitem(last=False)
+    return result
+
+
+async def _shared_both(client: RAGClient, scope: Any, fields: dict[str, Any]) -> Pair:
+    """``client.both(**fields)``, shared with every identical request on this loop; raises on a failed side."""
+    key = json.dumps([repr(scope), fields], sort_keys=True, ensure_ascii=False, default=str)
+    pair: Pair = await _share(_CANDIDATES, key, lambda: _both(client, fields), "rag/candidate_calls")
     return pair
 
 
@@ -343,6 +357,28 @@ def pop_reward_metrics() -> dict[str, float]:
     return metrics | counts
 
 
+async def _shared_judge(
+    kwargs: Mapping[str, Any],
+    contexts: list[dict[str, Any]],
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    gold: Sequence[str],
+    top_k: int,
+) -> tuple[float, dict[str, float]]:
+    """:func:`_judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
+    their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
+    settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
+    sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
+    key = json.dumps([settings, contexts, sides, list(gold), top_k], sort_keys=True, ensure_ascii=False, default=str)
+    verdict: tuple[float, dict[str, float]] = await _share(
+        _JUDGED,
+        key,
+        lambda: _judge_quality(kwargs, contexts, candidate, reference, gold, top_k),
+        "judge/distinct_calls",
+    )
+    return verdict
+
+
 # --- the reward --------------------------------------------------------------------------------
 
 
@@ -443,14 +479,14 @@ async def compute_score(
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
     if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
-        quality, extra = await _judge_quality(kwargs, contexts, candidate, reference, gold, top_k)
+        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
         z = float(info.get("seed_hybrid_z", 0.0))
         hybrid = hybrid_reward(
             quality, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
         )
         return {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
     if weights.get("judge", 0.0) != 0.0:
-        quality, extra = await _judge_quality(kwargs, contexts, candidate, reference, gold, top_k)
+        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
         (judge_reward,) = group_judge_rewards([quality])
         assert judge_reward is not None
         out.update(quality=quality, judge=judge_reward, **extra)
