@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy test lint format pytest install clean bench-step
+.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-trl bench-judge bench-scaling
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -33,6 +33,28 @@ demo-toy: $(STAMP)
 
 bench-step: $(STAMP)
 	$(BIN)/python benchmarks/step_phases.py
+
+# TRL is installed only for the benchmarks, in a venv of their own (torch first, pinned: the CPU wheel)
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+# queryrl against TRL's GRPOTrainer, alternately in fresh processes: results/trl_vs_queryrl.json
+bench-trl: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl.py
+
+# judge latency: rewards overlapping generation against scoring after it: results/judge_overlap.json
+bench-judge: $(STAMP)
+	$(BIN)/python benchmarks/judge_overlap.py
+
+# step time and peak memory against group size, batch and response length: results/scaling.json
+bench-scaling: $(STAMP)
+	$(BIN)/python benchmarks/scaling.py
 
 test: lint pytest
 
@@ -59,4 +81,4 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
