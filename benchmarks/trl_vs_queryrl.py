@@ -108,8 +108,10 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
         total = time.perf_counter() - start
         rows = [json.loads(x) for x in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["timing_s/step"] - r.get("timing_s/save_checkpoint", 0.0) - r.get("timing_s/testing", 0.0) for r in rows]
+    names = ("gen", "reward_wait", "reward", "adv", "update_actor")
     return {
         "step_s": steps,
+        "phases_s": {k: [r.get(f"timing_s/{k}", 0.0) for r in rows] for k in names},
         "response_length_mean": [r.get("response_length/mean") for r in rows],
         "fit_wall_s": total,
         "peak_rss_mb": peak_rss_mb(),
@@ -153,6 +155,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
             self.steps.append(time.perf_counter() - self.begin)
 
     timer = StepTimer()
+    phases: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         args = GRPOConfig(
             output_dir=tmp,
@@ -186,17 +189,39 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
         )
         trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_for_trl, args=args, train_dataset=dataset)
         trainer.add_callback(timer)
+        for method, phase in (
+            ("_generate_and_score_completions", "gen_and_score"),
+            ("_generate", "generate"),
+            ("_calculate_rewards", "reward"),
+            ("compute_loss", "loss_forward"),
+        ):
+            _time_method(trainer, method, phases.setdefault(phase, []))
         start = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - start
         lengths = [h.get("completions/mean_length") for h in trainer.state.log_history if "loss" in h]
     return {
         "step_s": timer.steps,
+        "phases_s": phases,
         "response_length_mean": lengths,
         "fit_wall_s": total,
         "peak_rss_mb": peak_rss_mb(),
         "versions": versions(),
     }
+
+
+def _time_method(obj: Any, name: str, into: list[float]) -> None:
+    """Wrap ``obj.name`` so that each call's wall time is appended to `into`."""
+    original = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            into.append(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
 
 
 def summarize_run(run: dict[str, Any], warmup: int) -> dict[str, Any]:
@@ -209,6 +234,7 @@ def summarize_run(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "mean_response_length": round(statistics.mean(lengths), 2) if lengths else None,
         "fit_wall_s": round(run["fit_wall_s"], 3),
         "step_s": [round(x, 4) for x in run["step_s"]],
+        "median_phases_s": {k: median(v[warmup:]) for k, v in run["phases_s"].items() if v[warmup:]},
         "versions": run["versions"],
     }
 
