@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's queryrl, whichever environment's python runs the benchmark
+    sys.path.insert(1, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
 TOY_CONFIG = REPO / "configs" / "toy_grpo.yaml"
 # what a benchmark run of queryrl never needs: validation, plots, samples, extra checkpoints

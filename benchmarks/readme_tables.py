@@ -46,6 +46,13 @@ def trl_section(d: dict[str, Any]) -> str:
         tp = {k: [p["trl"]["median_phases_s"][k] for p in d["pairs"]] for k in d["pairs"][0]["trl"]["median_phases_s"]}
         med = {f"queryrl {k}": sorted(v)[len(v) // 2] for k, v in qp.items()}
         med |= {f"TRL {k}": sorted(v)[len(v) // 2] for k, v in tp.items()}
+        rest = [  # what TRL's step does besides generating, scoring and the loss forward
+            p["trl"]["median_step_s"]
+            - p["trl"]["median_phases_s"]["gen_and_score"]
+            - p["trl"]["median_phases_s"]["loss_forward"]
+            for p in d["pairs"]
+        ]
+        med["TRL backward+optimizer+rest"] = round(sorted(rest)[len(rest) // 2], 4)
         phases = "\n\nPhases (upper median over the pairs of each run's median, seconds):\n\n" + table(
             list(med), [list(med.values())]
         )
