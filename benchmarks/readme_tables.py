@@ -62,9 +62,14 @@ def trl_section(d: dict[str, Any]) -> str:
 def judge_section(d: dict[str, Any]) -> str:
     """bench-judge: one row per mode."""
     rows = [
-        [m, v["step_s"], v["gen_s"], v["reward_wait_s"], v["reward_wait_latencies"]] for m, v in d["summary"].items()
+        [m, v["step_s"], v["gen_s"], v["reward_wait_s"], v["reward_wait_latencies"], v.get("reward_wait_calls")]
+        for m, v in d["summary"].items()
     ]
-    return table(["mode", "step s", "gen s", "reward_wait s", "reward_wait / latency"], rows)
+    head = ["mode", "step s", "gen s", "reward_wait s", "reward_wait / latency", "reward_wait / one call"]
+    return (
+        f"Latency {d['latency_ms']} ms; one call alone {d.get('single_call_s')} s; "
+        f"{d['settings']['samples_per_step']} judge calls per step.\n\n" + table(head, rows)
+    )
 
 
 def scaling_section(d: dict[str, Any]) -> str:
