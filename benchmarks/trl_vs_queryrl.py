@@ -1,6 +1,6 @@
 """queryrl against TRL's GRPOTrainer on identical GRPO work, alternately in fresh one-thread processes.
 
-    python benchmarks/trl_vs_queryrl.py                  # 5 pairs, writes results/trl_vs_queryrl.json
+    python benchmarks/trl_vs_queryrl.py                  # 6 pairs, writes results/trl_vs_queryrl.json
     python benchmarks/trl_vs_queryrl.py --pairs 3 --steps 8
 
 Both trainers get the same model folder (queryrl's built-in tiny Qwen2, loaded by TRL as a plain
@@ -243,8 +243,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", choices=["queryrl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="responses per prompt (group size)")
