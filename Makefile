@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-trl bench-judge bench-scaling
+.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-trl bench-judge bench-scaling bench-judge-calls
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -55,6 +55,18 @@ bench-judge: $(STAMP)
 # step time and peak memory against group size, batch and response length: results/scaling.json
 bench-scaling: $(STAMP)
 	$(BIN)/python benchmarks/scaling.py
+
+# judge calls per step of the query-rewrite reward on KdConv rollouts (a tiny policy after 150 SFT steps):
+# as made, deduplicated, cached: results/judge_calls.json
+KDCONV ?= /work/shared/data/kdconv/travel
+KD_DIR := runs/bench_kdconv
+bench-judge-calls: $(STAMP)
+	$(BIN)/queryrl prepare kdconv --input $(KDCONV)/dev.json --kb $(KDCONV)/kb_travel.json --out $(KD_DIR)
+	$(BIN)/queryrl sft --config configs/query_rewrite_demo.yaml trainer.output_dir=$(KD_DIR) \
+		trainer.experiment_name=policy model.tiny.corpus_datasets=[$(KD_DIR)/dev.parquet] model.tiny.split_cjk=true \
+		data.train_files=[$(KD_DIR)/dev.parquet] data.val_files=[] sft.max_steps=150 sft.warmup_steps=10
+	$(BIN)/python benchmarks/judge_calls.py --model $(KD_DIR)/policy/sft --data $(KD_DIR)/dev.parquet \
+		--corpus $(KD_DIR)/corpus.jsonl --steps 6
 
 test: lint pytest
 

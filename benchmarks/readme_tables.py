@@ -86,11 +86,21 @@ def scaling_section(d: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def judge_calls_section(d: dict[str, Any]) -> str:
+    """bench-judge-calls: one row per step and the totals."""
+    keys = ("samples", "made", "dedupe", "dedupe_cache")
+    rows = [[r["step"], *(r[k] for k in keys), r["rag_candidate_calls"]] for r in d["per_step"]]
+    rows.append(["**total**", *(d["totals"][k] for k in keys), ""])
+    head = ["step", "samples", "judge calls made", "with dedupe", "with dedupe + cache", "RAG candidate calls"]
+    return table(head, rows)
+
+
 def main() -> None:
     for name, render in (
         ("trl_vs_queryrl.json", trl_section),
         ("judge_overlap.json", judge_section),
         ("scaling.json", scaling_section),
+        ("judge_calls.json", judge_calls_section),
     ):
         path = RESULTS / name
         if path.is_file():
