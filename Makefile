@@ -66,7 +66,8 @@ bench-judge-calls: $(STAMP)
 		trainer.experiment_name=policy model.tiny.corpus_datasets=[$(KD_DIR)/dev.parquet] model.tiny.split_cjk=true \
 		data.train_files=[$(KD_DIR)/dev.parquet] data.val_files=[] sft.max_steps=150 sft.warmup_steps=10
 	$(BIN)/python benchmarks/judge_calls.py --model $(KD_DIR)/policy/sft --data $(KD_DIR)/dev.parquet \
-		--corpus $(KD_DIR)/corpus.jsonl --steps 6
+		--corpus $(KD_DIR)/corpus.jsonl --steps 6 \
+		--policy-note "tiny Qwen2 (query_rewrite_demo.yaml, split_cjk) after 150 SFT steps on the KdConv dev rows"
 
 test: lint pytest
 
