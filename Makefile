@@ -10,7 +10,8 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-kdconv
+.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
+	bench-scaling bench-judge-calls
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -40,6 +41,41 @@ bench-step: $(STAMP)
 bench-kdconv: $(STAMP)
 	$(BIN)/python benchmarks/kdconv.py
 
+# TRL is installed only for the benchmarks, in a venv of their own (torch first, pinned: the CPU wheel)
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[bench]"
+	touch $(BENCH_STAMP)
+
+# queryrl against TRL's GRPOTrainer, alternately in fresh processes: results/trl_vs_queryrl.json
+bench-trl: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl.py
+
+# judge latency: rewards overlapping generation against scoring after it: results/judge_overlap.json
+bench-judge: $(STAMP)
+	$(BIN)/python benchmarks/judge_overlap.py
+
+# step time and peak memory against group size, batch and response length: results/scaling.json
+bench-scaling: $(STAMP)
+	$(BIN)/python benchmarks/scaling.py
+
+# judge calls per step of the query-rewrite reward on KdConv rollouts (a tiny policy after 150 SFT steps):
+# as made, deduplicated, cached: results/judge_calls.json
+KDCONV ?= ../shared/data/kdconv/travel
+KD_DIR := runs/bench_judge_calls
+bench-judge-calls: $(STAMP)
+	$(BIN)/queryrl prepare kdconv --input $(KDCONV)/dev.json --kb $(KDCONV)/kb_travel.json --out $(KD_DIR)
+	$(BIN)/queryrl sft --config configs/query_rewrite_demo.yaml trainer.output_dir=$(KD_DIR) \
+		trainer.experiment_name=policy model.tiny.corpus_datasets=[$(KD_DIR)/dev.parquet] model.tiny.split_cjk=true \
+		data.train_files=[$(KD_DIR)/dev.parquet] data.val_files=[] sft.max_steps=150 sft.warmup_steps=10
+	$(BIN)/python benchmarks/judge_calls.py --model $(KD_DIR)/policy/sft --data $(KD_DIR)/dev.parquet \
+		--corpus $(KD_DIR)/corpus.jsonl --steps 6 \
+		--policy-note "tiny Qwen2 (query_rewrite_demo.yaml, split_cjk) after 150 SFT steps on the KdConv dev rows"
+
 test: lint pytest
 
 pytest: $(STAMP)
@@ -65,4 +101,4 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -369,7 +369,9 @@ def running_server(app: FastAPI, startup_timeout_s: float = 10.0, max_lifetime_s
 
     The server stops when the block exits, or after `max_lifetime_s` whatever happens.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets whose proto says TCP; with proto 0 every reply on a
+    # kept-alive connection waited ~40 ms (Nagle against the client's delayed ACK)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=1)

@@ -1,0 +1,109 @@
+"""Shared helpers of the benchmarks: fresh worker processes, peak RSS, atomic JSON, tables."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # this checkout's queryrl, whichever environment's python runs the benchmark
+    sys.path.insert(1, str(REPO))
+RESULTS = REPO / "benchmarks" / "results"
+TOY_CONFIG = REPO / "configs" / "toy_grpo.yaml"
+# what a benchmark run of queryrl never needs: validation, plots, samples, extra checkpoints
+QUIET_OVERRIDES = [
+    "trainer.logger=[jsonl]",
+    "trainer.plot=false",
+    "trainer.save_every=0",
+    "trainer.eval_every=0",
+    "data.val_files=[]",
+    "trainer.save_samples=0",
+    "trainer.resume=disable",
+]
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def one_thread() -> None:
+    """Pin torch to one intra-op and one inter-op thread (call before any torch work)."""
+    import torch
+
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):  # already set once in this process
+        torch.set_num_interop_threads(1)
+
+
+def run_worker(python: str, script: Path, args: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``python script args`` in a fresh one-thread process; return the JSON of its last stdout line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(
+        [python, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script.name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` to `path` atomically (a temporary file in the same folder, then a rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data, indent=1) + "\n")
+    Path(tmp).replace(path)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (float("nan"),) * 3
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "threads_per_process": 1,
+        "loadavg_at_end": [round(x, 2) for x in load],
+    }
+
+
+def median(values: list[float]) -> float:
+    """The median, rounded to 4 decimals."""
+    return round(statistics.median(values), 4)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub-markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def version_of(package: str) -> str | None:
+    """The installed version of `package`, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def python_exe() -> str:
+    """The interpreter running this benchmark."""
+    return sys.executable

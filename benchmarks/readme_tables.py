@@ -1,0 +1,111 @@
+"""Print the README's benchmark tables from the result JSONs (so every number there comes from one).
+
+python benchmarks/readme_tables.py        # markdown on stdout, one section per result file found
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from common import RESULTS, table
+
+
+def trl_section(d: dict[str, Any]) -> str:
+    """bench-trl: the pairs and the medians."""
+    rows = [
+        [
+            i + 1,
+            " then ".join(p["order"]),
+            p["queryrl"]["median_step_s"],
+            p["trl"]["median_step_s"],
+            p["ratio_step_time"],
+            p["queryrl"]["peak_rss_mb"],
+            p["trl"]["peak_rss_mb"],
+            p["ratio_peak_rss"],
+        ]
+        for i, p in enumerate(d["pairs"])
+    ]
+    rows.append(
+        [
+            "**median**",
+            "",
+            d["median_step_s"]["queryrl"],
+            d["median_step_s"]["trl"],
+            f"**{d['ratio_step_time_queryrl_over_trl']}**",
+            d["median_peak_rss_mb"]["queryrl"],
+            d["median_peak_rss_mb"]["trl"],
+            f"**{d['ratio_peak_rss_queryrl_over_trl']}**",
+        ]
+    )
+    header = ["pair", "order", "queryrl step s", "TRL step s", "ratio", "queryrl RSS MB", "TRL RSS MB", "RSS ratio"]
+    q = d["pairs"][0]["queryrl"].get("median_phases_s")
+    phases = ""
+    if q:
+        qp = {k: [p["queryrl"]["median_phases_s"][k] for p in d["pairs"]] for k in q}
+        tp = {k: [p["trl"]["median_phases_s"][k] for p in d["pairs"]] for k in d["pairs"][0]["trl"]["median_phases_s"]}
+        med = {f"queryrl {k}": sorted(v)[len(v) // 2] for k, v in qp.items()}
+        med |= {f"TRL {k}": sorted(v)[len(v) // 2] for k, v in tp.items()}
+        rest = [  # what TRL's step does besides generating, scoring and the loss forward
+            p["trl"]["median_step_s"]
+            - p["trl"]["median_phases_s"]["gen_and_score"]
+            - p["trl"]["median_phases_s"]["loss_forward"]
+            for p in d["pairs"]
+        ]
+        med["TRL backward+optimizer+rest"] = round(sorted(rest)[len(rest) // 2], 4)
+        phases = "\n\nPhases (upper median over the pairs of each run's median, seconds):\n\n" + table(
+            list(med), [list(med.values())]
+        )
+    return table(header, rows) + phases
+
+
+def judge_section(d: dict[str, Any]) -> str:
+    """bench-judge: one row per mode."""
+    rows = [
+        [m, v["step_s"], v["gen_s"], v["reward_wait_s"], v["reward_wait_latencies"], v.get("reward_wait_calls")]
+        for m, v in d["summary"].items()
+    ]
+    head = ["mode", "step s", "gen s", "reward_wait s", "reward_wait / latency", "reward_wait / one call"]
+    return (
+        f"Latency {d['latency_ms']} ms; one call alone {d.get('single_call_s')} s; "
+        f"{d['settings']['samples_per_step']} judge calls per step.\n\n" + table(head, rows)
+    )
+
+
+def scaling_section(d: dict[str, Any]) -> str:
+    """bench-scaling: one table per axis with its slopes."""
+    parts = []
+    for axis, data in d["axes"].items():
+        rows = [[p[axis], p["step_s"], p["gen_s"], p["update_actor_s"], p["peak_rss_mb"]] for p in data["points"]]
+        parts.append(
+            f"{axis}: step time slope {data['slope_step_s']['per_unit']} s per unit "
+            f"(log-log {data['slope_step_s']['loglog']}), peak RSS slope "
+            f"{data['slope_peak_rss_mb']['per_unit']} MB per unit\n\n"
+            + table([axis, "step s", "gen s", "update_actor s", "peak RSS MB"], rows)
+        )
+    return "\n\n".join(parts)
+
+
+def judge_calls_section(d: dict[str, Any]) -> str:
+    """bench-judge-calls: one row per step and the totals."""
+    keys = ("samples", "made", "dedupe", "dedupe_cache")
+    rows = [[r["step"], *(r[k] for k in keys), r["rag_candidate_calls"]] for r in d["per_step"]]
+    rows.append(["**total**", *(d["totals"][k] for k in keys), ""])
+    head = ["step", "samples", "judge calls made", "with dedupe", "with dedupe + cache", "RAG candidate calls"]
+    return table(head, rows)
+
+
+def main() -> None:
+    for name, render in (
+        ("trl_vs_queryrl.json", trl_section),
+        ("judge_overlap.json", judge_section),
+        ("scaling.json", scaling_section),
+        ("judge_calls.json", judge_calls_section),
+    ):
+        path = RESULTS / name
+        if path.is_file():
+            print(f"<!-- {name} -->\n{render(json.loads(path.read_text()))}\n")
+
+
+if __name__ == "__main__":
+    main()
