@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
+.PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
 	bench-scaling bench-judge-calls
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -27,6 +27,13 @@ demo: $(STAMP)
 	$(BIN)/queryrl export $$(ls -d $(DEMO_DIR)/checkpoints/step_* | sort -t_ -k2 -n | tail -1) $(DEMO_DIR)/grpo
 	$(BIN)/queryrl eval --config $(DEMO_CFG) --data builtin://sales_demo/test \
 		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json
+
+# The calculator agent without forced calls: SFT on the calls, then GRPO where the policy writes them.
+demo-agent: $(STAMP)
+	rm -rf runs/agent_calculator
+	$(BIN)/queryrl sft --config configs/agent_calculator.yaml
+	$(BIN)/queryrl train --config configs/agent_calculator.yaml model.path=runs/agent_calculator/sft \
+		"rollout.multi_turn.prefix_key=''" actor.lr=1e-4 actor.use_kl_loss=true trainer.total_steps=8 trainer.resume=disable
 
 # The toy GRPO preset: a tiny model learns to say "hello" from reward alone (about a minute).
 demo-toy: $(STAMP)

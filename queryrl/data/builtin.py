@@ -85,7 +85,13 @@ def arithmetic_tool(split: str) -> list[dict[str, Any]]:
                 "agent_name": "tool_agent",
                 "assistant_prefix": f"<tool_call>{call}</tool_call><|im_end|>",
                 "reward_model": {"style": "rule", "ground_truth": str(answer)},
-                "extra_info": {"split": split, "index": i, "expression": expression},
+                # the call as an SFT target (queryrl sft): the policy learns to write it itself
+                "extra_info": {
+                    "split": split,
+                    "index": i,
+                    "expression": expression,
+                    "sft_target": f"<tool_call>{call}</tool_call>",
+                },
             }
         )
     return rows
@@ -96,7 +102,7 @@ BUILTIN_DATASETS: dict[str, Callable[[str], list[dict[str, Any]]]] = {
     "arithmetic_tool": arithmetic_tool,
 }
 # bumped by a generator whose rows change, so a cached parquet of an older version is not reused
-BUILTIN_VERSIONS: dict[str, int] = {}
+BUILTIN_VERSIONS: dict[str, int] = {"arithmetic_tool": 1}
 
 
 def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str, Any]]], version: int = 0) -> None:
