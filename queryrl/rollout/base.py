@@ -185,6 +185,13 @@ def _pad(x: Tensor, width: int, value: float, left: bool) -> Tensor:
     return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
 
 
+def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
+    """Every backend's input check: no prompt may be empty (there is nothing to condition on)."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+
+
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Left-pad token-id lists to ``(ids (N, P) long, mask (N, P) long)``; P = the longest."""
     width = max((len(s) for s in seqs), default=0)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from queryrl.rollout.base import RolloutOutput, SamplingParams, eos_response_mask, left_pad
+from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, eos_response_mask, left_pad
 
 # Every logits-shaping option of `generate`, set to "off", so that a model's own
 # generation_config (e.g. Qwen's repetition_penalty=1.05, top_k=20) cannot add processors:
@@ -138,9 +138,7 @@ class HFRollout:
 
     def generate_chunks(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[RolloutOutput]:
         """One :class:`RolloutOutput` per micro-batch of ``micro_batch_size`` sequences, in order."""
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
+        check_prompts(prompts)
         # prompt-major: the n samples of prompt i are contiguous, so micro-batching is by sequence
         index = [i for i in range(len(prompts)) for _ in range(params.n)]
         for start in range(0, len(index), self.micro_batch_size):

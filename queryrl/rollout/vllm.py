@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from queryrl.rollout.base import RolloutOutput, SamplingParams, eos_response_mask, left_pad
+from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, eos_response_mask, left_pad
 
 
 def _require_vllm() -> Any:
@@ -124,9 +124,7 @@ class VLLMRollout:
 
     def generate_chunks(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[RolloutOutput]:
         """One output per `micro_batch_size` prompts, in order (``prompt_index`` absolute)."""
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
+        check_prompts(prompts)
         from vllm.inputs import TokensPrompt
 
         sampling = self._vllm.SamplingParams(

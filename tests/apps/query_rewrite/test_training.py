@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from omegaconf import DictConfig
 
 import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
@@ -45,6 +46,14 @@ def demo_overrides(tmp_path: Path, model_cache: Path, *extra: str) -> list[str]:
         "rollout.n=4",
         *extra,
     ]
+
+
+def trained_cfg(tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path, *extra: str) -> DictConfig:
+    """The shrunk demo preset starting from `json_model` and training on `few_rows`."""
+    return load_config(
+        DEMO,
+        demo_overrides(tmp_path, model_cache, f"model.path={json_model}", f"data.train_files=[{few_rows}]", *extra),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -124,20 +133,17 @@ def test_real_model_path_external_rag_and_openai_judge(
 
     before = dict(rag_requests)
     with running_server(make_judge_app(judge)) as judge_url:
-        cfg = load_config(
-            DEMO,
-            demo_overrides(
-                tmp_path,
-                model_cache,
-                f"model.path={json_model}",
-                f"data.train_files=[{few_rows}]",
-                f"app.query_rewrite.rag.url={rag_url}",
-                "app.query_rewrite.reward_mode=group_judge",
-                "app.query_rewrite.judge.backend=openai",
-                f"app.query_rewrite.judge.base_url={judge_url}",
-                "app.query_rewrite.judge.model=queryrl-judge",
-                "app.query_rewrite.judge.api_key_env=QUERYRL_TEST_JUDGE_KEY",
-            ),
+        cfg = trained_cfg(
+            tmp_path,
+            model_cache,
+            json_model,
+            few_rows,
+            f"app.query_rewrite.rag.url={rag_url}",
+            "app.query_rewrite.reward_mode=group_judge",
+            "app.query_rewrite.judge.backend=openai",
+            f"app.query_rewrite.judge.base_url={judge_url}",
+            "app.query_rewrite.judge.model=queryrl-judge",
+            "app.query_rewrite.judge.api_key_env=QUERYRL_TEST_JUDGE_KEY",
         )
         with Trainer(cfg) as trainer:
             last = trainer.fit()
@@ -159,19 +165,16 @@ def test_real_model_path_external_rag_and_openai_judge(
 def test_rag_down_fails_the_samples_and_skips_the_step(
     tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
 ) -> None:
-    cfg = load_config(
-        DEMO,
-        demo_overrides(
-            tmp_path,
-            model_cache,
-            f"model.path={json_model}",
-            f"data.train_files=[{few_rows}]",
-            f"app.query_rewrite.rag.url=http://127.0.0.1:{_closed_port()}",
-            "app.query_rewrite.rag.timeout_s=2",
-            "app.query_rewrite.rag.max_retries=0",
-            "reward.max_retries=0",
-            "reward.max_failed_frac=0.0",  # any failed sample skips the step
-        ),
+    cfg = trained_cfg(
+        tmp_path,
+        model_cache,
+        json_model,
+        few_rows,
+        f"app.query_rewrite.rag.url=http://127.0.0.1:{_closed_port()}",
+        "app.query_rewrite.rag.timeout_s=2",
+        "app.query_rewrite.rag.max_retries=0",
+        "reward.max_retries=0",
+        "reward.max_failed_frac=0.0",  # any failed sample skips the step
     )
     with Trainer(cfg) as trainer, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -240,18 +243,15 @@ def test_seed_hybrid_selector_picks_by_log_prob_z_score() -> None:
 def test_seed_hybrid_trains_on_the_selected_candidates_only(
     tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
 ) -> None:
-    cfg = load_config(
-        DEMO,
-        demo_overrides(
-            tmp_path,
-            model_cache,
-            f"model.path={json_model}",
-            f"data.train_files=[{few_rows}]",
-            "trainer.total_steps=1",
-            "app.query_rewrite.reward_mode=seed_hybrid",
-            "app.query_rewrite.seed_hybrid.group_size=4",
-            "trainer.save_samples=64",
-        ),
+    cfg = trained_cfg(
+        tmp_path,
+        model_cache,
+        json_model,
+        few_rows,
+        "trainer.total_steps=1",
+        "app.query_rewrite.reward_mode=seed_hybrid",
+        "app.query_rewrite.seed_hybrid.group_size=4",
+        "trainer.save_samples=64",
     )
     with Trainer(cfg) as trainer:
         last = trainer.fit()
