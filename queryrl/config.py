@@ -339,6 +339,13 @@ class RayConfig:
     call_timeout_s: float = 1800.0  # a worker call that takes longer fails the run (a hang, not slowness)
     collective_timeout_s: float = 600.0  # torch.distributed timeout inside the pool
     num_threads: int = 1  # torch threads per CPU worker
+    # where rollouts are generated: "workers" = every actor worker generates for its share of the
+    # prompts with its own copy of the policy (verl's colocated actor+rollout; the rollout backend,
+    # hf or vllm, lives in the worker); "driver" = the driver's mirror generates and takes rank 0's
+    # weights after every update (one generator, the local backend's samples)
+    rollout: str = "workers"
+    ref_workers: int = 0  # 0 = the reference lives in the actor workers; N = a pool of its own, N workers
+    critic_workers: int = 0  # 0 = the critic lives in the actor workers; N = a pool of its own, N workers
 
 
 @dataclass
@@ -562,6 +569,12 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
     if cfg.ray.num_cpus < 0 or cfg.ray.num_threads < 0:
         raise ConfigError("ray.num_cpus and ray.num_threads must be >= 0")
+    _choice(cfg.ray.rollout, ["workers", "driver"], "ray.rollout")
+    for key in ("ray.ref_workers", "ray.critic_workers"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(
+                f"{key} must be >= 0 (0 = colocated with the actor workers), got {OmegaConf.select(cfg, key)}"
+            )
     _choice(
         cfg.app.query_rewrite.seed_hybrid.selection_method,
         ["max_log_prob", "weighted_sample"],

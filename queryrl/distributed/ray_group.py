@@ -21,16 +21,20 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from queryrl.algos import LossNormalizer
 from queryrl.distributed.dispatch import collect, dispatch
 from queryrl.distributed.worker import PolicyWorker, load_trainable_state, trainable_state
+from queryrl.rollout import RolloutOutput, SamplingParams
+from queryrl.rollout.base import check_prompts
 from queryrl.trainer.batch import Batch
 
 
@@ -63,6 +67,8 @@ class ResourcePool:
     use_gpu: bool
     cpus_per_worker: float
     strategy: str = "PACK"
+    name: str = "actor"  # the roles' pool, for messages
+    sized_by: str = ""  # the settings that sized it, for messages; "" = trainer.nnodes x trainer.n_gpus_per_node
 
     @property
     def world_size(self) -> int:
@@ -80,11 +86,22 @@ class ResourcePool:
         need_gpu = float(self.world_size) if self.use_gpu else 0.0
         have_cpu, have_gpu = available.get("CPU", 0.0), available.get("GPU", 0.0)
         if have_cpu < need_cpu or have_gpu < need_gpu:
-            raise RuntimeError(
-                f"the Ray cluster has {have_cpu:g} CPUs and {have_gpu:g} GPUs; the worker pool "
-                f"(trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.workers_per_node}) needs "
-                f"{need_cpu:g} CPUs (ray.num_cpus_per_worker={self.cpus_per_worker:g} each) and {need_gpu:g} GPUs"
+            sized_by = (
+                self.sized_by or f"trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.workers_per_node}"
             )
+            raise RuntimeError(
+                f"the Ray cluster has {have_cpu:g} CPUs and {have_gpu:g} GPUs left; the {self.name} worker pool "
+                f"({sized_by}) needs {need_cpu:g} CPUs (ray.num_cpus_per_worker={self.cpus_per_worker:g} each) and "
+                f"{need_gpu:g} GPUs"
+            )
+
+    def take(self, available: dict[str, float]) -> dict[str, float]:
+        """`available` less what this pool holds (to check the next pool against)."""
+        left = dict(available)
+        left["CPU"] = left.get("CPU", 0.0) - self.cpus_per_worker * self.world_size
+        if self.use_gpu:
+            left["GPU"] = left.get("GPU", 0.0) - float(self.world_size)
+        return left
 
 
 class RayWorkerGroup:
@@ -95,18 +112,25 @@ class RayWorkerGroup:
         pool: where the workers go.
         init_state: per role, the state (:meth:`PolicyWorker.set_state`) every worker loads before
             the process group forms, so that all ranks start from the driver's weights.
+        roles: what every worker of this pool holds (``actor``, ``ref``, ``critic``).
     """
 
-    def __init__(self, cfg: DictConfig, pool: ResourcePool, init_state: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        pool: ResourcePool,
+        init_state: dict[str, dict[str, Any]],
+        roles: tuple[str, ...] = ("actor", "ref", "critic"),
+    ) -> None:
         ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray = ray
         self.pool = pool
+        self.roles = roles
         self.timeout_s = float(cfg.ray.call_timeout_s)
         self.world_size = pool.world_size
-        pool.check(ray.cluster_resources())
         self._pg = placement_group(pool.bundles(), strategy=pool.strategy, name="")
         self._remove_pg = remove_placement_group
         self.actors: list[Any] = []
@@ -126,7 +150,7 @@ class RayWorkerGroup:
                     runtime_env={"env_vars": {"OMP_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}},
                     max_restarts=0,
                     max_task_retries=0,
-                ).remote(plain, rank, self.world_size)
+                ).remote(plain, rank, self.world_size, roles)
                 self.actors.append(actor)
             pids = self.call_all("pid", what="starting the workers")
             for rank, pid in enumerate(pids):
@@ -173,7 +197,12 @@ class RayWorkerGroup:
                     try:
                         results[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                     except RayActorError as e:
-                        who = "a worker" if rank is None else f"worker {rank} (pid {self.info[rank].get('pid', '?')})"
+                        pool = "" if self.pool.name == "actor" else f"{self.pool.name} "
+                        who = (
+                            f"a {pool}worker"
+                            if rank is None
+                            else f"{pool}worker {rank} (pid {self.info[rank].get('pid', '?')})"
+                        )
                         first_line = str(e).splitlines()[0] if str(e) else ""
                         raise WorkerDiedError(f"{who} died during {what!r}: {type(e).__name__}: {first_line}") from e
                     except GetTimeoutError as e:
@@ -204,15 +233,19 @@ def _use_gpu(cfg: DictConfig, cluster: dict[str, float]) -> bool:
 
 
 class RayWorkers:
-    """The trainer's handle on a Ray worker group (``Components.workers``).
+    """The trainer's handle on its Ray worker groups (``Components.workers``).
 
     Starts (``ray.address=""``) or connects to (``"auto"``, ``host:port``, ``ray://...``) a Ray
-    cluster, creates the worker group from the driver's current weights, and serves the loop's
-    calls. Ray is shut down on :meth:`close` only if this object started it.
+    cluster and creates the worker groups from the driver's current weights: the actor pool
+    (``trainer.nnodes`` x ``trainer.n_gpus_per_node`` workers holding the actor and its rollout,
+    and the reference and critic unless they have pools of their own), a reference pool of
+    ``ray.ref_workers`` and a critic pool of ``ray.critic_workers``. Each pool is its own placement
+    group and ``torch.distributed`` group. Ray is shut down on :meth:`close` only if this object
+    started it.
 
     Args:
         cfg: the run config.
-        policy: the driver's policy (its trainable weights initialise every worker).
+        policy: the driver's policy (its trainable weights initialise every actor worker).
         critic: the driver's critic, if any.
     """
 
@@ -220,51 +253,91 @@ class RayWorkers:
         ray = import_ray()
         self._ray = ray
         self.cfg = cfg
-        self.pad_id = 0
         self._started_ray = False
         rc = cfg.ray
+        need_ref = bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
+        own_ref = need_ref and rc.ref_workers > 0
+        own_critic = critic is not None and rc.critic_workers > 0
+        actor_roles = (
+            ("actor",)
+            + (("ref",) if need_ref and not own_ref else ())
+            + (("critic",) if critic is not None and not own_critic else ())
+        )
         world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        workers = world + (rc.ref_workers if own_ref else 0) + (rc.critic_workers if own_critic else 0)
         if not ray.is_initialized():
+            # the workers import queryrl from where the driver does (a source tree works without installing)
+            package_root = str(Path(__file__).resolve().parents[2])
+            path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+            runtime_env = {"env_vars": {"PYTHONPATH": path}}
             if rc.address:
-                ray.init(address=rc.address, include_dashboard=False, log_to_driver=True)
+                ray.init(address=rc.address, include_dashboard=False, runtime_env=runtime_env)
             else:
-                package_root = str(Path(__file__).resolve().parents[2])
-                path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
                 ray.init(
-                    num_cpus=rc.num_cpus or max(round(world * rc.num_cpus_per_worker), 1),
+                    address="local",  # a new cluster, even where `ray start` left one behind (or RAY_ADDRESS is set)
+                    num_cpus=rc.num_cpus or max(round(workers * rc.num_cpus_per_worker), 1),
                     include_dashboard=False,
-                    runtime_env={"env_vars": {"PYTHONPATH": path}},
+                    runtime_env=runtime_env,
                 )
             self._started_ray = True
-        self.group: RayWorkerGroup | None = None
+        self.groups: dict[str, RayWorkerGroup] = {}
         try:
-            pool = ResourcePool(
-                cfg.trainer.nnodes,
-                cfg.trainer.n_gpus_per_node,
-                _use_gpu(cfg, ray.cluster_resources()),
-                float(rc.num_cpus_per_worker),
-                rc.placement_strategy,
-            )
-            init: dict[str, dict[str, Any]] = {"actor": {"weights": trainable_state(policy)}}
-            if critic is not None:
-                init["critic"] = {"weights": trainable_state(critic)}
-            self.group = RayWorkerGroup(cfg, pool, init)
+            use_gpu = _use_gpu(cfg, ray.cluster_resources())
+            cpus = float(rc.num_cpus_per_worker)
+            pools = [
+                (
+                    ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, use_gpu, cpus, rc.placement_strategy),
+                    actor_roles,
+                )
+            ]
+            if own_ref:
+                pools.append(
+                    (
+                        ResourcePool(1, rc.ref_workers, use_gpu, cpus, rc.placement_strategy, "ref", "ray.ref_workers"),
+                        ("ref",),
+                    )
+                )
+            if own_critic:
+                pools.append(
+                    (
+                        ResourcePool(
+                            1, rc.critic_workers, use_gpu, cpus, rc.placement_strategy, "critic", "ray.critic_workers"
+                        ),
+                        ("critic",),
+                    )
+                )
+            available = dict(ray.cluster_resources())
+            for pool, _ in pools:  # all pools must fit before any starts: a clear error, not a wait
+                pool.check(available)
+                available = pool.take(available)
+            for pool, roles in pools:
+                init: dict[str, dict[str, Any]] = {}
+                if "actor" in roles:
+                    init["actor"] = {"weights": trainable_state(policy)}
+                if "critic" in roles and critic is not None:
+                    init["critic"] = {"weights": trainable_state(critic)}
+                group = RayWorkerGroup(cfg, pool, init, roles)
+                for role in roles:
+                    self.groups[role] = group
         except BaseException:
             self.close()
             raise
 
     @property
+    def group(self) -> RayWorkerGroup | None:
+        """The actor pool's group (None once closed)."""
+        return self.groups.get("actor")
+
+    @property
     def world_size(self) -> int:
-        assert self.group is not None
-        return self.group.world_size
+        return self._group().world_size
 
-    def _group(self) -> RayWorkerGroup:
-        if self.group is None:
-            raise RuntimeError("the Ray worker group is closed")
-        return self.group
+    def _group(self, role: str = "actor") -> RayWorkerGroup:
+        if role not in self.groups:
+            raise RuntimeError("the Ray worker groups are closed" if not self.groups else f"no worker holds {role}")
+        return self.groups[role]
 
-    def _check_even(self, rows: int, what: str) -> None:
-        group = self._group()
+    def _check_even(self, group: RayWorkerGroup, rows: int, what: str) -> None:
         if group.pool.use_gpu and self.cfg.ray.fsdp and rows % group.world_size:
             raise ValueError(
                 f"{what}: {rows} rows do not split evenly over {group.world_size} FSDP ranks (every rank must run the "
@@ -272,9 +345,12 @@ class RayWorkers:
             )
 
     def compute(self, what: str, batch: Batch) -> Tensor:
-        """``logprobs`` | ``ref_logprobs`` | ``values`` (N, T): split by rank, computed, concatenated."""
-        group = self._group()
-        self._check_even(len(batch), what)
+        """``logprobs`` | ``ref_logprobs`` | ``values`` (N, T): split by rank in the role's pool, concatenated."""
+        role = {"logprobs": "actor", "ref_logprobs": "ref", "values": "critic"}.get(what)
+        if role is None:
+            raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")
+        group = self._group(role)
+        self._check_even(group, len(batch), what)
         shards = dispatch(batch, group.world_size)
         return collect(group.call_each("compute", [(what, s) for s in shards], what=what)).to(
             batch.response_mask.device
@@ -288,8 +364,8 @@ class RayWorkers:
         Returns the micro-batch metrics summed over the ranks, and rank 0's step metrics
         (grad norm: the same on every rank once the gradients are summed).
         """
-        group = self._group()
-        self._check_even(len(mini), f"update_{role}")
+        group = self._group(role)
+        self._check_even(group, len(mini), f"update_{role}")
         shards = dispatch(mini, group.world_size)
         results = group.call_each(
             "optimizer_step", [(role, s, norm, lr) for s in shards], what=f"update_{role} (optimizer step)"
@@ -301,47 +377,104 @@ class RayWorkers:
         return summed, results[0][1]
 
     def pull_policy(self, model: nn.Module) -> None:
-        """Load rank 0's trainable policy weights into the driver's `model` (it generates the next rollout)."""
+        """Load rank 0's trainable policy weights into the driver's `model`."""
         state = self._group().call_all("get_state", "actor", False, what="weight sync")[0]
         load_trainable_state(model, state["weights"])
 
     def pull_state(self, c: Any) -> None:
         """Before a checkpoint: the driver's policy, optimizer (and critic) take rank 0's states."""
-        group = self._group()
         roles = [("actor", c.policy.model, c.optimizer)]
         if c.critic is not None:
             roles.append(("critic", c.critic, c.critic_optimizer))
         for role, module, optimizer in roles:
+            group = self._group(role)
             state = group.call_all("get_state", role, True, what=f"{role} state for the checkpoint")[0]
             load_trainable_state(module, state["weights"])
             optimizer.load_state_dict(state["optimizer"])
 
     def push_state(self, c: Any) -> None:
         """After a resume: every worker takes the driver's restored weights and optimizer states."""
-        group = self._group()
-        group.call_all(
+        self._group("actor").call_all(
             "set_state",
             "actor",
             {"weights": trainable_state(c.policy.model), "optimizer": c.optimizer.state_dict()},
             what="loading the resumed actor state",
         )
+        self.sync_rollout()
         if c.critic is not None:
-            group.call_all(
+            self._group("critic").call_all(
                 "set_state",
                 "critic",
                 {"weights": trainable_state(c.critic), "optimizer": c.critic_optimizer.state_dict()},
                 what="loading the resumed critic state",
             )
 
+    def sync_rollout(self) -> None:
+        """Every actor worker's rollout backend takes its policy's weights (vLLM; a no-op for hf)."""
+        self._group().call_all("sync_rollout", what="rollout weight sync")
+
     def checksums(self, role: str = "actor") -> list[float]:
         """Per rank, the sum of `role`'s trainable parameters (equal on every rank when in sync)."""
-        return [float(x) for x in self._group().call_all("checksum", role)]
+        return [float(x) for x in self._group(role).call_all("checksum", role)]
 
     def close(self) -> None:
         """Stop the workers; shut Ray down if this object started it."""
-        if self.group is not None:
-            self.group.shutdown()
-            self.group = None
+        for group in {id(g): g for g in self.groups.values()}.values():
+            group.shutdown()
+        self.groups = {}
         if self._started_ray and self._ray.is_initialized():
             self._ray.shutdown()
             self._started_ray = False
+
+
+class RayRollout:
+    """The rollout backend of ``ray.rollout=workers``: the actor workers generate, each for its share.
+
+    The prompts are cut into blocks of ``rollout.micro_batch_size // n`` prompts (whole groups;
+    at least one prompt), dealt to the ranks in rounds (block ``b`` to rank ``b % W``), every
+    rank's calls queued at once, and the blocks yielded in order as they finish: the driver scores
+    block ``b`` while the workers generate the next ones. Each block is sampled with its own seed
+    (``seed + b``, the seed drawn from the driver's checkpointed RNG), so which rank generates a
+    block, and whether the run was resumed, does not change its tokens. Every rank gets the same
+    number of calls (an empty block where the prompts run out), as FSDP's gathers need.
+
+    Args:
+        workers: the trainer's worker groups.
+        pad_token_id: the tokenizer's pad id (to concatenate the blocks).
+        micro_batch_size: sequences per worker call (``rollout.micro_batch_size``).
+    """
+
+    def __init__(self, workers: RayWorkers, pad_token_id: int, micro_batch_size: int) -> None:
+        self.workers = workers
+        self.pad_token_id = pad_token_id
+        self.micro_batch_size = micro_batch_size
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
+        """Sample ``params.n`` responses per prompt on the workers; rows prompt-major."""
+        return RolloutOutput.concat(list(self.generate_chunks(prompts, params)), self.pad_token_id)
+
+    def generate_chunks(self, prompts: list[list[int]], params: SamplingParams) -> Iterator[RolloutOutput]:
+        """One output per block of prompts, in order (``prompt_index`` absolute)."""
+        check_prompts(prompts)
+        group = self.workers._group()
+        per_block = max(self.micro_batch_size // params.n, 1)
+        starts = list(range(0, len(prompts), per_block))
+        rounds = -(-len(starts) // group.world_size)
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())  # the driver's RNG: saved in every checkpoint
+        refs: list[Any] = []
+        for b in range(rounds * group.world_size):
+            block = prompts[starts[b] : starts[b] + per_block] if b < len(starts) else []
+            refs.append(group.actors[b % group.world_size].generate.remote(block, params, seed + b))
+        try:
+            for b, start in enumerate(starts):
+                rank = b % group.world_size
+                (out,) = group._wait([refs[b]], f"generating (block {b} of {len(starts)})", ranks=[rank])
+                out.prompt_index = out.prompt_index + start
+                yield out
+            group._wait(refs[len(starts) :], "generating (empty blocks)", ranks=None)
+        finally:
+            refs.clear()
+
+    def update_weights(self, source: nn.Module) -> None:
+        """After an update: the workers' rollout backends take their own policies' new weights."""
+        self.workers.sync_rollout()

@@ -14,6 +14,7 @@ This module does not import Ray: :mod:`queryrl.distributed.ray_group` wraps the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -26,6 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from queryrl.algos import LossNormalizer
+from queryrl.models import PolicyBundle
+from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.update import micro_step_for, optimizer_step, role_settings
 
@@ -46,22 +49,36 @@ def load_trainable_state(module: nn.Module, state: dict[str, Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
+ROLES = ("actor", "ref", "critic")
+
+
 class PolicyWorker:
-    """Rank `rank` of `world_size`: the policy, its reference and optimizer, and the critic.
+    """Rank `rank` of `world_size` in a pool that holds `roles`: actor+rollout, reference, critic.
+
+    - ``actor``: the policy, its optimizer and its rollout backend (``rollout.backend``, built on
+      the first :meth:`generate`), plus the reference when ``ref`` is colocated (a frozen copy,
+      or the LoRA base with the adapters disabled).
+    - ``ref`` alone (a pool of its own): the policy's initial weights, frozen; no optimizer.
+    - ``critic``: the value model and its optimizer.
 
     Args:
         cfg: the run config as a plain dict (``OmegaConf.to_container``).
-        rank: this worker's data-parallel rank.
-        world_size: ranks in the group.
+        rank: this worker's data-parallel rank in its pool.
+        world_size: ranks in the pool.
+        roles: the roles this pool's workers hold.
     """
 
-    def __init__(self, cfg: dict[str, Any], rank: int, world_size: int) -> None:
+    def __init__(self, cfg: dict[str, Any], rank: int, world_size: int, roles: tuple[str, ...] = ROLES) -> None:
         from queryrl.models import ValueModel, load_policy, resolve_model_path
         from queryrl.trainer.components import seed_everything
         from queryrl.trainer.optim import make_optimizer
 
+        unknown = [r for r in roles if r not in ROLES]
+        if unknown or not roles:
+            raise ValueError(f"unknown worker roles {unknown}; valid: {', '.join(ROLES)}")
         self.cfg: DictConfig = OmegaConf.create(cfg)
         self.rank, self.world_size = rank, world_size
+        self.roles = tuple(roles)
         self.use_gpu = torch.cuda.is_available() and str(self.cfg.ray.use_gpu).lower() != "false"
         if self.use_gpu:
             torch.cuda.set_device(0)  # Ray makes this worker's GPU the only visible one
@@ -71,25 +88,32 @@ class PolicyWorker:
             if self.cfg.ray.num_threads > 0:
                 torch.set_num_threads(self.cfg.ray.num_threads)
         seed_everything(self.cfg.trainer.seed)
-        need_ref = bool(self.cfg.actor.use_kl_loss or self.cfg.algo.use_kl_in_reward)
-        self.policy = load_policy(self.cfg.model, self.device, self.device, need_ref=need_ref)
         self.fsdp = False
-        self.modules: dict[str, nn.Module] = {"actor": self.policy.model}
+        self.modules: dict[str, nn.Module] = {}
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
-        actor = self.cfg.actor
-        self.optimizers["actor"], _ = make_optimizer(
-            self.policy.model.parameters(),
-            lr=actor.lr,
-            weight_decay=actor.weight_decay,
-            betas=(actor.betas[0], actor.betas[1]),
-            warmup_steps=0,
-            total_steps=1,
-        )
-        if self.cfg.algo.adv_estimator == "gae":
-            path = resolve_model_path(self.cfg.model)
-            critic_path = self.cfg.critic.path or str(path)
+        self.policy: PolicyBundle | None = None
+        self._rollout: Any = None
+        need_ref = bool(self.cfg.actor.use_kl_loss or self.cfg.algo.use_kl_in_reward)
+        if "actor" in roles:
+            self.policy = load_policy(self.cfg.model, self.device, self.device, need_ref=need_ref and "ref" in roles)
+            self.modules["actor"] = self.policy.model
+            actor = self.cfg.actor
+            self.optimizers["actor"], _ = make_optimizer(
+                self.policy.model.parameters(),
+                lr=actor.lr,
+                weight_decay=actor.weight_decay,
+                betas=(actor.betas[0], actor.betas[1]),
+                warmup_steps=0,
+                total_steps=1,
+            )
+        elif "ref" in roles:  # the initial policy, frozen (with LoRA: the base model, no adapters)
+            base = OmegaConf.merge(self.cfg.model, {"lora": {"rank": 0}, "gradient_checkpointing": False})
+            ref = load_policy(base, self.device, self.device, need_ref=False).model
+            self.modules["ref"] = ref.eval().requires_grad_(False)
+        if "critic" in roles and self.cfg.algo.adv_estimator == "gae":
             from pathlib import Path
 
+            critic_path = self.cfg.critic.path or str(resolve_model_path(self.cfg.model))
             self.modules["critic"] = ValueModel.from_pretrained(Path(critic_path), self.cfg.model, self.device)
             self.optimizers["critic"], _ = make_optimizer(
                 self.modules["critic"].parameters(),
@@ -133,7 +157,7 @@ class PolicyWorker:
         return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "backend": backend}
 
     def _wrap_fsdp(self) -> None:
-        """FSDP (full sharding) around the policy and critic, optimizers rebuilt over the sharded parameters.
+        """FSDP (full sharding) around every module of this worker; optimizers rebuilt over the sharded parameters.
 
         FSDP averages gradients over the ranks during backward; the losses are multiplied by the
         world size (``loss_scale``) so the average is the sum the global normaliser expects.
@@ -144,18 +168,20 @@ class PolicyWorker:
 
         for role in list(self.modules):
             wrapped = FSDP(self.modules[role], device_id=self.device, use_orig_params=True)
-            settings = role_settings(role, self.cfg)
-            betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)
-            self.optimizers[role], _ = make_optimizer(
-                wrapped.parameters(),
-                lr=settings.lr,
-                weight_decay=settings.weight_decay,
-                betas=betas,
-                warmup_steps=0,
-                total_steps=1,
-            )
+            if role in self.optimizers:
+                settings = role_settings(role, self.cfg)
+                betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)
+                self.optimizers[role], _ = make_optimizer(
+                    wrapped.parameters(),
+                    lr=settings.lr,
+                    weight_decay=settings.weight_decay,
+                    betas=betas,
+                    warmup_steps=0,
+                    total_steps=1,
+                )
             self.modules[role] = wrapped
-        self.policy.model = self.modules["actor"]
+        if self.policy is not None:
+            self.policy.model = self.modules["actor"]
         self.fsdp = True
 
     def pid(self) -> int:
@@ -171,17 +197,65 @@ class PolicyWorker:
         cfg = self.cfg
         batch = shard.to(self.device)
         if what == "values":
-            return compute_values(self.modules["critic"], batch, cfg.critic.ppo_micro_batch_size).cpu()
+            return compute_values(self._module("critic"), batch, cfg.critic.ppo_micro_batch_size).cpu()
         if what == "logprobs":
             out, _ = compute_logprobs(
-                self.modules["actor"], batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+                self._module("actor"), batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
             )
             return out.cpu()
         if what == "ref_logprobs":
-            with self.policy.reference() as ref:
+            if "ref" not in self.roles:
+                raise ValueError(f"this worker holds {', '.join(self.roles)}, not the reference")
+            with contextlib.ExitStack() as stack:
+                # colocated: the frozen copy, or the LoRA base with adapters off; else this pool's frozen model
+                ref = stack.enter_context(self.policy.reference()) if self.policy is not None else self.modules["ref"]
                 out, _ = compute_logprobs(ref, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature)
             return out.cpu()
         raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")
+
+    def _module(self, role: str) -> nn.Module:
+        if role not in self.modules:
+            raise ValueError(f"this worker holds {', '.join(self.roles)}: no {role} module")
+        return self.modules[role]
+
+    # --- rollout ----------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seed: int) -> RolloutOutput:
+        """Sample ``params.n`` responses for each of `prompts` with this rank's policy.
+
+        The sampling RNG is seeded with `seed` (the driver draws it from its own, checkpointed RNG),
+        so a run, resumed or not, samples the same tokens; this worker's global RNG is left as it
+        was. ``prompt_index`` is relative to `prompts`. Under FSDP the full parameters are gathered
+        for the call (every rank must call it the same number of times).
+        """
+        if self.policy is None:
+            raise ValueError(f"this worker holds {', '.join(self.roles)}: no actor to generate with")
+        pad = int(self.policy.tokenizer.pad_token_id)
+        if self._rollout is None:
+            from queryrl.rollout import make_rollout
+
+            self._rollout = make_rollout(
+                self.cfg.rollout.backend,
+                self.policy.model,
+                self.policy.tokenizer,
+                self.cfg.rollout.micro_batch_size,
+                self.device,
+            )
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))
+            torch.manual_seed(seed)
+            if self.fsdp and self.cfg.rollout.backend == "hf":
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+                stack.enter_context(FSDP.summon_full_params(self.policy.model, writeback=False))
+            if not prompts:
+                return RolloutOutput.concat([], pad)
+            return self._rollout.generate(prompts, params)
+
+    def sync_rollout(self) -> None:
+        """After an update: the rollout backend takes the policy's new weights (vLLM; a no-op for hf)."""
+        if self._rollout is not None and self.policy is not None:
+            self._rollout.update_weights(self.policy.model)
 
     def optimizer_step(
         self, role: str, shard: Batch, norm: LossNormalizer, lr: float

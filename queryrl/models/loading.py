@@ -144,6 +144,7 @@ class ValueModel(nn.Module):
     def from_pretrained(cls, path: Path, model_cfg: Any, device: torch.device) -> ValueModel:
         from transformers import AutoModel
 
+        _quiet_transformers()
         backbone = AutoModel.from_pretrained(
             path, dtype=DTYPES[model_cfg.dtype], trust_remote_code=model_cfg.trust_remote_code
         )

@@ -62,9 +62,10 @@ class Components:
     data_stats: dict[str, float] = field(default_factory=dict)
     # picks the rows of a rollout to score and train on (seed 000's selector); None = every row
     select: Any = None
-    # trainer.backend=ray: the worker group (queryrl.distributed.ray_group.RayWorkers) that computes
-    # log-probs, values and the updates; the driver's policy/critic/optimizers above are its mirrors
-    # (the policy generates and is checkpointed; optimizer states are pulled before a checkpoint)
+    # trainer.backend=ray: the worker groups (queryrl.distributed.ray_group.RayWorkers) that generate
+    # (ray.rollout=workers), compute log-probs and values and take the updates; the driver's
+    # policy/critic/optimizers above are their mirrors, pulled before every checkpoint (and, with
+    # ray.rollout=driver, the policy after every update: it generates)
     workers: Any = None
 
 
@@ -96,7 +97,9 @@ def build_components(cfg: DictConfig) -> Components:
     device = resolve_device(cfg.trainer.device)
     ref_device = resolve_device(cfg.trainer.ref_device, device)
     need_ref = bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
-    policy = load_policy(cfg.model, device, ref_device, need_ref=need_ref)
+    on_ray = cfg.trainer.backend == "ray"
+    # with Ray the workers hold the reference; the driver's policy is a mirror for checkpoints
+    policy = load_policy(cfg.model, device, ref_device, need_ref=need_ref and not on_ray)
 
     train = _datasets(cfg, policy.tokenizer, list(cfg.data.train_files))
     val = _datasets(cfg, policy.tokenizer, list(cfg.data.val_files))
@@ -124,11 +127,11 @@ def build_components(cfg: DictConfig) -> Components:
         schedule=cfg.actor.lr_schedule,
         min_lr_ratio=cfg.actor.min_lr_ratio,
     )
-    rollout = make_rollout(cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device)
-    if cfg.rollout.multi_turn.enable:
-        from queryrl.agent import build_agent_rollout
-
-        rollout = build_agent_rollout(rollout, policy.tokenizer, cfg.rollout.multi_turn, cfg.rollout.micro_batch_size)
+    rollout: Any = None  # ray.rollout=workers: built with the workers below
+    if not (on_ray and cfg.ray.rollout == "workers"):
+        rollout = make_rollout(
+            cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device
+        )
     r = cfg.reward
     function_path, function_name, manager, kwargs = r.function.path, r.function.name, r.manager, dict(r.kwargs)
     select = None
@@ -187,12 +190,22 @@ def build_components(cfg: DictConfig) -> Components:
             warmup_steps=cfg.critic.lr_warmup_steps,
             total_steps=total_steps,
         )
-    if cfg.trainer.backend == "ray":
-        from queryrl.distributed.ray_group import RayWorkers
+    if on_ray:
+        from queryrl.distributed.ray_group import RayRollout, RayWorkers
 
         components.workers = RayWorkers(cfg, policy.model, components.critic)
+        if components.rollout is None:
+            components.rollout = RayRollout(
+                components.workers, int(policy.tokenizer.pad_token_id), cfg.rollout.micro_batch_size
+            )
         # the workers step; the driver's optimizers only carry the schedule (and checkpointed states)
         for mirror in (optimizer, components.critic_optimizer):
             if mirror is not None:
                 mirror._opt_called = True  # type: ignore[attr-defined]  # silences "scheduler before optimizer"
+    if cfg.rollout.multi_turn.enable:
+        from queryrl.agent import build_agent_rollout
+
+        components.rollout = build_agent_rollout(
+            components.rollout, policy.tokenizer, cfg.rollout.multi_turn, cfg.rollout.micro_batch_size
+        )
     return components

@@ -161,6 +161,7 @@ class Trainer:
                     batch.old_logprobs, _ = compute_logprobs(
                         c.policy.model, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
                     )
+            metrics |= rollout_probs_diff(batch)
         if c.need_ref:
             with timer("ref"):
                 batch.ref_logprobs = self._ref_logprobs(batch)
@@ -347,7 +348,7 @@ class Trainer:
         c.policy.model.train()
         metrics = self._ppo_updates(batch, "actor", c.policy.model, c.trainable_params)
         c.scheduler.step()
-        if c.workers is not None:  # the driver's copy generates (and is checkpointed): rank 0's new weights
+        if c.workers is not None and self.cfg.ray.rollout == "driver":  # the driver's copy generates: new weights
             c.workers.pull_policy(c.policy.model)
         return metrics
 
@@ -455,6 +456,25 @@ class Trainer:
             self.c.workers.push_state(self.c)
         self.kl_ctrl.value = state["kl_coef"]
         self.step = int(state["step"])
+
+
+def rollout_probs_diff(batch: Batch) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_*``: |p_rollout - p_train| over the trained tokens.
+
+    The rollout backend's probabilities of the sampled tokens against the trainer's recomputed
+    ones (``old_logprobs``): about 0 when both run the same weights (hf, or workers in sync);
+    larger with vLLM's kernels or a weight sync gone wrong.
+    """
+    if batch.rollout_logprobs is None or batch.old_logprobs is None or len(batch) == 0:
+        return {}
+    mask = batch.response_mask > 0
+    if not bool(mask.any()):
+        return {}
+    diff = (batch.rollout_logprobs.exp() - batch.old_logprobs.exp()).abs()[mask]
+    return {
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_max": float(diff.max()),
+    }
 
 
 def _plain(config_yaml: Path) -> dict[str, Any]:

@@ -53,9 +53,15 @@ def test_a_pool_larger_than_the_cluster_is_a_clear_error() -> None:
     pool = ResourcePool(nnodes=2, workers_per_node=4, use_gpu=True, cpus_per_worker=1.0)
     assert pool.world_size == 8
     assert pool.bundles()[0] == {"CPU": 1.0, "GPU": 1.0}
-    with pytest.raises(RuntimeError, match=r"has 16 CPUs and 4 GPUs.*needs 8 CPUs.*and 8 GPUs"):
+    with pytest.raises(RuntimeError, match=r"has 16 CPUs and 4 GPUs left.*actor worker pool.*needs 8 CPUs.*and 8 GPUs"):
         pool.check({"CPU": 16.0, "GPU": 4.0})
-    ResourcePool(1, 2, use_gpu=False, cpus_per_worker=1.0).check({"CPU": 2.0})
+    actor = ResourcePool(1, 2, use_gpu=False, cpus_per_worker=1.0)
+    actor.check({"CPU": 2.0})
+    # pools are checked one after the other against what the previous ones leave
+    ref = ResourcePool(1, 1, False, 1.0, name="ref", sized_by="ray.ref_workers=1")
+    with pytest.raises(RuntimeError, match=r"has 0 CPUs and 0 GPUs left; the ref worker pool \(ray.ref_workers=1\)"):
+        ref.check(actor.take({"CPU": 2.0}))
+    ref.check(actor.take({"CPU": 3.0}))
 
 
 def test_without_ray_the_ray_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +79,9 @@ def test_without_ray_the_ray_backend_says_how_to_install_it(monkeypatch: pytest.
         ("ray.use_gpu=maybe", "ray.use_gpu"),
         ("ray.num_cpus_per_worker=0", "ray.num_cpus_per_worker"),
         ("trainer.nnodes=0", "trainer.nnodes"),
+        ("ray.rollout=gpu", "ray.rollout"),
+        ("ray.ref_workers=-1", "ray.ref_workers"),
+        ("ray.critic_workers=-2", "ray.critic_workers"),
     ],
 )
 def test_ray_settings_are_validated(override: str, match: str) -> None:
@@ -84,3 +93,4 @@ def test_ray_defaults_start_a_local_cluster() -> None:
     cfg = load_config(None, ["trainer.backend=ray"])
     assert cfg.ray.address == ""  # "" = a local cluster started for the run
     assert OmegaConf.select(cfg, "ray.use_gpu") == "auto"
+    assert (cfg.ray.rollout, cfg.ray.ref_workers, cfg.ray.critic_workers) == ("workers", 0, 0)
