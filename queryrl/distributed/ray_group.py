@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,15 +346,27 @@ class RayWorkers:
 
     def compute(self, what: str, batch: Batch) -> Tensor:
         """``logprobs`` | ``ref_logprobs`` | ``values`` (N, T): split by rank in the role's pool, concatenated."""
+        return self.submit(what, batch)()
+
+    def submit(self, what: str, batch: Batch) -> Callable[[], Tensor]:
+        """Start :meth:`compute` and return at once; calling the result waits for the (N, T) tensor.
+
+        Computations of different pools (e.g. ``ref_logprobs`` in a pool of their own while the
+        actor pool computes ``logprobs``) run at the same time; those of one pool queue in order.
+        """
         role = {"logprobs": "actor", "ref_logprobs": "ref", "values": "critic"}.get(what)
         if role is None:
             raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")
         group = self._group(role)
         self._check_even(group, len(batch), what)
         shards = dispatch(batch, group.world_size)
-        return collect(group.call_each("compute", [(what, s) for s in shards], what=what)).to(
-            batch.response_mask.device
-        )
+        refs = [a.compute.remote(what, s) for a, s in zip(group.actors, shards, strict=True)]
+        device = batch.response_mask.device
+
+        def result() -> Tensor:
+            return collect(group._wait(refs, what, ranks=list(range(group.world_size)))).to(device)
+
+        return result
 
     def optimizer_step(
         self, role: str, mini: Batch, norm: LossNormalizer, lr: float

@@ -153,10 +153,18 @@ class Trainer:
                 return metrics | {"reward/step_skipped": 1.0}
         self._save_samples(batch)
         needs_old = cfg.algo.use_kl_in_reward or cfg.actor.ppo_epochs > 1 or self._num_mini_batches(batch) > 1
+        # Ray: all three start at once, so pools of their own (ray.ref_workers, ray.critic_workers)
+        # work in parallel with the actor pool; each phase's timer then holds what is left to wait
+        wanted = [
+            w
+            for w, on in (("logprobs", needs_old), ("ref_logprobs", c.need_ref), ("values", c.critic is not None))
+            if on
+        ]
+        started = {w: c.workers.submit(w, batch) for w in wanted} if c.workers is not None else {}
         if needs_old:
             with timer("old_log_prob"):
-                if c.workers is not None:
-                    batch.old_logprobs = c.workers.compute("logprobs", batch)
+                if started:
+                    batch.old_logprobs = started["logprobs"]()
                 else:
                     batch.old_logprobs, _ = compute_logprobs(
                         c.policy.model, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
@@ -164,11 +172,11 @@ class Trainer:
             metrics |= rollout_probs_diff(batch)
         if c.need_ref:
             with timer("ref"):
-                batch.ref_logprobs = self._ref_logprobs(batch)
+                batch.ref_logprobs = started["ref_logprobs"]().to(c.device) if started else self._ref_logprobs(batch)
         if c.critic is not None:
             with timer("values"):
-                if c.workers is not None:
-                    batch.values = c.workers.compute("values", batch)
+                if started:
+                    batch.values = started["values"]()
                 else:
                     batch.values = compute_values(c.critic, batch, cfg.critic.ppo_micro_batch_size)
         with timer("adv"):
@@ -363,8 +371,6 @@ class Trainer:
 
     def _ref_logprobs(self, batch: Batch) -> Tensor:
         cfg, c = self.cfg, self.c
-        if c.workers is not None:
-            return c.workers.compute("ref_logprobs", batch).to(c.device)
         with c.policy.reference() as ref:
             logprobs, _ = compute_logprobs(
                 ref, batch.to(c.ref_device), cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
