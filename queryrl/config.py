@@ -113,6 +113,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     micro_batch_size: int = 64  # sequences generated at once
+    # hf backend: auto = queryrl's own decode loop for plain Qwen2/Qwen3 models (queryrl/rollout/fast_decode.py),
+    # transformers' generate for anything else (peft/LoRA, other architectures); off = always generate
+    fast_decode: str = "auto"
     val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
@@ -557,6 +560,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg.actor.lr_schedule, ["constant", "cosine", "linear"], "actor.lr_schedule")
     _choice(cfg.model.dtype, ["float32", "bfloat16", "float16"], "model.dtype")
     _choice(cfg.rollout.backend, ["hf", "vllm"], "rollout.backend")
+    _choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     _choice(cfg.reward.manager, ["naive", "batch", "parallel", "dapo", "async"], "reward.manager")
     _choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
     _choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")

@@ -240,6 +240,7 @@ class PolicyWorker:
                 self.policy.tokenizer,
                 self.cfg.rollout.micro_batch_size,
                 self.device,
+                fast_decode=self.cfg.rollout.fast_decode,
             )
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))

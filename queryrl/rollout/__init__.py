@@ -1,6 +1,7 @@
 """Rollout: prompts (token ids) -> sampled responses with their log-probs.
 
-Backends by name (``rollout.backend``): ``hf`` (transformers ``generate``, CPU or GPU);
+Backends by name (``rollout.backend``): ``hf`` (transformers ``generate``, CPU or GPU; for plain
+Qwen2/Qwen3 models :mod:`queryrl.rollout.fast_decode`'s own decode loop, ``rollout.fast_decode``);
 ``vllm`` (:mod:`queryrl.rollout.vllm`: a CUDA GPU and the vllm extra; imported only when chosen).
 """
 
@@ -14,10 +15,12 @@ from queryrl.rollout.base import (
     left_pad,
     make_rollout,
 )
+from queryrl.rollout.fast_decode import FastDecoder
 from queryrl.rollout.hf import HFRollout
 
 __all__ = [
     "ROLLOUT_BACKENDS",
+    "FastDecoder",
     "HFRollout",
     "RolloutBackend",
     "RolloutFactory",

@@ -6,7 +6,8 @@ Notation: `N` sequences (``n`` samples per prompt, prompt-major), `P` prompt tok
 A backend turns token-id prompts into sampled responses with the log-probs of the sampled tokens.
 Rows are prompt-major: the ``n`` samples of prompt ``i`` are contiguous, and ``prompt_index``
 says which input prompt each row came from (an absolute index into the prompts given to
-``generate``). The registry maps ``rollout.backend`` to a factory; ``hf`` runs anywhere,
+``generate``). The registry maps ``rollout.backend`` to a factory; ``hf`` runs anywhere (with a
+fast decode path for Qwen2/Qwen3, ``rollout.fast_decode``),
 ``vllm`` (GPU, imported lazily) runs vLLM with weights synced from the trainer.
 """
 
@@ -240,10 +241,11 @@ class RolloutBackend(Protocol):
 
 
 class RolloutFactory(Protocol):
-    """The signature every registered rollout backend factory has."""
+    """The signature every registered rollout backend factory has (``fast_decode``: the ``hf``
+    backend's decode path, ``rollout.fast_decode``; other backends ignore it)."""
 
     def __call__(
-        self, model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None
+        self, model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
     ) -> RolloutBackend: ...
 
 
@@ -251,14 +253,18 @@ ROLLOUT_BACKENDS: Registry[RolloutFactory] = Registry("rollout backend")
 
 
 @ROLLOUT_BACKENDS.register("hf")
-def _hf(model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None) -> RolloutBackend:
+def _hf(
+    model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
+) -> RolloutBackend:
     from queryrl.rollout.hf import HFRollout
 
-    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device)
+    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode)
 
 
 @ROLLOUT_BACKENDS.register("vllm")
-def _vllm(model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None) -> RolloutBackend:
+def _vllm(
+    model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
+) -> RolloutBackend:
     from queryrl.rollout.vllm import VLLMRollout  # imports vllm itself only when built
 
     return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device)
@@ -270,6 +276,7 @@ def make_rollout(
     tokenizer: Any,
     micro_batch_size: int = 64,
     device: torch.device | None = None,
+    fast_decode: str = "auto",
 ) -> RolloutBackend:
     """The rollout backend registered under ``name`` (``rollout.backend``)."""
-    return ROLLOUT_BACKENDS.get(name)(model, tokenizer, micro_batch_size, device)
+    return ROLLOUT_BACKENDS.get(name)(model, tokenizer, micro_batch_size, device, fast_decode)

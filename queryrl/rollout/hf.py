@@ -1,4 +1,4 @@
-"""Rollout with Hugging Face ``model.generate``: any causal LM (or peft model), CPU or GPU.
+"""Rollout with Hugging Face models: any causal LM (or peft model), CPU or GPU.
 
 Notation: `B` sequences in a generation micro-batch, `P` prompt tokens, `T` response tokens,
 `V` vocabulary.
@@ -9,6 +9,10 @@ Each prompt is repeated ``n`` times (prompt-major) and the sequences are generat
 log-prob of each sampled token is recorded while generating, from the raw logits of that step
 (``log_softmax(logits / temperature)``, before top-k/top-p), by a logits processor that keeps
 only one step's (B, V) log-probs alive instead of all T steps' logits.
+
+Qwen2/Qwen3 models that :mod:`queryrl.rollout.fast_decode` supports skip ``generate`` by default
+(``fast_decode="auto"``): the same function, tokens and log-probs with a fraction of transformers'
+per-token overhead; ``fast_decode="off"``, or any other model, uses ``generate``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, eos_response_mask, left_pad
+from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
+
+FAST_DECODE_MODES = ("auto", "off")
 
 # Every logits-shaping option of `generate`, set to "off", so that a model's own
 # generation_config (e.g. Qwen's repetition_penalty=1.05, top_k=20) cannot add processors:
@@ -116,13 +123,27 @@ class HFRollout:
         tokenizer: gives ``pad_token_id`` and ``eos_token_id``.
         micro_batch_size: sequences generated at once (after repeating each prompt ``n`` times).
         device: where to generate; default: the model's device.
+        fast_decode: ``auto`` = :class:`~queryrl.rollout.fast_decode.FastDecoder` when it supports
+            the model (checked again before every micro-batch), else ``generate``; ``off`` =
+            always ``generate``.
+
+    Attributes:
+        decode_path: ``fast`` or ``generate``, what the next micro-batch will use.
+        fallback_reason: why ``generate`` is used (None on the fast path).
     """
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, micro_batch_size: int = 64, device: torch.device | None = None
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        micro_batch_size: int = 64,
+        device: torch.device | None = None,
+        fast_decode: str = "auto",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (got {micro_batch_size})")
+        if fast_decode not in FAST_DECODE_MODES:
+            raise ValueError(f"fast_decode must be one of {', '.join(FAST_DECODE_MODES)} (got {fast_decode!r})")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad token and an eos token")
         self.model = model
@@ -131,6 +152,26 @@ class HFRollout:
         self.device = device if device is not None else next(model.parameters()).device
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_id = int(tokenizer.eos_token_id)
+        self.fast_decode = fast_decode
+        self._fast: FastDecoder | None = None
+
+    @property
+    def fallback_reason(self) -> str | None:
+        if self.fast_decode == "off":
+            return "fast_decode=off"
+        return unsupported_reason(self.model)
+
+    @property
+    def decode_path(self) -> str:
+        return "generate" if self.fallback_reason is not None else "fast"
+
+    def _fast_decoder(self) -> FastDecoder | None:
+        """The fast path for the next micro-batch, or None (see ``fallback_reason``)."""
+        if self.fallback_reason is not None:
+            return None
+        if self._fast is None:
+            self._fast = FastDecoder(self.model)
+        return self._fast
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
         """Sample ``params.n`` responses per prompt; rows prompt-major (see :class:`RolloutOutput`)."""
@@ -145,11 +186,33 @@ class HFRollout:
             rows = index[start : start + self.micro_batch_size]
             yield self._generate_micro_batch([prompts[i] for i in rows], torch.tensor(rows), params)
 
-    @torch.no_grad()
     def _generate_micro_batch(
         self, prompts: list[list[int]], prompt_index: Tensor, params: SamplingParams
     ) -> RolloutOutput:
         prompt_ids, prompt_mask = left_pad(prompts, self.pad_token_id)  # (B, P)
+        fast = self._fast_decoder()
+        if fast is not None:
+            response_ids, logprobs = fast.generate(
+                prompt_ids, prompt_mask, params, self.eos_token_id, self.pad_token_id
+            )  # (B, T), (B, T)
+        else:
+            response_ids, logprobs = self._hf_generate(prompt_ids, prompt_mask, params)
+        response_ids, logprobs = response_ids.cpu(), logprobs.cpu()
+        response_mask, truncated = eos_response_mask(response_ids, self.eos_token_id)
+        counted = response_mask.bool()
+        return RolloutOutput(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids.masked_fill(~counted, self.pad_token_id),
+            response_mask=response_mask,
+            rollout_logprobs=logprobs.masked_fill(~counted, 0.0),
+            prompt_index=prompt_index,
+            truncated=truncated,
+        )
+
+    @torch.no_grad()
+    def _hf_generate(self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+        """``model.generate`` on (B, P) left-padded prompts: ``(response_ids (B, T), logprobs (B, T))``."""
         recorder = _LogprobRecorder(prompt_ids.shape[1], params.logprob_temperature)
         with _eval_mode(self.model):
             out = self.model.generate(  # type: ignore[operator]
@@ -167,22 +230,11 @@ class HFRollout:
                 **_NEUTRAL_GENERATION_KWARGS,
             )
         response_ids = out.sequences[:, prompt_ids.shape[1] :]  # (B, T)
-        logprobs = recorder.finish(response_ids).cpu()  # (B, T)
-        response_ids = response_ids.cpu()
-        response_mask, truncated = eos_response_mask(response_ids, self.eos_token_id)
-        counted = response_mask.bool()
-        return RolloutOutput(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids.masked_fill(~counted, self.pad_token_id),
-            response_mask=response_mask,
-            rollout_logprobs=logprobs.masked_fill(~counted, 0.0),
-            prompt_index=prompt_index,
-            truncated=truncated,
-        )
+        return response_ids, recorder.finish(response_ids)
 
     def update_weights(self, source: nn.Module) -> None:
-        """Copy ``source``'s weights in (strict); nothing to do when it is this backend's model."""
+        """Copy ``source``'s weights in (strict); nothing to do when it is this backend's model (the
+        fast path, too, reads the module's weights afresh for every micro-batch)."""
         if source is self.model:
             return
         self.model.load_state_dict(source.state_dict(), strict=True)

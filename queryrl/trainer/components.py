@@ -130,7 +130,12 @@ def build_components(cfg: DictConfig) -> Components:
     rollout: Any = None  # ray.rollout=workers: built with the workers below
     if not (on_ray and cfg.ray.rollout == "workers"):
         rollout = make_rollout(
-            cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device
+            cfg.rollout.backend,
+            policy.model,
+            policy.tokenizer,
+            cfg.rollout.micro_batch_size,
+            device,
+            fast_decode=cfg.rollout.fast_decode,
         )
     r = cfg.reward
     function_path, function_name, manager, kwargs = r.function.path, r.function.name, r.manager, dict(r.kwargs)

@@ -1,8 +1,13 @@
-"""The ``hf`` rollout backend on the tiny model: padding, EOS masking, ordering, log-probs, determinism."""
+"""The ``hf`` rollout backend on the tiny model: padding, EOS masking, ordering, log-probs, determinism.
+
+Every test runs twice: on the fast decode path (``fast_decode="auto"``, which the tiny Qwen2 takes)
+and on transformers' ``generate`` (``"off"``).
+"""
 
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 import pytest
@@ -13,10 +18,18 @@ from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams
 from tests.rollout.models import with_lm_head_bias
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=8)
+FAST_DECODE = "auto"
+
+
+@pytest.fixture(autouse=True, params=["auto", "off"])
+def fast_decode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The decode path every ``rollout(...)`` of the test takes."""
+    monkeypatch.setattr(sys.modules[__name__], "FAST_DECODE", request.param)
+    return str(request.param)
 
 
 def rollout(model: nn.Module, tokenizer: Any, micro_batch_size: int = 64) -> HFRollout:
-    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size)
+    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, fast_decode=FAST_DECODE)
 
 
 def reference_logprobs(model: nn.Module, out: RolloutOutput, temperature: float) -> Tensor:
@@ -36,6 +49,11 @@ def reference_logprobs(model: nn.Module, out: RolloutOutput, temperature: float)
 
 def first_eos(row: list[int], eos: int) -> int | None:
     return row.index(eos) if eos in row else None
+
+
+def test_both_decode_paths_are_tested(fast_decode: str, tiny_bundle: Any) -> None:
+    expected = {"auto": "fast", "off": "generate"}[fast_decode]
+    assert rollout(tiny_bundle.model, tiny_bundle.tokenizer).decode_path == expected
 
 
 def test_shapes_dtypes_and_padding(eos_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:

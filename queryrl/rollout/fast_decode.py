@@ -1,0 +1,365 @@
+"""A generation-only forward for Qwen2/Qwen3 causal LMs: prefill, then one token at a time.
+
+Notation: `B` sequences, `U` distinct prompts among them, `P` prompt tokens (left-padded), `T`
+response tokens, `S = P + T` cache slots, `V` vocabulary, `E` hidden size, `I` MLP width, `Hq`
+query heads, `Hkv` key/value heads, `G = Hq / Hkv`, `D` head dim.
+
+Why: on a small model a decode step of ``model.generate`` costs transformers' Python and
+dispatch overhead (module calls, mask building, cache objects, output classes, logits
+processors), not arithmetic. This computes the same function with about fifteen torch ops per
+layer: one fused QKV matmul, RoPE from a table built once per batch, a preallocated KV cache
+written in place, ``scaled_dot_product_attention`` with the G query heads of a KV head folded into
+its query rows (GQA without repeating K/V), RMSNorm, one fused gate/up matmul, the (tied or not)
+``lm_head``. The n samples of a prompt share one prefill (``generate`` runs it n times).
+
+Weights are read from the Hugging Face module by every :meth:`FastDecoder.generate`: the QKV and
+gate/up matrices are concatenated afresh (a few ``torch.cat``), the rest are the module's own
+tensors, so a colocated optimizer step made in place on the module is always seen, with nothing
+to refresh in ``update_weights``.
+
+Sampling is ``generate``'s as :mod:`queryrl.rollout.hf` calls it: ``log_softmax(raw logits /
+temperature)`` is recorded at the chosen token; greedy = ``argmax``; sampling = temperature,
+top-k, top-p (transformers' warpers: same order, same ties) and a draw from the softmax. The draw
+inverts the CDF with one uniform per row instead of ``torch.multinomial`` (which draws V
+exponentials per row, most of a small model's step): the same distribution, other random numbers,
+so a seeded run samples other tokens than ``generate``. Finished rows continue with the pad token;
+decoding stops when every row has produced EOS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from queryrl.rollout.base import SamplingParams
+
+SUPPORTED_ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why :class:`FastDecoder` cannot run `model` (None = it can).
+
+    Supported: a plain ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (not peft-wrapped, plain
+    ``nn.Linear``/``nn.Embedding`` layers, so no LoRA or quantized modules), SiLU MLPs, full
+    attention in every layer (no sliding window), unscaled RoPE (``rope_type="default"``), no
+    forward hooks, all parameters on one device.
+    """
+    name = type(model).__name__
+    if name not in SUPPORTED_ARCHITECTURES:
+        return f"architecture {name} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != SUPPORTED_ARCHITECTURES[name]:
+        return f"model_type {getattr(config, 'model_type', None)!r} for {name}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"hidden_act {getattr(config, 'hidden_act', None)!r} (only silu)"
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    base = getattr(model, "model", None)
+    rope_type = getattr(getattr(base, "rotary_emb", None), "rope_type", None)
+    if rope_type != "default":
+        return f"rope_type {rope_type!r} (only default)"
+    try:
+        layers = list(base.layers)  # type: ignore[union-attr]
+        linears = [model.lm_head]
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        embed = base.embed_tokens  # type: ignore[union-attr]
+    except AttributeError as err:
+        return f"unexpected module layout ({err})"
+    if type(embed) is not nn.Embedding or any(type(x) is not nn.Linear for x in linears):
+        return "wrapped or quantized layers (LoRA, peft, bitsandbytes)"
+    if len(layers) != config.num_hidden_layers:  # type: ignore[union-attr]
+        return "num_hidden_layers does not match the layers"
+    for module in model.modules():
+        if module._forward_hooks or module._forward_pre_hooks or "_hf_hook" in module.__dict__:
+            return "forward hooks (user hooks, accelerate offloading): the fast path would skip them"
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1 or next(iter(devices)).type == "meta":
+        return f"parameters on {len(devices)} devices or on meta ({', '.join(sorted(map(str, devices)))})"
+    return None
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's weights: fused where fusing saves a matmul, otherwise the module's own."""
+
+    input_norm: Tensor  # (E,)
+    qkv: Tensor  # ((Hq + 2 Hkv) D, E)
+    qkv_bias: Tensor | None  # ((Hq + 2 Hkv) D,)
+    qk_norm: Tensor | None  # (Hq + Hkv, D), Qwen3's per-head q_norm / k_norm weights
+    o_proj: Tensor  # (E, Hq D)
+    o_bias: Tensor | None  # (E,)
+    post_norm: Tensor  # (E,)
+    gate_up: Tensor  # (2 I, E)
+    down: Tensor  # (E, I)
+
+
+def _cat_bias(*linears: nn.Linear) -> Tensor | None:
+    """The biases of `linears` end to end (zeros for one without), or None when none has one."""
+    if all(x.bias is None for x in linears):
+        return None
+    return torch.cat([x.bias if x.bias is not None else x.weight.new_zeros(x.out_features) for x in linears])
+
+
+class FastDecoder:
+    """Sample from a Qwen2/Qwen3 ``*ForCausalLM`` without calling its forward.
+
+    Args:
+        model: the Hugging Face module (see :func:`unsupported_reason`); kept by reference, its
+            weights are read afresh by every :meth:`generate`.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"FastDecoder does not support this model: {reason}")
+        hf: Any = model  # transformers modules: attributes mypy cannot see
+        self.model = hf
+        config = hf.config
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(hf.model.layers[0].self_attn.head_dim)
+        self.intermediate_size = int(config.intermediate_size)
+        self.eps = float(config.rms_norm_eps)
+
+    def _layers(self) -> list[_Layer]:
+        """The current weights of every layer (QKV and gate/up concatenated now)."""
+        layers = []
+        for layer in self.model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            qk_norm = None
+            if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over D on every q and k head
+                qk_norm = torch.cat(
+                    [a.q_norm.weight.expand(self.num_heads, -1), a.k_norm.weight.expand(self.num_kv_heads, -1)]
+                )
+            layers.append(
+                _Layer(
+                    input_norm=layer.input_layernorm.weight,
+                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                    qk_norm=qk_norm,
+                    o_proj=a.o_proj.weight,
+                    o_bias=a.o_proj.bias,
+                    post_norm=layer.post_attention_layernorm.weight,
+                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    down=m.down_proj.weight,
+                )
+            )
+        return layers
+
+    def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
+        """Qwen2RMSNorm over the last dim: in float32, cast back, then scaled (``F.rms_norm`` computes
+        exactly that for float32 input)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return h if weight is None else weight * h
+
+    def _logits(self, h: Tensor) -> Tensor:
+        """Final norm and ``lm_head``: (..., E) hidden states -> (..., V) float32 logits."""
+        head = self.model.lm_head
+        return F.linear(self._norm(h, self.model.model.norm.weight), head.weight, head.bias).float()
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, eos_token_id: int, pad_token_id: int
+    ) -> tuple[Tensor, Tensor]:
+        """Sample continuations of left-padded prompts.
+
+        Args:
+            prompt_ids: (B, P) long, left-padded.
+            prompt_mask: (B, P), 1 = a real prompt token.
+            params: sampling parameters (``n`` is ignored: rows are already repeated).
+            eos_token_id: ends a row; later steps of that row produce ``pad_token_id``.
+            pad_token_id: what finished rows continue with.
+
+        Returns:
+            ``(response_ids (B, T) long, logprobs (B, T) float32)``, on the model's device, where
+            ``T <= max_new_tokens`` is the number of steps until every row had produced EOS;
+            ``logprobs`` is ``log_softmax(logits / temperature)`` at each produced token.
+        """
+        embed = self.model.model.embed_tokens.weight  # (V, E)
+        device, dtype = embed.device, embed.dtype
+        layers = self._layers()
+        ids, mask = prompt_ids.to(device), prompt_mask.to(device).bool()
+        b, p = ids.shape
+        t_max = params.max_new_tokens
+
+        # the n samples of a prompt share its prefill: run each distinct prompt once
+        distinct, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)  # (U, 2P), (B,)
+        cache_shape = (b, self.num_kv_heads, p + t_max, self.head_dim)  # (B, Hkv, S, D)
+        k_cache = [torch.empty(cache_shape, dtype=dtype, device=device) for _ in layers]
+        v_cache = [torch.empty(cache_shape, dtype=dtype, device=device) for _ in layers]
+        logits = self._prefill(distinct[:, :p], distinct[:, p:].bool(), layers, rows, k_cache, v_cache)  # (B, V)
+
+        # generated token s sits at position (prompt length + s) and in cache slot p + s
+        cos, sin = self._rope(mask.sum(-1)[:, None] + torch.arange(t_max, device=device), dtype)  # (B, T, D)
+        cos, sin = cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None]  # (T, B, 1, D)
+        bias = torch.zeros(b, 1, 1, p + t_max, dtype=dtype, device=device)  # additive, over cache slots
+        bias[..., :p].masked_fill_(~mask[:, None, None, :], float("-inf"))  # padding is never attended
+
+        out_ids = torch.full((b, t_max), pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros(b, t_max, dtype=torch.float32, device=device)
+        unfinished = torch.ones(b, dtype=torch.bool, device=device)
+        pad = torch.tensor(pad_token_id, device=device)
+        for s in range(t_max):
+            if s > 0:  # feed token s - 1
+                x = embed[out_ids[:, s - 1]]  # (B, E)
+                logits = self._logits(
+                    self._decode_step(x, layers, cos[s - 1], sin[s - 1], k_cache, v_cache, bias, p + s - 1)
+                )
+            logprobs, tokens = sample_step(logits, params)  # (B, V), (B,)
+            tokens = torch.where(unfinished, tokens, pad)
+            out_ids[:, s] = tokens
+            out_logprobs[:, s] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+            unfinished &= tokens != eos_token_id
+            if not bool(unfinished.any()):
+                return out_ids[:, : s + 1], out_logprobs[:, : s + 1]
+        return out_ids, out_logprobs
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` (..., D) at integer `positions` (...), as Qwen2RotaryEmbedding computes them
+        (float32 angles, then cast), with rotate_half's sign folded into ``sin``."""
+        inv_freq = self.model.model.rotary_emb.inv_freq.to(device=positions.device, dtype=torch.float32)
+        freqs = positions[..., None].float() * inv_freq  # (..., D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)  # (..., D)
+        sin = emb.sin()
+        half = self.head_dim // 2
+        return emb.cos().to(dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(dtype)
+
+    def _prefill(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        layers: list[_Layer],
+        rows: Tensor,
+        k_cache: list[Tensor],
+        v_cache: list[Tensor],
+    ) -> Tensor:
+        """Run the U distinct prompts `ids` (U, P) (`mask` (U, P) bool); fill cache slots ``[0, P)``
+        of row r with prompt ``rows[r]``'s keys and values; return the (B, V) last-position logits."""
+        u, p = ids.shape
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.model.model.embed_tokens.weight[ids]  # (U, P, E)
+        cos, sin = self._rope((mask.long().cumsum(-1) - 1).clamp(min=0), x.dtype)  # (U, P, D)
+        cos, sin = cos[:, None], sin[:, None]  # (U, 1, P, D)
+        # causal over the real keys; each query also sees itself, so that padding rows stay finite
+        allowed = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()[None] & mask[:, None, :]
+        allowed = (allowed | torch.eye(p, dtype=torch.bool, device=ids.device))[:, None]  # (U, 1, P, P)
+        for i, w in enumerate(layers):
+            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias)  # (U, P, (Hq + 2Hkv) D)
+            qkv = qkv.view(u, p, hq + 2 * hkv, d).transpose(1, 2)  # (U, Hq + 2Hkv, P, D)
+            qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
+            if w.qk_norm is not None:
+                qk = (self._norm(qk.transpose(1, 2), None) * w.qk_norm).transpose(1, 2)
+            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # RoPE
+            k_cache[i][:, :, :p] = qk[:, hq:][rows]
+            v_cache[i][:, :, :p] = v[rows]
+            attn = F.scaled_dot_product_attention(
+                qk[:, :hq], qk[:, hq:], v, attn_mask=allowed, enable_gqa=hq != hkv
+            )  # (U, Hq, P, D)
+            x = x + F.linear(attn.transpose(1, 2).reshape(u, p, hq * d), w.o_proj, w.o_bias)
+            x = x + self._mlp(self._norm(x, w.post_norm), w)
+        return self._logits(x[:, -1])[rows]  # (B, V)
+
+    def _decode_step(
+        self,
+        x: Tensor,
+        layers: list[_Layer],
+        cos: Tensor,
+        sin: Tensor,
+        k_cache: list[Tensor],
+        v_cache: list[Tensor],
+        bias: Tensor,
+        slot: int,
+    ) -> Tensor:
+        """One token per row: embeddings `x` (B, E) written at cache `slot`; returns the (B, E) hidden
+        states before the final norm. `cos`, `sin` (B, 1, D); `bias` (B, 1, 1, S) additive."""
+        b = x.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for i, w in enumerate(layers):
+            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias)  # (B, (Hq + 2Hkv) D)
+            qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
+            if w.qk_norm is not None:
+                qk = self._norm(qk, None) * w.qk_norm
+            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # RoPE, (B, Hq + Hkv, D)
+            k_cache[i][:, :, slot] = qk[:, hq:]
+            v_cache[i][:, :, slot] = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
+            attn = F.scaled_dot_product_attention(  # the G query heads of a KV head as G query rows
+                qk[:, :hq].view(b, hkv, hq // hkv, d),
+                k_cache[i][:, :, : slot + 1],
+                v_cache[i][:, :, : slot + 1],
+                attn_mask=bias[..., : slot + 1],
+            )  # (B, Hkv, G, D)
+            x = x + F.linear(attn.reshape(b, hq * d), w.o_proj, w.o_bias)
+            x = x + self._mlp(self._norm(x, w.post_norm), w)
+        return x
+
+    def _mlp(self, h: Tensor, w: _Layer) -> Tensor:
+        """SwiGLU: ``down(silu(gate(h)) * up(h))`` with gate and up as one matmul."""
+        gate, up = F.linear(h, w.gate_up).split(self.intermediate_size, dim=-1)
+        return F.linear(F.silu(gate) * up, w.down)
+
+
+def _swap_halves(x: Tensor) -> Tensor:
+    """(x2, x1) for x = (x1, x2) along the last dim: ``rotate_half`` without its sign (folded into sin)."""
+    d = x.shape[-1]
+    return x.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
+
+
+def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+    """One step of ``generate``'s token choice on (B, V) float32 raw logits.
+
+    Returns:
+        ``(logprobs (B, V), tokens (B,))``: ``log_softmax(logits / temperature)`` (temperature 1
+        when greedy), and the token picked: ``argmax`` when greedy, else a draw from the
+        ``softmax`` of :func:`warp`'s scores (the distribution ``generate``'s ``multinomial``
+        draws from; drawn by :func:`draw`, so seeded draws differ from ``generate``'s).
+    """
+    temperature = params.logprob_temperature
+    scores = logits / temperature if temperature != 1.0 else logits
+    logprobs = torch.log_softmax(scores, dim=-1)
+    if not params.do_sample:
+        return logprobs, torch.argmax(logits, dim=-1)
+    if params.top_k == 0 and params.top_p == 1.0:  # nothing cut: the softmax is exp(logprobs)
+        return logprobs, draw(logprobs.exp())
+    return logprobs, draw(F.softmax(warp(scores, params), dim=-1))
+
+
+def warp(scores: Tensor, params: SamplingParams) -> Tensor:
+    """transformers' TopKLogitsWarper then TopPLogitsWarper on (B, V) temperature-scaled scores
+    (``min_tokens_to_keep=1``, ties kept as they keep them); cut tokens get ``-inf``."""
+    if params.top_k > 0:
+        k = min(params.top_k, scores.shape[-1])
+        scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - params.top_p)
+        remove[..., -1:] = False  # keep at least one token
+        scores = scores.masked_fill(remove.scatter(1, sorted_indices, remove), float("-inf"))
+    return scores
+
+
+def draw(probs: Tensor) -> Tensor:
+    """One token per row of `probs` (B, V) (rows summing to about 1), by inverting the CDF.
+
+    ``torch.multinomial(probs, 1)`` draws V exponentials per row (B V random numbers, most of a
+    small model's decode step on a CPU); this draws one uniform per row. The CDF is summed in
+    float64 so that rounding cannot shift mass between tokens, and the uniform is kept below the
+    total, so a token of probability 0 (cut by top-k/top-p) is never drawn: the first index whose
+    CDF exceeds the uniform always carries mass.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # (B, V)
+    # below = the largest double under the total (total (1 - 2^-52) is at least one ulp under it),
+    # so rand * below < total after rounding too
+    below = cdf[:, -1:] * (1 - 2.0**-52)  # (B, 1)
+    u = torch.rand(below.shape, dtype=torch.float64, device=probs.device) * below
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)

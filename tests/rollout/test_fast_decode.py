@@ -1,0 +1,310 @@
+"""The fast decode path against transformers: tokens, logits, log-probs, weight updates, sampling, fallbacks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import queryrl.rollout.fast_decode as fast_decode
+from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams, make_rollout
+from queryrl.rollout.base import left_pad
+from queryrl.rollout.fast_decode import FastDecoder, draw, unsupported_reason, warp
+from queryrl.trainer.batch import Batch
+from queryrl.trainer.policy import compute_logprobs
+from tests.rollout.models import with_lm_head_bias
+
+GREEDY = SamplingParams(do_sample=False, max_new_tokens=8, n=2)
+
+
+def tiny_config(tokenizer: Any, arch: str = "qwen2", **overrides: Any) -> Any:
+    """A small config of `arch` for the tiny tokenizer."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
+    settings: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": None,
+    }
+    return config_class(**(settings | overrides))
+
+
+def build(config: Any) -> nn.Module:
+    """The causal LM of `config`, seeded, with non-trivial norm weights and biases (not the ones and
+    zeros of a fresh model, which would hide a missing norm weight or bias)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model: nn.Module = AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() == 1:
+                    param.add_(0.3 * torch.randn_like(param))
+                else:
+                    param.mul_(3.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def qwen3_model(tiny_bundle: Any) -> nn.Module:
+    """Qwen3 with what the tiny Qwen2 lacks: q/k norms, head_dim != hidden / heads, an untied
+    lm_head, attention biases (o_proj's too), one KV head for four query heads."""
+    config = tiny_config(
+        tiny_bundle.tokenizer,
+        "qwen3",
+        head_dim=16,
+        num_key_value_heads=1,
+        attention_bias=True,
+        tie_word_embeddings=False,
+    )
+    return build(config)
+
+
+@pytest.fixture(scope="module")
+def greedy_eos_model(tiny_bundle: Any) -> nn.Module:
+    """EOS boosted just enough that greedy responses end after 1 to 8 tokens (4, 1, 6, 8, 6)."""
+    return with_lm_head_bias(tiny_bundle.model, tiny_bundle.tokenizer.eos_token_id, 1.15)
+
+
+@pytest.fixture
+def models(
+    sharp_model: nn.Module, eos_model: nn.Module, greedy_eos_model: nn.Module, qwen3_model: nn.Module
+) -> dict[str, nn.Module]:
+    return {"sharp": sharp_model, "eos": eos_model, "greedy_eos": greedy_eos_model, "qwen3": qwen3_model}
+
+
+def paths(model: nn.Module, tokenizer: Any, micro_batch_size: int = 64) -> tuple[HFRollout, HFRollout]:
+    """(fast, generate) backends over the same module."""
+    fast = HFRollout(model, tokenizer, micro_batch_size=micro_batch_size)
+    slow = HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, fast_decode="off")
+    assert (fast.decode_path, slow.decode_path) == ("fast", "generate"), fast.fallback_reason
+    return fast, slow
+
+
+def assert_same_greedy(a: RolloutOutput, b: RolloutOutput) -> None:
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_index", "truncated"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    torch.testing.assert_close(a.rollout_logprobs, b.rollout_logprobs, atol=1e-5, rtol=0)
+
+
+def test_the_tiny_model_is_supported(tiny_bundle: Any) -> None:
+    assert unsupported_reason(tiny_bundle.model) is None
+    backend = make_rollout("hf", tiny_bundle.model, tiny_bundle.tokenizer)
+    assert backend.decode_path == "fast"  # type: ignore[attr-defined]
+    assert backend.fallback_reason is None  # type: ignore[attr-defined]
+    off = make_rollout("hf", tiny_bundle.model, tiny_bundle.tokenizer, fast_decode="off")
+    assert off.decode_path == "generate"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["sharp", "greedy_eos", "qwen3"])
+def test_greedy_equals_generate(
+    name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]]
+) -> None:
+    """Prompts of five lengths, two samples each, micro-batches of 3 that split a prompt's samples."""
+    fast, slow = paths(models[name], tiny_bundle.tokenizer, micro_batch_size=3)
+    a, b = fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY)
+    assert_same_greedy(a, b)
+    if name == "greedy_eos":  # the case of interest: rows end at different steps
+        assert a.response_lengths.unique().numel() > 2
+        assert a.truncated.any()
+        assert not a.truncated.all()
+
+
+@pytest.mark.parametrize("name", ["eos", "qwen3"])
+def test_every_steps_logits_match_the_models_forward(
+    name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All V logits of every step, finished rows included, against one full forward pass."""
+    model, tok = models[name], tiny_bundle.tokenizer
+    seen: list[Tensor] = []
+    sample_step = fast_decode.sample_step
+
+    def spy(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+        seen.append(logits.clone())
+        return sample_step(logits, params)
+
+    monkeypatch.setattr(fast_decode, "sample_step", spy)
+    ids, mask = left_pad([p for p in prompts for _ in range(3)], tok.pad_token_id)  # (B, P)
+    torch.manual_seed(0)
+    params = SamplingParams(temperature=0.7, top_k=50, max_new_tokens=10)
+    response, _ = FastDecoder(model).generate(ids, mask, params, tok.eos_token_id, tok.pad_token_id)  # (B, T)
+    b, p, t = *ids.shape, response.shape[1]
+    assert len(seen) == t
+    # generated tokens are all attended, pad tokens after EOS too, as in generate
+    attention_mask = torch.cat([mask, torch.ones(b, t, dtype=torch.long)], dim=1)  # (B, P + T)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.cat([ids, response], 1), attention_mask=attention_mask, position_ids=position_ids
+        ).logits  # (B, P + T, V)
+    torch.testing.assert_close(torch.stack(seen, 1), logits[:, p - 1 : -1].float(), atol=1e-5, rtol=0)
+
+
+def test_sampled_logprobs_equal_the_trainers(eos_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """rollout_logprobs (temperature, top-k and top-p on) = compute_logprobs of the same sequences."""
+    fast, _ = paths(eos_model, tiny_bundle.tokenizer)
+    torch.manual_seed(0)
+    out = fast.generate(prompts, SamplingParams(n=4, temperature=0.7, top_k=30, top_p=0.9, max_new_tokens=10))
+    batch = Batch(
+        prompt_ids=out.prompt_ids,
+        prompt_mask=out.prompt_mask,
+        response_ids=out.response_ids,
+        response_attention_mask=out.attention_mask(),
+        response_mask=out.response_mask,
+        group_ids=out.prompt_index,
+    )
+    logprobs, _ = compute_logprobs(eos_model, batch, micro_batch_size=8, temperature=0.7)
+    torch.testing.assert_close(out.rollout_logprobs, logprobs * out.response_mask, atol=1e-5, rtol=0)
+
+
+def test_in_place_optimizer_steps_are_seen(tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """Colocated: the trainer steps the very module the backend generates with."""
+    tok = tiny_bundle.tokenizer
+    model = copy.deepcopy(tiny_bundle.model)
+    fast, slow = paths(model, tok)
+    before = fast.generate(prompts, GREEDY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    torch.manual_seed(0)
+    for param in model.parameters():
+        param.grad = 0.05 * torch.randn_like(param)
+    optimizer.step()
+    fast.update_weights(model)  # what the trainer calls: a no-op when colocated
+    after = fast.generate(prompts, GREEDY)
+    assert not torch.equal(before.response_ids, after.response_ids)
+    assert_same_greedy(after, slow.generate(prompts, GREEDY))
+
+
+def test_update_weights_from_another_module(tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    tok = tiny_bundle.tokenizer
+    trained = copy.deepcopy(tiny_bundle.model)
+    with torch.no_grad():
+        for param in trained.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    fast, _ = paths(copy.deepcopy(tiny_bundle.model), tok)
+    fast.update_weights(trained)
+    assert_same_greedy(fast.generate(prompts, GREEDY), paths(trained, tok)[1].generate(prompts, GREEDY))
+
+
+def _peft(model: nn.Module) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    peft_model: nn.Module = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    return peft_model
+
+
+def _hooked(model: nn.Module) -> nn.Module:
+    model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 0)  # type: ignore[union-attr,index]
+    return model
+
+
+def _lora_in_place(model: nn.Module) -> nn.Module:
+    from peft import LoraConfig, inject_adapter_in_model
+
+    injected: nn.Module = inject_adapter_in_model(LoraConfig(r=2, target_modules=["v_proj"]), model)
+    return injected
+
+
+FALLBACKS = {
+    "peft": (lambda tok: _peft(build(tiny_config(tok))), "architecture PeftModelForCausalLM"),
+    "lora layers": (lambda tok: _lora_in_place(build(tiny_config(tok))), "wrapped or quantized"),
+    "llama": (lambda tok: build(tiny_config(tok, "llama")), "architecture LlamaForCausalLM"),
+    "sliding window": (
+        lambda tok: build(tiny_config(tok, use_sliding_window=True, sliding_window=4, max_window_layers=0)),
+        "sliding-window",
+    ),
+    "rope scaling": (
+        lambda tok: build(tiny_config(tok, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})),
+        "rope_type 'linear'",
+    ),
+    "forward hook": (lambda tok: _hooked(build(tiny_config(tok))), "forward hooks"),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # transformers on sliding windows with sdpa
+@pytest.mark.parametrize("case", list(FALLBACKS))
+def test_unsupported_models_fall_back_to_generate(case: str, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    tok = tiny_bundle.tokenizer
+    make, reason = FALLBACKS[case]
+    model = make(tok)
+    backend = HFRollout(model, tok)
+    assert backend.decode_path == "generate"
+    assert reason in str(backend.fallback_reason)
+    with pytest.raises(ValueError, match="does not support"):
+        FastDecoder(model)
+    out = backend.generate(prompts[:2], GREEDY)
+    assert out.response_ids.shape[0] == 4
+
+
+def test_a_model_changed_after_construction_falls_back(tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """The support check runs before every micro-batch, not once: a hook added later is honoured."""
+    tok = tiny_bundle.tokenizer
+    model = copy.deepcopy(tiny_bundle.model)
+    backend = HFRollout(model, tok)
+    backend.generate(prompts[:1], GREEDY)
+    assert backend.decode_path == "fast"
+    calls: list[int] = []
+    model.model.register_forward_pre_hook(lambda module, args: calls.append(1))  # type: ignore[union-attr]
+    backend.generate(prompts[:1], GREEDY)
+    assert backend.decode_path == "generate"
+    assert calls
+
+
+def test_fast_decode_off_and_bad_values(tiny_bundle: Any) -> None:
+    from queryrl.config import ConfigError, load_config
+
+    off = HFRollout(tiny_bundle.model, tiny_bundle.tokenizer, fast_decode="off")
+    assert (off.decode_path, off.fallback_reason) == ("generate", "fast_decode=off")
+    with pytest.raises(ValueError, match="fast_decode"):
+        HFRollout(tiny_bundle.model, tiny_bundle.tokenizer, fast_decode="on")
+    with pytest.raises(ConfigError, match=r"rollout\.fast_decode"):
+        load_config(None, ["rollout.fast_decode=on"])
+    assert load_config(None, []).rollout.fast_decode == "auto"
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 5, 1.0), (0.7, 0, 0.8), (1.3, 40, 0.5), (1.0, 600, 0.95)]
+)
+def test_warp_equals_the_transformers_warpers(temperature: float, top_k: int, top_p: float) -> None:
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(0)
+    logits = (torch.randn(16, 512) * 3).round(decimals=1)  # rounded: ties at the top-k and top-p cuts
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else [])
+    warpers += [TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [TopPLogitsWarper(top_p)] if top_p < 1.0 else []
+    expected = warpers(torch.zeros(16, 1, dtype=torch.long), logits.clone())
+    scores = logits / temperature if temperature != 1.0 else logits
+    assert torch.equal(warp(scores, SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)), expected)
+
+
+def test_draw_follows_the_probabilities() -> None:
+    """Frequencies within 5 standard errors of the probabilities; a token of probability 0 never comes."""
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    torch.manual_seed(0)
+    n = 200_000
+    counts = torch.bincount(draw(probs.expand(n, -1)), minlength=7).double()
+    assert counts[probs == 0].sum() == 0
+    stderr = (probs * (1 - probs) / n).sqrt().double()
+    assert ((counts / n - probs.double()).abs() <= 5 * stderr + 1e-12).all(), counts / n
+    # all the mass at one end, and rows that do not sum exactly to 1
+    edges = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.3, 0.0]]).repeat(1000, 1)
+    assert draw(edges).view(1000, 3).eq(torch.tensor([0, 2, 1])).all()
+
+
+def test_greedy_and_top_k_1_pick_the_argmax(sharp_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    fast, _ = paths(sharp_model, tiny_bundle.tokenizer)
+    greedy = fast.generate(prompts, SamplingParams(do_sample=False, max_new_tokens=6))
+    torch.manual_seed(0)
+    top1 = fast.generate(prompts, SamplingParams(top_k=1, max_new_tokens=6))
+    assert torch.equal(greedy.response_ids, top1.response_ids)
