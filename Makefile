@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls
+	bench-scaling bench-judge-calls bench-decode
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -61,6 +61,11 @@ $(BENCH_STAMP): pyproject.toml
 # queryrl against TRL's GRPOTrainer, alternately in fresh processes: results/trl_vs_queryrl.json
 bench-trl: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl.py
+
+# the hf rollout's decode paths, transformers generate against queryrl's fast path, alternately in fresh
+# processes, on bench-trl's generation (64 sequences x 32 tokens): results/decode_paths.json
+bench-decode: $(STAMP)
+	$(BIN)/python benchmarks/decode_paths.py
 
 # judge latency: rewards overlapping generation against scoring after it: results/judge_overlap.json
 bench-judge: $(STAMP)

@@ -10,7 +10,10 @@ the same GRPO settings: group size, prompts per step, response length, learning 
 weight decay 0.01, grad clip 1.0, constant schedule, clip 0.2, KL coefficient 0 (no reference
 model), one optimizer step per generation batch (no old-log-prob pass), token-mean loss (queryrl
 ``loss_agg_mode=token-mean``; TRL ``loss_type="dapo"``: the sum over the step's response tokens
-divided by their number), float32, sampling at temperature 1 without top-k/top-p.
+divided by their number), float32, sampling at temperature 1 without top-k/top-p. queryrl
+generates with its ``hf`` rollout as configured by ``--fast-decode`` (default ``auto``: its own
+decode loop for the Qwen2 model, queryrl/rollout/fast_decode.py; ``off``: transformers
+``generate``); TRL always generates with ``generate``. The path queryrl took is recorded.
 
 A pair runs queryrl and TRL one after the other, the order alternating from pair to pair, so the
 load of a shared machine falls on both about equally; the ratio is taken within each pair and the
@@ -100,11 +103,13 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             "actor.clip_ratio_high=0.2",
             "actor.use_kl_loss=false",
             "algo.use_kl_in_reward=false",
+            f"rollout.fast_decode={s['fast_decode']}",
         ]
         cfg = load_config(TOY_CONFIG, overrides)
         start = time.perf_counter()
         with Trainer(cfg) as trainer:
             trainer.fit()
+            decode_path = str(getattr(trainer.c.rollout, "decode_path", "generate"))
         total = time.perf_counter() - start
         rows = [json.loads(x) for x in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
     steps = [r["timing_s/step"] - r.get("timing_s/save_checkpoint", 0.0) - r.get("timing_s/testing", 0.0) for r in rows]
@@ -116,6 +121,7 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
         "fit_wall_s": total,
         "peak_rss_mb": peak_rss_mb(),
         "versions": versions(),
+        "decode_path": decode_path,
     }
 
 
@@ -207,6 +213,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
         "fit_wall_s": total,
         "peak_rss_mb": peak_rss_mb(),
         "versions": versions(),
+        "decode_path": "vllm" if args.use_vllm else "generate",  # GRPOTrainer._generate: model.generate
     }
 
 
@@ -236,6 +243,7 @@ def summarize_run(run: dict[str, Any], warmup: int) -> dict[str, Any]:
         "step_s": [round(x, 4) for x in run["step_s"]],
         "median_phases_s": {k: median(v[warmup:]) for k, v in run["phases_s"].items() if v[warmup:]},
         "versions": run["versions"],
+        "decode_path": run["decode_path"],
     }
 
 
@@ -251,6 +259,7 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--fast-decode", choices=["auto", "off"], default="auto", help="queryrl's rollout.fast_decode")
     parser.add_argument("--python-trl", default=sys.executable, help="interpreter with trl installed")
     parser.add_argument("--out", type=Path, default=RESULTS / "trl_vs_queryrl.json")
     args = parser.parse_args()
@@ -268,6 +277,7 @@ def main() -> None:
         "response_length": args.response_length,
         "lr": args.lr,
         "seed": args.seed,
+        "fast_decode": args.fast_decode,
     }
     blob = json.dumps(settings)
     pairs = []
@@ -296,13 +306,15 @@ def main() -> None:
             "queryrl": median([p["queryrl"]["peak_rss_mb"] for p in pairs]),
             "trl": median([p["trl"]["peak_rss_mb"] for p in pairs]),
         },
+        "decode_path": {name: sorted({p[name]["decode_path"] for p in pairs}) for name in ("queryrl", "trl")},
         "goals": {"step_time_ratio_at_most": 0.5, "peak_rss_ratio_at_most": 1.0},
         "settings": settings
         | {
             "model": "queryrl built-in tiny Qwen2 (configs/toy_grpo.yaml model.tiny), float32",
             "data": "builtin://toy_target_string/train",
             "reward": "queryrl.rewards.toy.compute_score",
-            "queryrl": "loss_agg_mode=token-mean, clip 0.2, kl off, adv grpo, one mini-batch per step",
+            "queryrl": "loss_agg_mode=token-mean, clip 0.2, kl off, adv grpo, one mini-batch per step, "
+            f"rollout.fast_decode={args.fast_decode}",
             "trl": "loss_type=dapo, epsilon=0.2, beta=0, scale_rewards=group, num_iterations=1, "
             "gradient_accumulation_steps=1, per_device_train_batch_size=batch*n, use_cpu, bf16=False",
         },

@@ -1,0 +1,141 @@
+"""The hf rollout's two decode paths on bench-trl's generation, alternately in fresh one-thread processes.
+
+    python benchmarks/decode_paths.py                 # 6 pairs, writes results/decode_paths.json
+    python benchmarks/decode_paths.py --pairs 3 --reps 10
+
+One generation is what a bench-trl step generates: the tiny Qwen2 of configs/toy_grpo.yaml, the
+first ``--prompts`` chat-templated prompts of ``builtin://toy_target_string/train`` times ``--n``
+samples in one micro-batch, ``--tokens`` new tokens at temperature 1 (no top-k/top-p), through
+``HFRollout.generate`` (so padding, EOS masking and the rollout log-probs are included). A worker
+process times ``--reps`` generations after ``--warmup`` untimed ones and reports the median; a pair
+runs ``fast_decode=off`` (transformers ``generate``) and ``auto`` (queryrl/rollout/fast_decode.py),
+the order alternating from pair to pair; the speed-up is taken within each pair and its median is
+reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, TOY_CONFIG, machine, median, one_thread, run_worker, table, version_of, write_json
+
+SCRIPT = Path(__file__).resolve()
+
+
+def worker(s: dict[str, Any]) -> dict[str, Any]:
+    """Time `s['reps']` generations with ``fast_decode=s['mode']``; return per-call seconds."""
+    one_thread()
+    import torch
+
+    from queryrl.config import load_config
+    from queryrl.data.builtin import BUILTIN_DATASETS
+    from queryrl.data.prompts import encode_prompt
+    from queryrl.models import load_policy
+    from queryrl.rollout import HFRollout, SamplingParams
+
+    cfg = load_config(TOY_CONFIG, [])
+    bundle = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False)
+    rows = BUILTIN_DATASETS["toy_target_string"]("train")[: s["prompts"]]
+    prompts = [encode_prompt(bundle.tokenizer, row["prompt"]) for row in rows]
+    backend = HFRollout(bundle.model, bundle.tokenizer, micro_batch_size=s["prompts"] * s["n"], fast_decode=s["mode"])
+    params = SamplingParams(temperature=1.0, n=s["n"], max_new_tokens=s["tokens"])
+    torch.manual_seed(s["seed"])
+    times, widths = [], []
+    for i in range(s["warmup"] + s["reps"]):
+        start = time.perf_counter()
+        out = backend.generate(prompts, params)
+        if i >= s["warmup"]:
+            times.append(time.perf_counter() - start)
+            widths.append(out.response_ids.shape[1])
+    return {
+        "decode_path": backend.decode_path,
+        "generate_s": times,
+        "response_width": widths,
+        "mean_response_length": float(out.response_lengths.float().mean()),
+        "prompt_lengths": [len(p) for p in prompts],
+        "versions": {p: version_of(p) for p in ("torch", "transformers")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS / "decode_paths.json")
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    settings = {k: getattr(args, k) for k in ("reps", "warmup", "prompts", "n", "tokens", "seed")}
+    pairs = []
+    for i in range(args.pairs):
+        order = ["off", "auto"] if i % 2 == 0 else ["auto", "off"]
+        pair: dict[str, Any] = {"order": order}
+        for mode in order:
+            run = run_worker(sys.executable, SCRIPT, ["--worker", json.dumps(settings | {"mode": mode})])
+            pair[mode] = {
+                "decode_path": run["decode_path"],
+                "median_generate_s": median(run["generate_s"]),
+                "min_generate_s": round(min(run["generate_s"]), 4),
+                "response_width": sorted(set(run["response_width"])),
+                "mean_response_length": round(run["mean_response_length"], 2),
+            }
+            print(f"pair {i + 1} fast_decode={mode:4s} median {pair[mode]['median_generate_s']:.4f} s", flush=True)
+        pair["speedup"] = round(pair["off"]["median_generate_s"] / pair["auto"]["median_generate_s"], 3)
+        pairs.append(pair)
+    results = {
+        "speedup_fast_over_generate": round(statistics.median(p["speedup"] for p in pairs), 3),
+        "median_generate_s": {
+            "generate": median([p["off"]["median_generate_s"] for p in pairs]),
+            "fast": median([p["auto"]["median_generate_s"] for p in pairs]),
+        },
+        "settings": settings
+        | {
+            "model": "queryrl built-in tiny Qwen2 (configs/toy_grpo.yaml model.tiny), float32",
+            "sequences": args.prompts * args.n,
+            "prompt_lengths": run["prompt_lengths"],
+            "sampling": "temperature 1, no top-k/top-p, one micro-batch",
+        },
+        "versions": run["versions"],
+        "machine": machine() | {"shared": True},
+        "pairs": pairs,
+    }
+    write_json(args.out, results)
+    print()
+    print(decode_table(results))
+    print(f"\nspeed-up {results['speedup_fast_over_generate']}x; wrote {args.out}")
+
+
+def decode_table(d: dict[str, Any]) -> str:
+    """One row per pair and the medians."""
+    rows: list[list[Any]] = [
+        [i + 1, " then ".join(p["order"]), p["off"]["median_generate_s"], p["auto"]["median_generate_s"], p["speedup"]]
+        for i, p in enumerate(d["pairs"])
+    ]
+    rows.append(
+        [
+            "**median**",
+            "",
+            d["median_generate_s"]["generate"],
+            d["median_generate_s"]["fast"],
+            f"**{d['speedup_fast_over_generate']}**",
+        ]
+    )
+    return table(["pair", "order (fast_decode)", "generate s", "fast path s", "speed-up"], rows)
+
+
+if __name__ == "__main__":
+    main()
