@@ -7,10 +7,12 @@ query heads, `Hkv` key/value heads, `G = Hq / Hkv`, `D` head dim.
 Why: on a small model a decode step of ``model.generate`` costs transformers' Python and
 dispatch overhead (module calls, mask building, cache objects, output classes, logits
 processors), not arithmetic. This computes the same function with about fifteen torch ops per
-layer: one fused QKV matmul, RoPE from a table built once per batch, a preallocated KV cache
-written in place, ``scaled_dot_product_attention`` with the G query heads of a KV head folded into
-its query rows (GQA without repeating K/V), RMSNorm, one fused gate/up matmul, the (tied or not)
-``lm_head``. The n samples of a prompt share one prefill (``generate`` runs it n times).
+layer: one fused QKV matmul; RoPE from a table built once per batch, applied to all heads of the
+step at once (the identity on the value heads) so that keys and values reach the cache in one
+copy; a preallocated KV cache written in place; ``scaled_dot_product_attention`` with the G query
+heads of a KV head folded into its query rows (GQA without repeating K/V); RMSNorm; one fused
+gate/up matmul; ``addmm`` for each projection and its residual; the (tied or not) ``lm_head``.
+The n samples of a prompt share one prefill (``generate`` runs it n times).
 
 Weights are read from the Hugging Face module by every :meth:`FastDecoder.generate`: the QKV and
 gate/up matrices are concatenated afresh (a few ``torch.cat``), the rest are the module's own
@@ -93,11 +95,11 @@ class _Layer:
     qkv: Tensor  # ((Hq + 2 Hkv) D, E)
     qkv_bias: Tensor | None  # ((Hq + 2 Hkv) D,)
     qk_norm: Tensor | None  # (Hq + Hkv, D), Qwen3's per-head q_norm / k_norm weights
-    o_proj: Tensor  # (E, Hq D)
+    o_proj_t: Tensor  # (Hq D, E), a transposed view: x + a @ o_proj_t is one addmm
     o_bias: Tensor | None  # (E,)
     post_norm: Tensor  # (E,)
     gate_up: Tensor  # (2 I, E)
-    down: Tensor  # (E, I)
+    down_t: Tensor  # (I, E), a transposed view
 
 
 def _cat_bias(*linears: nn.Linear) -> Tensor | None:
@@ -144,20 +146,20 @@ class FastDecoder:
                     qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                     qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
                     qk_norm=qk_norm,
-                    o_proj=a.o_proj.weight,
+                    o_proj_t=a.o_proj.weight.t(),
                     o_bias=a.o_proj.bias,
                     post_norm=layer.post_attention_layernorm.weight,
                     gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                    down=m.down_proj.weight,
+                    down_t=m.down_proj.weight.t(),
                 )
             )
         return layers
 
     def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
-        """Qwen2RMSNorm over the last dim: in float32, cast back, then scaled (``F.rms_norm`` computes
-        exactly that for float32 input)."""
+        """Qwen2RMSNorm over the last dim: in float32, cast back, then scaled (``torch.rms_norm``
+        computes exactly that for float32 input)."""
         if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+            return torch.rms_norm(x, (x.shape[-1],), weight, self.eps)
         h = x.float()
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return h if weight is None else weight * h
@@ -191,17 +193,21 @@ class FastDecoder:
         ids, mask = prompt_ids.to(device), prompt_mask.to(device).bool()
         b, p = ids.shape
         t_max = params.max_new_tokens
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
 
-        # the n samples of a prompt share its prefill: run each distinct prompt once
+        # one cache per layer, keys then values: (B, 2 Hkv, S, D); the n samples of a prompt share
+        # its prefill, so each distinct prompt runs once
+        kv_cache = [torch.empty(b, 2 * hkv, p + t_max, d, dtype=dtype, device=device) for _ in layers]
         distinct, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)  # (U, 2P), (B,)
-        cache_shape = (b, self.num_kv_heads, p + t_max, self.head_dim)  # (B, Hkv, S, D)
-        k_cache = [torch.empty(cache_shape, dtype=dtype, device=device) for _ in layers]
-        v_cache = [torch.empty(cache_shape, dtype=dtype, device=device) for _ in layers]
-        logits = self._prefill(distinct[:, :p], distinct[:, p:].bool(), layers, rows, k_cache, v_cache)  # (B, V)
+        logits = self._prefill(distinct[:, :p], distinct[:, p:].bool(), layers, rows, kv_cache)  # (B, V)
 
         # generated token s sits at position (prompt length + s) and in cache slot p + s
         cos, sin = self._rope(mask.sum(-1)[:, None] + torch.arange(t_max, device=device), dtype)  # (B, T, D)
         cos, sin = cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None]  # (T, B, 1, D)
+        # RoPE over all Hq + 2 Hkv heads of a step: the identity on the value heads (cos 1, sin 0),
+        # so that rotated keys and values are adjacent and reach the cache in one copy
+        cos_step = torch.ones(b, hq + 2 * hkv, d, dtype=dtype, device=device)
+        sin_step = torch.zeros(b, hq + 2 * hkv, d, dtype=dtype, device=device)
         bias = torch.zeros(b, 1, 1, p + t_max, dtype=dtype, device=device)  # additive, over cache slots
         bias[..., :p].masked_fill_(~mask[:, None, None, :], float("-inf"))  # padding is never attended
 
@@ -211,14 +217,14 @@ class FastDecoder:
         pad = torch.tensor(pad_token_id, device=device)
         for s in range(t_max):
             if s > 0:  # feed token s - 1
-                x = embed[out_ids[:, s - 1]]  # (B, E)
-                logits = self._logits(
-                    self._decode_step(x, layers, cos[s - 1], sin[s - 1], k_cache, v_cache, bias, p + s - 1)
-                )
-            logprobs, tokens = sample_step(logits, params)  # (B, V), (B,)
+                cos_step[:, : hq + hkv] = cos[s - 1]
+                sin_step[:, : hq + hkv] = sin[s - 1]
+                x = F.embedding(out_ids[:, s - 1], embed)  # (B, E)
+                logits = self._logits(self._decode_step(x, layers, cos_step, sin_step, kv_cache, bias, p + s - 1))
+            tokens, scores, log_z = sample_step(logits, params)  # (B,), (B, V), (B, 1)
             tokens = torch.where(unfinished, tokens, pad)
             out_ids[:, s] = tokens
-            out_logprobs[:, s] = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+            out_logprobs[:, s : s + 1] = scores.gather(-1, tokens[:, None]) - log_z
             unfinished &= tokens != eos_token_id
             if not bool(unfinished.any()):
                 return out_ids[:, : s + 1], out_logprobs[:, : s + 1]
@@ -226,7 +232,8 @@ class FastDecoder:
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(cos, sin)`` (..., D) at integer `positions` (...), as Qwen2RotaryEmbedding computes them
-        (float32 angles, then cast), with rotate_half's sign folded into ``sin``."""
+        (float32 angles, then cast), with rotate_half's sign folded into ``sin``: RoPE(x) is
+        ``x * cos + roll(x, D / 2) * sin``."""
         inv_freq = self.model.model.rotary_emb.inv_freq.to(device=positions.device, dtype=torch.float32)
         freqs = positions[..., None].float() * inv_freq  # (..., D/2)
         emb = torch.cat([freqs, freqs], dim=-1)  # (..., D)
@@ -234,103 +241,82 @@ class FastDecoder:
         half = self.head_dim // 2
         return emb.cos().to(dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(dtype)
 
-    def _prefill(
-        self,
-        ids: Tensor,
-        mask: Tensor,
-        layers: list[_Layer],
-        rows: Tensor,
-        k_cache: list[Tensor],
-        v_cache: list[Tensor],
-    ) -> Tensor:
+    def _prefill(self, ids: Tensor, mask: Tensor, layers: list[_Layer], rows: Tensor, kv_cache: list[Tensor]) -> Tensor:
         """Run the U distinct prompts `ids` (U, P) (`mask` (U, P) bool); fill cache slots ``[0, P)``
         of row r with prompt ``rows[r]``'s keys and values; return the (B, V) last-position logits."""
         u, p = ids.shape
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.model.model.embed_tokens.weight[ids]  # (U, P, E)
-        cos, sin = self._rope((mask.long().cumsum(-1) - 1).clamp(min=0), x.dtype)  # (U, P, D)
-        cos, sin = cos[:, None], sin[:, None]  # (U, 1, P, D)
+        x = F.embedding(ids, self.model.model.embed_tokens.weight).flatten(0, 1)  # (U P, E)
+        cos, sin = self._rope((mask.long().cumsum(-1) - 1).clamp(min=0).flatten(), x.dtype)  # (U P, D)
+        cos, sin = cos[:, None], sin[:, None]  # (U P, 1, D)
         # causal over the real keys; each query also sees itself, so that padding rows stay finite
         allowed = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()[None] & mask[:, None, :]
         allowed = (allowed | torch.eye(p, dtype=torch.bool, device=ids.device))[:, None]  # (U, 1, P, P)
         for i, w in enumerate(layers):
-            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias)  # (U, P, (Hq + 2Hkv) D)
-            qkv = qkv.view(u, p, hq + 2 * hkv, d).transpose(1, 2)  # (U, Hq + 2Hkv, P, D)
+            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias).view(u * p, hq + 2 * hkv, d)
             qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
             if w.qk_norm is not None:
-                qk = (self._norm(qk.transpose(1, 2), None) * w.qk_norm).transpose(1, 2)
-            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # RoPE
-            k_cache[i][:, :, :p] = qk[:, hq:][rows]
-            v_cache[i][:, :, :p] = v[rows]
-            attn = F.scaled_dot_product_attention(
-                qk[:, :hq], qk[:, hq:], v, attn_mask=allowed, enable_gqa=hq != hkv
-            )  # (U, Hq, P, D)
-            x = x + F.linear(attn.transpose(1, 2).reshape(u, p, hq * d), w.o_proj, w.o_bias)
-            x = x + self._mlp(self._norm(x, w.post_norm), w)
-        return self._logits(x[:, -1])[rows]  # (B, V)
+                qk = self._norm(qk, None) * w.qk_norm
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE, (U P, Hq + Hkv, D)
+            q, k = qk[:, :hq].view(u, p, hq, d).transpose(1, 2), qk[:, hq:].view(u, p, hkv, d).transpose(1, 2)
+            v = v.view(u, p, hkv, d).transpose(1, 2)  # q, k, v: (U, H, P, D)
+            kv_cache[i][:, :hkv, :p] = k[rows]
+            kv_cache[i][:, hkv:, :p] = v[rows]
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=hq != hkv)  # (U, Hq, P, D)
+            x = self._residual(x, attn.transpose(1, 2).reshape(u * p, hq * d), w)
+        return self._logits(x.view(u, p, -1)[:, -1])[rows]  # (B, V)
 
     def _decode_step(
-        self,
-        x: Tensor,
-        layers: list[_Layer],
-        cos: Tensor,
-        sin: Tensor,
-        k_cache: list[Tensor],
-        v_cache: list[Tensor],
-        bias: Tensor,
-        slot: int,
+        self, x: Tensor, layers: list[_Layer], cos: Tensor, sin: Tensor, kv_cache: list[Tensor], bias: Tensor, slot: int
     ) -> Tensor:
         """One token per row: embeddings `x` (B, E) written at cache `slot`; returns the (B, E) hidden
-        states before the final norm. `cos`, `sin` (B, 1, D); `bias` (B, 1, 1, S) additive."""
+        states before the final norm. `cos`, `sin` (B, Hq + 2 Hkv, D); `bias` (B, 1, 1, S) additive."""
         b = x.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        bias = bias[..., : slot + 1]
         for i, w in enumerate(layers):
-            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias)  # (B, (Hq + 2Hkv) D)
-            qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
+            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias).view(b, hq + 2 * hkv, d)
             if w.qk_norm is not None:
-                qk = self._norm(qk, None) * w.qk_norm
-            qk = torch.addcmul(qk * cos, _swap_halves(qk), sin)  # RoPE, (B, Hq + Hkv, D)
-            k_cache[i][:, :, slot] = qk[:, hq:]
-            v_cache[i][:, :, slot] = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
-            attn = F.scaled_dot_product_attention(  # the G query heads of a KV head as G query rows
-                qk[:, :hq].view(b, hkv, hq // hkv, d),
-                k_cache[i][:, :, : slot + 1],
-                v_cache[i][:, :, : slot + 1],
-                attn_mask=bias[..., : slot + 1],
+                qkv[:, : hq + hkv] = self._norm(qkv[:, : hq + hkv], None) * w.qk_norm
+            qkv = torch.addcmul(qkv * cos, qkv.roll(d // 2, -1), sin)  # RoPE on q and k, v unchanged
+            kv = kv_cache[i]
+            kv[:, :, slot] = qkv[:, hq:]
+            attn = F.scaled_dot_product_attention(  # the G query heads of a KV head as its G query rows
+                qkv[:, :hq].view(b, hkv, hq // hkv, d), kv[:, :hkv, : slot + 1], kv[:, hkv:, : slot + 1], attn_mask=bias
             )  # (B, Hkv, G, D)
-            x = x + F.linear(attn.reshape(b, hq * d), w.o_proj, w.o_bias)
-            x = x + self._mlp(self._norm(x, w.post_norm), w)
+            x = self._residual(x, attn.view(b, hq * d), w)
         return x
 
-    def _mlp(self, h: Tensor, w: _Layer) -> Tensor:
-        """SwiGLU: ``down(silu(gate(h)) * up(h))`` with gate and up as one matmul."""
-        gate, up = F.linear(h, w.gate_up).split(self.intermediate_size, dim=-1)
-        return F.linear(F.silu(gate) * up, w.down)
+    def _residual(self, x: Tensor, attn: Tensor, w: _Layer) -> Tensor:
+        """The rest of a layer for (N, E) hidden states `x` and (N, Hq D) attention outputs: o_proj
+        and the residual, then the SwiGLU MLP ``down(silu(gate(h)) * up(h))`` and its residual."""
+        x = torch.addmm(x, attn, w.o_proj_t)
+        if w.o_bias is not None:
+            x = x + w.o_bias
+        gate, up = F.linear(self._norm(x, w.post_norm), w.gate_up).chunk(2, dim=-1)
+        return torch.addmm(x, F.silu(gate) * up, w.down_t)
 
 
-def _swap_halves(x: Tensor) -> Tensor:
-    """(x2, x1) for x = (x1, x2) along the last dim: ``rotate_half`` without its sign (folded into sin)."""
-    d = x.shape[-1]
-    return x.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
-
-
-def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:
     """One step of ``generate``'s token choice on (B, V) float32 raw logits.
 
     Returns:
-        ``(logprobs (B, V), tokens (B,))``: ``log_softmax(logits / temperature)`` (temperature 1
-        when greedy), and the token picked: ``argmax`` when greedy, else a draw from the
-        ``softmax`` of :func:`warp`'s scores (the distribution ``generate``'s ``multinomial``
-        draws from; drawn by :func:`draw`, so seeded draws differ from ``generate``'s).
+        ``(tokens (B,), scores (B, V), log_z (B, 1))``: the token picked, ``logits / temperature``
+        (temperature 1 when greedy) and ``logsumexp(scores)``, so that the recorded log-prob
+        ``log_softmax(scores)`` at a token ``t`` is ``scores[t] - log_z``. Greedy = ``argmax``;
+        sampling = a draw from the ``softmax`` of :func:`warp`'s scores (the distribution
+        ``generate``'s ``multinomial`` draws from; :func:`draw` draws it, so seeded draws differ).
     """
     temperature = params.logprob_temperature
     scores = logits / temperature if temperature != 1.0 else logits
-    logprobs = torch.log_softmax(scores, dim=-1)
     if not params.do_sample:
-        return logprobs, torch.argmax(logits, dim=-1)
-    if params.top_k == 0 and params.top_p == 1.0:  # nothing cut: the softmax is exp(logprobs)
-        return logprobs, draw(logprobs.exp())
-    return logprobs, draw(F.softmax(warp(scores, params), dim=-1))
+        return torch.argmax(logits, dim=-1), scores, torch.logsumexp(scores, dim=-1, keepdim=True)
+    if params.top_k == 0 and params.top_p == 1.0:  # nothing cut: the draw's total is the normaliser too
+        top = scores.amax(dim=-1, keepdim=True)  # (B, 1)
+        tokens, total = draw((scores - top).exp_())
+        return tokens, scores, top + total.log().to(scores.dtype)
+    tokens, _ = draw(F.softmax(warp(scores, params), dim=-1))
+    return tokens, scores, torch.logsumexp(scores, dim=-1, keepdim=True)
 
 
 def warp(scores: Tensor, params: SamplingParams) -> Tensor:
@@ -348,18 +334,18 @@ def warp(scores: Tensor, params: SamplingParams) -> Tensor:
     return scores
 
 
-def draw(probs: Tensor) -> Tensor:
-    """One token per row of `probs` (B, V) (rows summing to about 1), by inverting the CDF.
+def draw(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """One token per row of `weights` (B, V) >= 0, with probability proportional to its weight, by
+    inverting the CDF; returns ``(tokens (B,), total weight (B, 1) float64)``.
 
     ``torch.multinomial(probs, 1)`` draws V exponentials per row (B V random numbers, most of a
     small model's decode step on a CPU); this draws one uniform per row. The CDF is summed in
     float64 so that rounding cannot shift mass between tokens, and the uniform is kept below the
-    total, so a token of probability 0 (cut by top-k/top-p) is never drawn: the first index whose
-    CDF exceeds the uniform always carries mass.
+    total, so a token of weight 0 (cut by top-k/top-p) is never drawn: the first index whose CDF
+    exceeds the uniform always carries weight.
     """
-    cdf = probs.double().cumsum(dim=-1)  # (B, V)
-    # below = the largest double under the total (total (1 - 2^-52) is at least one ulp under it),
-    # so rand * below < total after rounding too
-    below = cdf[:, -1:] * (1 - 2.0**-52)  # (B, 1)
-    u = torch.rand(below.shape, dtype=torch.float64, device=probs.device) * below
-    return torch.searchsorted(cdf, u, right=True).squeeze(1)
+    cdf = weights.double().cumsum(dim=-1)  # (B, V)
+    total = cdf[:, -1:]  # (B, 1)
+    # total (1 - 2^-52) is at least one ulp under the total, so rand * it stays under after rounding
+    u = torch.rand(total.shape, dtype=torch.float64, device=weights.device) * (total * (1 - 2.0**-52))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1), total

@@ -130,7 +130,7 @@ def test_every_steps_logits_match_the_models_forward(
     seen: list[Tensor] = []
     sample_step = fast_decode.sample_step
 
-    def spy(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+    def spy(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:
         seen.append(logits.clone())
         return sample_step(logits, params)
 
@@ -293,13 +293,15 @@ def test_draw_follows_the_probabilities() -> None:
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
     torch.manual_seed(0)
     n = 200_000
-    counts = torch.bincount(draw(probs.expand(n, -1)), minlength=7).double()
+    tokens, total = draw(probs.expand(n, -1))
+    torch.testing.assert_close(total, torch.ones(n, 1, dtype=torch.float64))
+    counts = torch.bincount(tokens, minlength=7).double()
     assert counts[probs == 0].sum() == 0
     stderr = (probs * (1 - probs) / n).sqrt().double()
     assert ((counts / n - probs.double()).abs() <= 5 * stderr + 1e-12).all(), counts / n
     # all the mass at one end, and rows that do not sum exactly to 1
     edges = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.3, 0.0]]).repeat(1000, 1)
-    assert draw(edges).view(1000, 3).eq(torch.tensor([0, 2, 1])).all()
+    assert draw(edges)[0].view(1000, 3).eq(torch.tensor([0, 2, 1])).all()
 
 
 def test_greedy_and_top_k_1_pick_the_argmax(sharp_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:
