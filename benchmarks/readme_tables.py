@@ -59,6 +59,13 @@ def trl_section(d: dict[str, Any]) -> str:
     return table(header, rows) + phases
 
 
+def decode_section(d: dict[str, Any]) -> str:
+    """bench-decode: the pairs and the medians."""
+    from decode_paths import decode_table
+
+    return decode_table(d)
+
+
 def judge_section(d: dict[str, Any]) -> str:
     """bench-judge: one row per mode."""
     rows = [
@@ -98,6 +105,7 @@ def judge_calls_section(d: dict[str, Any]) -> str:
 def main() -> None:
     for name, render in (
         ("trl_vs_queryrl.json", trl_section),
+        ("decode_paths.json", decode_section),
         ("judge_overlap.json", judge_section),
         ("scaling.json", scaling_section),
         ("judge_calls.json", judge_calls_section),
