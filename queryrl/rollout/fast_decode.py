@@ -40,6 +40,9 @@ from torch import Tensor, nn
 from queryrl.rollout.base import SamplingParams
 
 SUPPORTED_ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+# forward hooks that change no value, which the fast path may skip: gradient checkpointing makes the
+# embeddings' output require grad (transformers' enable_input_require_grads)
+_INERT_HOOKS = {"PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads"}
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -48,7 +51,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     Supported: a plain ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (not peft-wrapped, plain
     ``nn.Linear``/``nn.Embedding`` layers, so no LoRA or quantized modules), SiLU MLPs, full
     attention in every layer (no sliding window), unscaled RoPE (``rope_type="default"``), no
-    forward hooks, all parameters on one device.
+    forward hooks (but the one gradient checkpointing adds, which changes no value), all
+    parameters on one device.
     """
     name = type(model).__name__
     if name not in SUPPORTED_ARCHITECTURES:
@@ -79,7 +83,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if len(layers) != config.num_hidden_layers:  # type: ignore[union-attr]
         return "num_hidden_layers does not match the layers"
     for module in model.modules():
-        if module._forward_hooks or module._forward_pre_hooks or "_hf_hook" in module.__dict__:
+        hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+        if "_hf_hook" in module.__dict__ or any(getattr(h, "__qualname__", "") not in _INERT_HOOKS for h in hooks):
             return "forward hooks (user hooks, accelerate offloading): the fast path would skip them"
     devices = {p.device for p in model.parameters()}
     if len(devices) != 1 or next(iter(devices)).type == "meta":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -244,6 +245,18 @@ def test_unsupported_models_fall_back_to_generate(case: str, tiny_bundle: Any, p
         FastDecoder(model)
     out = backend.generate(prompts[:2], GREEDY)
     assert out.response_ids.shape[0] == 4
+
+
+def test_gradient_checkpointing_keeps_the_fast_path(model_cache: Path, prompts: list[list[int]]) -> None:
+    """Its only forward hook (the embeddings' output requires grad) changes no value."""
+    from queryrl.config import load_config
+    from queryrl.models import load_policy
+
+    cfg = load_config(None, [f"model.cache_dir={model_cache}", "model.gradient_checkpointing=true"])
+    bundle = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False)
+    assert bundle.model.model.embed_tokens._forward_hooks  # type: ignore[union-attr]
+    fast, slow = paths(bundle.model, bundle.tokenizer)
+    assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
 
 
 def test_a_model_changed_after_construction_falls_back(tiny_bundle: Any, prompts: list[list[int]]) -> None:
