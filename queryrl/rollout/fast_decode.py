@@ -15,9 +15,10 @@ gate/up matmul; ``addmm`` for each projection and its residual; the (tied or not
 The n samples of a prompt share one prefill (``generate`` runs it n times).
 
 Weights are read from the Hugging Face module by every :meth:`FastDecoder.generate`: the QKV and
-gate/up matrices are concatenated afresh (a few ``torch.cat``), the rest are the module's own
-tensors, so a colocated optimizer step made in place on the module is always seen, with nothing
-to refresh in ``update_weights``.
+gate/up matrices are concatenated afresh (a few ``torch.cat``; not at all when those copies would
+exceed ``FUSE_MAX_BYTES``, then each projection keeps its own matmul), the rest are the module's
+own tensors, so a colocated optimizer step made in place on the module is always seen, with
+nothing to refresh in ``update_weights``.
 
 Sampling is ``generate``'s as :mod:`queryrl.rollout.hf` calls it: ``log_softmax(raw logits /
 temperature)`` is recorded at the chosen token; greedy = ``argmax``; sampling = temperature,
@@ -92,26 +93,43 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
+# (weight, bias) pairs applied to one input, their outputs end to end: q/k/v, gate/up
+Projection = list[tuple[Tensor, Tensor | None]]
+# the fused QKV and gate/up copies of all layers together may take this much memory; beyond it
+# (from about 100M parameters in float32, where the matmuls outweigh the op saved) each
+# projection keeps its own matmul, and nothing is copied
+FUSE_MAX_BYTES = 256 * 2**20
+
+
 @dataclass
 class _Layer:
-    """One decoder layer's weights: fused where fusing saves a matmul, otherwise the module's own."""
+    """One decoder layer's weights: the module's own tensors, and the fused projections."""
 
     input_norm: Tensor  # (E,)
-    qkv: Tensor  # ((Hq + 2 Hkv) D, E)
-    qkv_bias: Tensor | None  # ((Hq + 2 Hkv) D,)
+    qkv: Projection  # to ((Hq + 2 Hkv) D) outputs
     qk_norm: Tensor | None  # (Hq + Hkv, D), Qwen3's per-head q_norm / k_norm weights
     o_proj_t: Tensor  # (Hq D, E), a transposed view: x + a @ o_proj_t is one addmm
     o_bias: Tensor | None  # (E,)
     post_norm: Tensor  # (E,)
-    gate_up: Tensor  # (2 I, E)
+    gate_up: Projection  # to (2 I) outputs
     down_t: Tensor  # (I, E), a transposed view
 
 
-def _cat_bias(*linears: nn.Linear) -> Tensor | None:
-    """The biases of `linears` end to end (zeros for one without), or None when none has one."""
-    if all(x.bias is None for x in linears):
-        return None
-    return torch.cat([x.bias if x.bias is not None else x.weight.new_zeros(x.out_features) for x in linears])
+def _projection(linears: list[nn.Linear], fuse: bool) -> Projection:
+    """`linears` as one matmul on their concatenated weights (a copy), or one each (no copy)."""
+    if not fuse:
+        return [(x.weight, x.bias) for x in linears]
+    bias = None
+    if any(x.bias is not None for x in linears):
+        bias = torch.cat([x.bias if x.bias is not None else x.weight.new_zeros(x.out_features) for x in linears])
+    return [(torch.cat([x.weight for x in linears]), bias)]
+
+
+def _project(h: Tensor, projection: Projection) -> Tensor:
+    """(N, E) -> (N, sum of the out features)."""
+    if len(projection) == 1:
+        return F.linear(h, *projection[0])
+    return torch.cat([F.linear(h, w, b) for w, b in projection], dim=-1)
 
 
 class FastDecoder:
@@ -136,7 +154,13 @@ class FastDecoder:
         self.eps = float(config.rms_norm_eps)
 
     def _layers(self) -> list[_Layer]:
-        """The current weights of every layer (QKV and gate/up concatenated now)."""
+        """The current weights of every layer (QKV and gate/up concatenated now, when small enough)."""
+        fused = [
+            x.weight
+            for layer in self.model.model.layers
+            for x in (*self._qkv(layer), layer.mlp.gate_proj, layer.mlp.up_proj)
+        ]
+        fuse = sum(w.numel() * w.element_size() for w in fused) <= FUSE_MAX_BYTES
         layers = []
         for layer in self.model.model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -148,17 +172,20 @@ class FastDecoder:
             layers.append(
                 _Layer(
                     input_norm=layer.input_layernorm.weight,
-                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                    qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                    qkv=_projection(self._qkv(layer), fuse),
                     qk_norm=qk_norm,
                     o_proj_t=a.o_proj.weight.t(),
                     o_bias=a.o_proj.bias,
                     post_norm=layer.post_attention_layernorm.weight,
-                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    gate_up=_projection([m.gate_proj, m.up_proj], fuse),
                     down_t=m.down_proj.weight.t(),
                 )
             )
         return layers
+
+    @staticmethod
+    def _qkv(layer: Any) -> list[nn.Linear]:
+        return [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]
 
     def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
         """Qwen2RMSNorm over the last dim: in float32, cast back, then scaled (``torch.rms_norm``
@@ -258,7 +285,7 @@ class FastDecoder:
         allowed = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()[None] & mask[:, None, :]
         allowed = (allowed | torch.eye(p, dtype=torch.bool, device=ids.device))[:, None]  # (U, 1, P, P)
         for i, w in enumerate(layers):
-            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias).view(u * p, hq + 2 * hkv, d)
+            qkv = _project(self._norm(x, w.input_norm), w.qkv).view(u * p, hq + 2 * hkv, d)
             qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
             if w.qk_norm is not None:
                 qk = self._norm(qk, None) * w.qk_norm
@@ -280,7 +307,7 @@ class FastDecoder:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         bias = bias[..., : slot + 1]
         for i, w in enumerate(layers):
-            qkv = F.linear(self._norm(x, w.input_norm), w.qkv, w.qkv_bias).view(b, hq + 2 * hkv, d)
+            qkv = _project(self._norm(x, w.input_norm), w.qkv).view(b, hq + 2 * hkv, d)
             if w.qk_norm is not None:
                 qkv[:, : hq + hkv] = self._norm(qkv[:, : hq + hkv], None) * w.qk_norm
             qkv = torch.addcmul(qkv * cos, qkv.roll(d // 2, -1), sin)  # RoPE on q and k, v unchanged
@@ -298,7 +325,7 @@ class FastDecoder:
         x = torch.addmm(x, attn, w.o_proj_t)
         if w.o_bias is not None:
             x = x + w.o_bias
-        gate, up = F.linear(self._norm(x, w.post_norm), w.gate_up).chunk(2, dim=-1)
+        gate, up = _project(self._norm(x, w.post_norm), w.gate_up).chunk(2, dim=-1)
         return torch.addmm(x, F.silu(gate) * up, w.down_t)
 
 

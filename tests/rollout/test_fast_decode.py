@@ -122,6 +122,17 @@ def test_greedy_equals_generate(
         assert not a.truncated.all()
 
 
+@pytest.mark.parametrize("name", ["sharp", "qwen3"])
+def test_unfused_projections_give_the_same_tokens(
+    name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose fused QKV and gate/up copies would be too big keeps one matmul per projection."""
+    monkeypatch.setattr(fast_decode, "FUSE_MAX_BYTES", 0)
+    fast, slow = paths(models[name], tiny_bundle.tokenizer)
+    assert all(len(layer.qkv) == 3 for layer in FastDecoder(models[name])._layers())
+    assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
+
+
 @pytest.mark.parametrize("name", ["eos", "qwen3"])
 def test_every_steps_logits_match_the_models_forward(
     name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
