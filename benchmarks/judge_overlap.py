@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="prompts per step")
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--response-length", type=int, default=64)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[8, 16], help="async_overlap: sequences per chunk")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[4, 8, 16], help="async_overlap: sequences per chunk")
     parser.add_argument(
         "--max-concurrency", type=int, nargs="+", default=[16, 64], help="async: judge calls in flight (one set each)"
     )
