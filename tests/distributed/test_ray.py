@@ -178,6 +178,30 @@ def test_separate_reference_and_critic_pools_match_the_local_backend(tmp_path: P
 
 
 @pytest.mark.timeout(300)
+def test_a_reference_pool_of_its_own_serves_a_lora_policy(tmp_path: Path, model_cache: Path) -> None:
+    """LoRA: the colocated reference is the base with the adapters off; a reference pool holds the base alone."""
+    lora = ("model.lora.rank=4", "actor.lr=1e-2", "actor.kl_loss_coef=1.0")
+    runs = {
+        "local": ("trainer.backend=local",),
+        "ray": ("trainer.backend=ray", "trainer.n_gpus_per_node=1", "ray.ref_workers=1", "ray.rollout=driver"),
+    }
+    ends, kl = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, extra in runs.items():
+            with Trainer(make_cfg(tmp_path / name, model_cache, *COMMON, *lora, *extra)) as trainer:
+                kl.append(trainer.fit()["actor/kl_loss"])
+                ends.append(
+                    {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters() if v.requires_grad}
+                )
+    assert kl[0] > 1e-4  # the adapters moved the policy away from its reference
+    assert kl[1] == pytest.approx(kl[0], rel=1e-4)
+    diff = max((ends[0][k] - ends[1][k]).abs().max().item() for k in ends[0])
+    print(f"kl_loss {kl}, max |local - ray| {diff:.3e}")
+    assert diff < 1e-5
+
+
+@pytest.mark.timeout(300)
 def test_worker_rollouts_sample_what_a_local_rollout_samples_with_each_blocks_seed(
     tmp_path: Path, model_cache: Path
 ) -> None:
