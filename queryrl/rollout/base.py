@@ -109,6 +109,31 @@ class RolloutOutput:
                     f"{name} {tuple(getattr(self, name).shape)} != response_ids {tuple(self.response_ids.shape)}"
                 )
 
+    @classmethod
+    def from_generated(
+        cls,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        response_ids: Tensor,
+        logprobs: Tensor,
+        prompt_index: Tensor,
+        eos_token_id: int,
+        pad_token_id: int,
+    ) -> RolloutOutput:
+        """The output of a backend's generated (N, T) tokens and their log-probs (CPU tensors): counted
+        up to and including the first EOS, the pad id and log-prob 0 after it (:func:`eos_response_mask`)."""
+        response_mask, truncated = eos_response_mask(response_ids, eos_token_id)
+        counted = response_mask.bool()
+        return cls(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids.masked_fill(~counted, pad_token_id),
+            response_mask=response_mask,
+            rollout_logprobs=logprobs.masked_fill(~counted, 0.0),
+            prompt_index=prompt_index,
+            truncated=truncated,
+        )
+
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, eos_response_mask, left_pad
+from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
 
 FAST_DECODE_MODES = ("auto", "off")
@@ -197,17 +197,14 @@ class HFRollout:
             )  # (B, T), (B, T)
         else:
             response_ids, logprobs = self._hf_generate(prompt_ids, prompt_mask, params)
-        response_ids, logprobs = response_ids.cpu(), logprobs.cpu()
-        response_mask, truncated = eos_response_mask(response_ids, self.eos_token_id)
-        counted = response_mask.bool()
-        return RolloutOutput(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids.masked_fill(~counted, self.pad_token_id),
-            response_mask=response_mask,
-            rollout_logprobs=logprobs.masked_fill(~counted, 0.0),
-            prompt_index=prompt_index,
-            truncated=truncated,
+        return RolloutOutput.from_generated(
+            prompt_ids,
+            prompt_mask,
+            response_ids.cpu(),
+            logprobs.cpu(),
+            prompt_index,
+            self.eos_token_id,
+            self.pad_token_id,
         )
 
     @torch.no_grad()

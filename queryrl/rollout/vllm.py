@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, eos_response_mask, left_pad
+from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 
 
 def _require_vllm() -> Any:
@@ -165,16 +165,14 @@ class VLLMRollout:
         for r, (ids, lps) in enumerate(zip(rows_ids, rows_lp, strict=True)):
             response_ids[r, : len(ids)] = torch.tensor(ids)
             logprobs[r, : len(lps)] = torch.tensor(lps)
-        response_mask, truncated = eos_response_mask(response_ids, self.eos_token_id)
-        counted = response_mask.bool()
-        return RolloutOutput(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=response_ids.masked_fill(~counted, self.pad_token_id),
-            response_mask=response_mask,
-            rollout_logprobs=logprobs.masked_fill(~counted, 0.0),
-            prompt_index=torch.tensor(index, dtype=torch.long),
-            truncated=truncated,
+        return RolloutOutput.from_generated(
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            logprobs,
+            torch.tensor(index, dtype=torch.long),
+            self.eos_token_id,
+            self.pad_token_id,
         )
 
     def update_weights(self, source: nn.Module) -> None:
