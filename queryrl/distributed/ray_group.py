@@ -477,15 +477,12 @@ class RayRollout:
         for b in range(rounds * group.world_size):
             block = prompts[starts[b] : starts[b] + per_block] if b < len(starts) else []
             refs.append(group.actors[b % group.world_size].generate.remote(block, params, seed + b))
-        try:
-            for b, start in enumerate(starts):
-                rank = b % group.world_size
-                (out,) = group._wait([refs[b]], f"generating (block {b} of {len(starts)})", ranks=[rank])
-                out.prompt_index = out.prompt_index + start
-                yield out
-            group._wait(refs[len(starts) :], "generating (empty blocks)", ranks=None)
-        finally:
-            refs.clear()
+        for b, start in enumerate(starts):
+            rank = b % group.world_size
+            (out,) = group._wait([refs[b]], f"generating (block {b} of {len(starts)})", ranks=[rank])
+            out.prompt_index = out.prompt_index + start
+            yield out
+        group._wait(refs[len(starts) :], "generating (empty blocks)", ranks=None)
 
     def update_weights(self, source: nn.Module) -> None:
         """After an update: the workers' rollout backends take their own policies' new weights."""

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from queryrl.rollout import RolloutOutput
 
 _TENSOR_FIELDS = (
     "prompt_ids",
@@ -64,6 +67,20 @@ class Batch:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     non_tensor: dict[str, list[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_rollout(cls, out: RolloutOutput, non_tensor: dict[str, list[Any]] | None = None) -> Batch:
+        """A batch of a rollout's sequences, one group per prompt (``prompt_index``), rewards not yet set."""
+        return cls(
+            prompt_ids=out.prompt_ids,
+            prompt_mask=out.prompt_mask,
+            response_ids=out.response_ids,
+            response_attention_mask=out.attention_mask(),
+            response_mask=out.response_mask.float(),
+            group_ids=out.prompt_index.clone(),
+            rollout_logprobs=out.rollout_logprobs,
+            non_tensor=non_tensor or {},
+        )
 
     def __len__(self) -> int:
         return int(self.response_ids.shape[0])

@@ -95,15 +95,9 @@ def generate_and_score(
             pending.append(reward.submit(inputs))
     with timer("reward_wait"):
         results = [r for p in pending for r in p.result()]
-    batch = Batch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        response_ids=out.response_ids,
-        response_attention_mask=out.attention_mask(),
-        response_mask=out.response_mask.float(),
-        group_ids=out.prompt_index.clone(),
-        rollout_logprobs=out.rollout_logprobs,
-        non_tensor={
+    batch = Batch.from_rollout(
+        out,
+        {
             "row": [items[int(i)].row for i in out.prompt_index],
             "response_text": texts,
             "rollout_extras": out.extras if out.extras is not None else [{} for _ in range(len(out))],

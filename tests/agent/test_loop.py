@@ -351,14 +351,7 @@ def test_training_log_probs_match_the_rollout_with_tool_tokens_attended(tmp_path
     tools.close()
     assert out.extras is not None
     assert all(e["forced_tool_calls"] == 1 for e in out.extras)
-    batch = Batch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        response_ids=out.response_ids,
-        response_attention_mask=out.attention_mask(),
-        response_mask=out.response_mask,
-        group_ids=out.prompt_index,
-    )
+    batch = Batch.from_rollout(out)
     trained = out.response_mask.bool()
     assert trained.any()
     assert (~trained & out.attention_mask().bool()).any()

@@ -168,14 +168,7 @@ def test_sampled_logprobs_equal_the_trainers(eos_model: nn.Module, tiny_bundle: 
     fast, _ = paths(eos_model, tiny_bundle.tokenizer)
     torch.manual_seed(0)
     out = fast.generate(prompts, SamplingParams(n=4, temperature=0.7, top_k=30, top_p=0.9, max_new_tokens=10))
-    batch = Batch(
-        prompt_ids=out.prompt_ids,
-        prompt_mask=out.prompt_mask,
-        response_ids=out.response_ids,
-        response_attention_mask=out.attention_mask(),
-        response_mask=out.response_mask,
-        group_ids=out.prompt_index,
-    )
+    batch = Batch.from_rollout(out)
     logprobs, _ = compute_logprobs(eos_model, batch, micro_batch_size=8, temperature=0.7)
     torch.testing.assert_close(out.rollout_logprobs, logprobs * out.response_mask, atol=1e-5, rtol=0)
 
