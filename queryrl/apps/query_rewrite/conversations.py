@@ -1,16 +1,23 @@
 """Conversation logs -> verl-format rows for the query rewriter, one row per user turn.
 
-Input: one row per message (Excel ``.xlsx``, every sheet or a named one; ``.csv``; ``.jsonl``;
-``.parquet``), with these fields (the file's column names are mapped through ``columns``)::
+Input: one row per message (Excel ``.xlsx`` / ``.xls``, every sheet that has the columns or a
+named one; ``.csv``; ``.jsonl``; ``.parquet``). Reading the file -- recognised English and
+Chinese header names, the header row under a title row, sheets without the columns skipped,
+merged (blank) conversation-level cells filled down -- is
+:mod:`~queryrl.apps.query_rewrite.log_import`; its ``FIELD_SPECS`` lists the fields::
 
     conversation_id  required; messages with the same id form one conversation (across sheets too)
-    role             required; see ROLE_ALIASES (user: 用户/客户/customer/..., assistant: 客服/销售/agent/...)
-    text             required, non-blank
-    turn             optional integer; orders the messages of a conversation (file order without it)
+    role             required; user / assistant / skip (see ROLE_ALIASES; ``roles`` adds values)
+    text             required, non-blank (on the messages kept)
+    turn             optional integer; orders the messages of a conversation
+    time             optional date/time; orders them when there is no turn, or always with ``order_by``
     user_profile, history_summary            optional text
     tenant_id, contact_id, account_id, message_id   optional ids (kept as strings)
     gold_doc_ids     optional, on user messages: a list, or a string split on ``;`` / ``,``
                      (full-width too), or a JSON list string
+
+Messages whose role maps to ``skip`` (系统 / system: notices, not dialogue) are dropped and
+counted. Without turn or time the file order is kept; sorting is stable, so ties keep it too.
 
 Output: every user turn gives one row (the first turn too: its history is empty, which is the
 no-rewrite-needed case the policy must also learn). The prompt is :func:`build_messages` of the
@@ -22,59 +29,48 @@ summary of a turn are the ones on its own row, else the latest non-blank earlier
 
 Errors: all bad rows of a file are reported in one :class:`DataError`, each as
 ``file: sheet 'S': row R: column 'C': problem``; rows are numbered as a spreadsheet shows them
-(header = row 1) for xlsx/csv, by line for jsonl, and 0-based for parquet.
+for xlsx/xls/csv, by line for jsonl, and 0-based for parquet. Unknown role values are one
+message with their counts; a missing column is one line per field (see ``log_import``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.prompts import build_messages
-from queryrl.data.records import DataError, iter_json_lines
-
-FIELDS = (
-    "conversation_id",
-    "turn",
-    "role",
-    "text",
-    "user_profile",
-    "history_summary",
-    "tenant_id",
-    "contact_id",
-    "account_id",
-    "message_id",
-    "gold_doc_ids",
+from queryrl.apps.query_rewrite.log_files import parse_time
+from queryrl.apps.query_rewrite.log_import import (
+    FIELDS,
+    REQUIRED,
+    ROLE_ALIASES,
+    SUFFIXES,
+    LogReport,
+    Row,
+    Table,
+    blank,
+    check_columns,
+    read_tables,
+    role_table,
+    roles_text,
 )
-REQUIRED = ("conversation_id", "role", "text")
+from queryrl.apps.query_rewrite.prompts import build_messages
+from queryrl.data.records import DataError
+
+__all__ = ["FIELDS", "REQUIRED", "ROLE_ALIASES", "SUFFIXES"]  # re-exported: the field list lives in log_import
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
-ROLE_ALIASES = {
-    "user": "user",
-    "human": "user",
-    "customer": "user",
-    "client": "user",
-    "用户": "user",
-    "客户": "user",
-    "顾客": "user",
-    "assistant": "assistant",
-    "agent": "assistant",
-    "bot": "assistant",
-    "sales": "assistant",
-    "客服": "assistant",
-    "销售": "assistant",
-    "助手": "assistant",
-    "机器人": "assistant",
-}
-SUFFIXES = (".xlsx", ".csv", ".jsonl", ".parquet")
 MAX_REPORTED = 20
+MAX_ROLES_LISTED = 10
+MIN_SPLIT_ROWS = 20  # below this a split's metrics are noise: warn
+MIN_SPLIT_CONVERSATIONS = 3
 _SPLIT_IDS = re.compile(r"[;,；，]")
 
 
@@ -90,6 +86,7 @@ class Message:
     ids: dict[str, str] = field(default_factory=dict)  # tenant_id, contact_id, account_id, message_id
     gold_doc_ids: list[str] = field(default_factory=list)
     kind: str = ""  # what the turn tests (demo data: explicit, pronoun, ellipsis, ...)
+    time: datetime | None = None  # when it was sent (orders the conversation without a turn)
 
 
 @dataclass
@@ -100,26 +97,26 @@ class Conversation:
     messages: list[Message]
 
 
-def _blank(value: Any) -> bool:
-    if value is None:
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return True
-    return isinstance(value, str) and not value.strip()
+@dataclass
+class ConversationLog:
+    """The conversations of a log and what reading it did."""
+
+    conversations: list[Conversation]
+    report: LogReport
 
 
 def _as_str(value: Any) -> str:
     """A cell as text; Excel's ``12.0`` for an id typed 12 becomes ``"12"``."""
-    if _blank(value):
+    if blank(value):
         return ""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value).strip()
 
 
-def normalise_role(value: Any) -> str | None:
-    """``"user"`` / ``"assistant"`` for a known alias (case-insensitive), else None."""
-    return ROLE_ALIASES.get(_as_str(value).lower())
+def normalise_role(value: Any, roles: Mapping[str, str] = ROLE_ALIASES) -> str | None:
+    """``"user"`` / ``"assistant"`` / ``"skip"`` for a known value (case-insensitive), else None."""
+    return roles.get(_as_str(value).lower())
 
 
 def parse_doc_ids(value: Any) -> list[str]:
@@ -128,7 +125,7 @@ def parse_doc_ids(value: Any) -> list[str]:
     Raises:
         ValueError: anything else (a number, a dict, a list of non-scalars).
     """
-    if _blank(value):
+    if blank(value):
         return []
     if hasattr(value, "tolist"):  # numpy arrays from parquet via pandas
         value = value.tolist()
@@ -148,120 +145,167 @@ def parse_doc_ids(value: Any) -> list[str]:
     raise ValueError(f"expected a list or a separated string of ids, got {type(value).__name__}")
 
 
-def _read_rows(path: Path, sheet: str | None) -> list[tuple[str | None, str, dict[str, Any]]]:
-    """``(sheet, row label, row)`` for every row of the file."""
-    import pandas as pd
-
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        out: list[tuple[str | None, str, dict[str, Any]]] = []
-        for line, value in iter_json_lines(path):
-            if not isinstance(value, dict):
-                raise DataError(f"{path}: line {line}: a row must be a JSON object, got {type(value).__name__}")
-            out.append((None, f"line {line}", value))
-        return out
-    try:
-        if suffix == ".xlsx":
-            frames = pd.read_excel(path, sheet_name=sheet if sheet is not None else None, dtype=object)
-            tables = frames if isinstance(frames, dict) else {sheet: frames}
-        elif suffix == ".csv":
-            tables = {None: pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")}
-        else:
-            tables = {None: pd.read_parquet(path)}
-    except Exception as exc:
-        raise DataError(f"{path}: cannot read {suffix} file: {exc}") from None
-    first = 2 if suffix in (".xlsx", ".csv") else 0  # spreadsheet numbering: the header is row 1
-    rows = []
-    for name, frame in tables.items():
-        for i, record in enumerate(frame.to_dict(orient="records")):
-            rows.append((None if name is None else str(name), f"row {i + first}", record))
-    return rows
-
-
-def _parse_message(raw: dict[str, Any], columns: dict[str, str]) -> tuple[str, Message, list[tuple[str, str]]]:
+def _parse_message(
+    values: Mapping[str, Any], columns: Mapping[str, str], role: str, time_required: bool
+) -> tuple[str, Message, list[tuple[str, str]]]:
     """The conversation id and the message of one row, and its problems as (column, what)."""
     problems: list[tuple[str, str]] = []
-
-    def get(name: str) -> Any:
-        return raw.get(columns[name])
-
+    get = values.get
     for name in REQUIRED:
-        if _blank(get(name)):
+        if blank(get(name)):
             problems.append((columns[name], "missing value"))
-    role = normalise_role(get("role"))
-    if role is None and not _blank(get("role")):
-        problems.append((columns["role"], f"unknown role {_as_str(get('role'))!r}; known: {sorted(ROLE_ALIASES)}"))
     turn: int | None = None
-    if not _blank(get("turn")):
+    if not blank(get("turn")):
         try:
-            number = float(get("turn"))
+            number = float(values["turn"])
             if not number.is_integer():
                 raise ValueError
             turn = int(number)
         except (TypeError, ValueError):
             problems.append((columns["turn"], f"not an integer turn: {get('turn')!r}"))
+    moment: datetime | None = None
+    if not blank(get("time")):
+        try:
+            moment = parse_time(get("time"))
+        except ValueError as exc:
+            problems.append((columns["time"], str(exc)))
+    elif time_required:
+        problems.append((columns["time"], "missing value (the messages are ordered by it)"))
     gold: list[str] = []
     try:
         gold = parse_doc_ids(get("gold_doc_ids"))
     except ValueError as exc:
         problems.append((columns["gold_doc_ids"], str(exc)))
     message = Message(
-        role=role or "user",
+        role=role,
         text=_as_str(get("text")),
         turn=turn,
         user_profile=_as_str(get("user_profile")),
         history_summary=_as_str(get("history_summary")),
         ids={k: _as_str(get(k)) for k in ID_FIELDS},
         gold_doc_ids=gold,
+        time=moment,
     )
     return _as_str(get("conversation_id")), message, problems
 
 
-def load_conversations(
-    path: str | Path, columns: dict[str, str] | None = None, sheet: str | None = None
-) -> list[Conversation]:
-    """Read a message log into conversations (in order of first appearance).
+def _unknown_roles_message(path: Path, unknown: Counter[str], first: Mapping[str, Row], column: str) -> str:
+    """All unknown role values in one message: counts, first row, the known values, the ``--roles`` hint."""
+    listed = ", ".join(
+        f"{value!r} x{n} (first at {first[value].where.removeprefix(f'{path}: ')})"
+        for value, n in unknown.most_common(MAX_ROLES_LISTED)
+    )
+    if len(unknown) > MAX_ROLES_LISTED:  # many distinct values: more likely the wrong column than many roles
+        listed += f", ... and {len(unknown) - MAX_ROLES_LISTED} more (is {column!r} the role column?)"
+    example = json.dumps({value: "assistant" for value, _ in unknown.most_common(2)}, ensure_ascii=False)
+    return (
+        f"{path}: column {column!r}: {len(unknown)} unknown role value(s): {listed}\n"
+        f"  known: {roles_text()}\n"
+        f"  map them with --roles, e.g. --roles '{example}' (user, assistant, or skip to drop the message)"
+    )
+
+
+def _order(messages: list[Message], by_time: bool) -> tuple[list[Message], str]:
+    """The messages in conversation order, and how (sorting is stable: ties keep the file order)."""
+    have_time = all(m.time is not None for m in messages)
+    if have_time and (by_time or any(m.turn is None for m in messages)):
+        return sorted(messages, key=lambda m: m.time or datetime.min), "time"
+    if all(m.turn is not None for m in messages):
+        return sorted(messages, key=lambda m: m.turn or 0), "turn"
+    return messages, "file order"
+
+
+def load_conversation_log(
+    path: str | Path,
+    columns: Mapping[str, str] | None = None,
+    sheet: str | None = None,
+    *,
+    roles: Mapping[str, str] | None = None,
+    header_row: int | None = None,
+    order_by: str | None = None,
+    fill_down: bool = True,
+) -> ConversationLog:
+    """Read a message log into conversations (in order of first appearance) and a report.
 
     Args:
-        path: ``.xlsx``, ``.csv``, ``.jsonl`` or ``.parquet``.
-        columns: field -> column name in the file, for the fields that differ from FIELDS.
-        sheet: one Excel sheet (default: all sheets).
+        path: ``.xlsx``, ``.xls``, ``.csv``, ``.jsonl`` or ``.parquet``.
+        columns: field -> column name in the file, for columns whose header is not recognised.
+        sheet: one Excel sheet (default: every sheet that has the required columns).
+        roles: role value -> ``user`` / ``assistant`` / ``skip``, over the built-in ROLE_ALIASES.
+        header_row: the header's 1-based row (default: found in the first 10 rows).
+        order_by: a date/time column that orders each conversation (overrides the turn column).
+        fill_down: fill blank conversation-level cells (merged cells) from the row above.
 
     Raises:
-        ValueError: a key of `columns` that is not a field.
-        DataError: an unreadable file, a missing required column, or bad rows (all reported).
+        ValueError: a key of `columns` that is not a field, a role that is not user/assistant/skip.
+        DataError: an unreadable file, missing required columns, or bad rows (all reported).
     """
     path = Path(path)
-    unknown = sorted(set(columns or {}) - set(FIELDS))
-    if unknown:
-        raise ValueError(f"unknown conversation fields {unknown}; known: {list(FIELDS)}")
-    mapping = {name: (columns or {}).get(name, name) for name in FIELDS}
+    overrides = check_columns(columns)
+    if order_by is not None:
+        overrides["time"] = order_by
+    role_map = role_table(roles)
     if path.suffix.lower() not in SUFFIXES:
         raise DataError(f"{path}: unsupported file type {path.suffix or '(none)'!r}; use one of {SUFFIXES}")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    rows = _read_rows(path, sheet)
-    errors: list[str] = []
-    by_id: dict[str, list[Message]] = {}
-    for sheet_name, label, raw in rows:
-        where = f"{path}: " + (f"sheet {sheet_name!r}: " if sheet_name is not None else "") + label
-        missing = [mapping[n] for n in REQUIRED if mapping[n] not in raw]
-        if missing:
-            errors.append(f"{where}: column {missing[0]!r}: missing column (have {sorted(map(str, raw))})")
-            continue
-        conv_id, message, problems = _parse_message(raw, mapping)
-        errors += [f"{where}: column {col!r}: {what}" for col, what in problems]
-        if not problems:
-            by_id.setdefault(conv_id, []).append(message)
-    if errors:
-        more = f"\n... and {len(errors) - MAX_REPORTED} more" if len(errors) > MAX_REPORTED else ""
-        raise DataError(f"{len(errors)} bad row(s):\n" + "\n".join(errors[:MAX_REPORTED]) + more)
+    required = (*REQUIRED, "time") if order_by is not None else REQUIRED
+    tables, report = read_tables(path, overrides, sheet=sheet, header_row=header_row, required=required, fill=fill_down)
+    by_id = _collect(path, tables, role_map, order_by is not None, report)
     out = []
     for conv_id, messages in by_id.items():
-        if all(m.turn is not None for m in messages):
-            messages = sorted(messages, key=lambda m: m.turn or 0)  # stable: ties keep file order
-        out.append(Conversation(conv_id, messages))
-    return out
+        ordered, how = _order(messages, order_by is not None)
+        report.order[f"by {report.columns.get(how, how)}" if how != "file order" else "in file order"] += 1
+        out.append(Conversation(conv_id, ordered))
+    return ConversationLog(out, report)
+
+
+def _collect(
+    path: Path, tables: list[Table], role_map: Mapping[str, str], time_required: bool, report: LogReport
+) -> dict[str, list[Message]]:
+    """Messages by conversation id, in file order; skipped ones counted; every problem in one DataError."""
+    errors: list[str] = []
+    unknown: Counter[str] = Counter()
+    first_unknown: dict[str, Row] = {}
+    by_id: dict[str, list[Message]] = {}
+    for table in tables:
+        for row in table.rows:
+            raw_role = _as_str(row.values.get("role"))
+            role = role_map.get(raw_role.lower())
+            if role == "skip":
+                report.skipped[f"message(s) with role {raw_role!r}"] += 1
+                continue
+            if role is None and raw_role:
+                unknown[raw_role] += 1
+                first_unknown.setdefault(raw_role, row)
+            conv_id, message, problems = _parse_message(row.values, table.columns, role or "user", time_required)
+            errors += [f"{row.where}: column {col!r}: {what}" for col, what in problems]
+            if not problems and role is not None:
+                by_id.setdefault(conv_id, []).append(message)
+    blocks = [_unknown_roles_message(path, unknown, first_unknown, tables[0].columns["role"])] if unknown else []
+    if errors:
+        more = f"\n... and {len(errors) - MAX_REPORTED} more" if len(errors) > MAX_REPORTED else ""
+        blocks.append(f"{len(errors)} bad row(s):\n" + "\n".join(errors[:MAX_REPORTED]) + more)
+    if blocks:
+        raise DataError("\n".join(blocks))
+    return by_id
+
+
+def load_conversations(
+    path: str | Path,
+    columns: Mapping[str, str] | None = None,
+    sheet: str | None = None,
+    *,
+    roles: Mapping[str, str] | None = None,
+    header_row: int | None = None,
+    order_by: str | None = None,
+    fill_down: bool = True,
+) -> list[Conversation]:
+    """:func:`load_conversation_log`'s conversations (the same arguments)."""
+    log = load_conversation_log(
+        path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
+    )
+    return log.conversations
 
 
 def conversation_rows(conversation: Conversation, name: str, lang: str = "zh") -> list[dict[str, Any]]:
@@ -333,44 +377,120 @@ def write_parquet(rows: list[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-def prepare_conversations(
+@dataclass
+class SplitCounts:
+    """What one split holds."""
+
+    conversations: int
+    messages: int
+    rows: int  # user turns = prompts
+
+
+@dataclass
+class PreparedConversations:
+    """The written splits, their counts, the read report and warnings (tiny splits)."""
+
+    paths: dict[str, Path]
+    counts: dict[str, SplitCounts]
+    report: LogReport
+    warnings: list[str]
+
+    def summary(self) -> str:
+        """Report lines, then one line per split: counts and the file."""
+        lines = self.report.lines()
+        for split, path in sorted(self.paths.items(), key=lambda item: ("train", "val", "test").index(item[0])):
+            c = self.counts[split]
+            lines.append(
+                f"{split}: {c.conversations} conversations, {c.messages} messages, {c.rows} user turns (rows) -> {path}"
+            )
+        return "\n".join(lines)
+
+
+def _split_warnings(counts: Mapping[str, SplitCounts], fractions: Mapping[str, float]) -> list[str]:
+    """A warning for each split asked for that is too small to train on or to measure with."""
+    out = []
+    held_out = fractions.get("val", 0) + fractions.get("test", 0)
+    for split, c in counts.items():
+        if split != "train" and fractions.get(split, 0) == 0:
+            continue  # an empty split was asked for
+        if c.rows >= MIN_SPLIT_ROWS and c.conversations >= MIN_SPLIT_CONVERSATIONS:
+            continue
+        if split == "train":
+            why = "too little to learn from; add data" + (
+                " or lower --val-fraction/--test-fraction" if held_out else ""
+            )
+        else:
+            why = f"its metrics will be noise; raise --{split}-fraction or add data"
+        out.append(
+            f"{split} has {c.rows} rows from {c.conversations} conversation(s), fewer than {MIN_SPLIT_ROWS} rows "
+            f"or {MIN_SPLIT_CONVERSATIONS} conversations: {why}"
+        )
+    return out
+
+
+def prepare_conversation_data(
     input_path: str | Path,
     out_dir: str | Path,
-    columns: dict[str, str] | None = None,
+    columns: Mapping[str, str] | None = None,
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     seed: int = 0,
     name: str | None = None,
     sheet: str | None = None,
     lang: str = "zh",
-) -> dict[str, Path]:
-    """Read a conversation log and write ``train/val/test.parquet`` into `out_dir`.
+    *,
+    roles: Mapping[str, str] | None = None,
+    header_row: int | None = None,
+    order_by: str | None = None,
+    fill_down: bool = True,
+) -> PreparedConversations:
+    """Read a conversation log and write ``train/val/test.parquet`` into `out_dir`, with counts.
 
     Every row carries the reference rewriter's answer as ``extra_info.sft_target`` (the
     ``queryrl sft`` warm start; :mod:`queryrl.apps.query_rewrite.sft_targets`).
 
     Args:
-        input_path: the log (see :func:`load_conversations`).
+        input_path: the log (see :func:`load_conversation_log`).
         out_dir: created if needed.
         columns: field -> column name overrides.
         val_fraction, test_fraction: shares of conversations (rounded).
         seed: the split's shuffle seed.
         name: ``data_source`` is ``query_rewrite/<name>`` (default: the input file's stem).
-        sheet: one Excel sheet (default: all).
+        sheet: one Excel sheet (default: all that have the columns).
         lang: the prompt language.
-
-    Returns:
-        split -> the written parquet file.
+        roles, header_row, order_by, fill_down: as in :func:`load_conversation_log`.
     """
     input_path = Path(input_path)
-    conversations = load_conversations(input_path, columns, sheet)
-    splits = split_conversations(conversations, val_fraction, test_fraction, seed)
+    log = load_conversation_log(
+        input_path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
+    )
+    splits = split_conversations(log.conversations, val_fraction, test_fraction, seed)
     source = name or input_path.stem
     from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
-    return {
-        split: write_parquet(
-            add_sft_targets(conversations_to_rows(convs, source, lang)), Path(out_dir) / f"{split}.parquet"
-        )
-        for split, convs in splits.items()
-    }
+    paths: dict[str, Path] = {}
+    counts: dict[str, SplitCounts] = {}
+    for split, convs in splits.items():
+        rows = add_sft_targets(conversations_to_rows(convs, source, lang))
+        paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
+        counts[split] = SplitCounts(len(convs), sum(len(c.messages) for c in convs), len(rows))
+    fractions = {"val": val_fraction, "test": test_fraction}
+    return PreparedConversations(paths, counts, log.report, _split_warnings(counts, fractions))
+
+
+def prepare_conversations(
+    input_path: str | Path,
+    out_dir: str | Path,
+    columns: Mapping[str, str] | None = None,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+    name: str | None = None,
+    sheet: str | None = None,
+    lang: str = "zh",
+    **options: Any,
+) -> dict[str, Path]:
+    """:func:`prepare_conversation_data`'s written files: split -> parquet path (same arguments)."""
+    return prepare_conversation_data(
+        input_path, out_dir, columns, val_fraction, test_fraction, seed, name, sheet, lang, **options
+    ).paths

@@ -115,14 +115,15 @@ def test_one_named_sheet_and_column_mapping(tmp_path: Path) -> None:
     )
     convs = load_conversations(renamed, columns={"conversation_id": "会话", "text": "内容"})
     assert [m.text for m in convs[0].messages] == [m["text"] for m in SHEET_B]  # file order without turns
-    with pytest.raises(ValueError, match="unknown conversation fields"):
+    with pytest.raises(ValueError, match="unknown conversation field 'speaker'"):
         load_conversations(renamed, columns={"speaker": "role"})
 
 
 @pytest.mark.parametrize(
     ("value", "role"),
     [("用户", "user"), ("客户", "user"), ("Customer", "user"), (" user ", "user"), ("客服", "assistant"),
-     ("销售", "assistant"), ("AGENT", "assistant"), ("assistant", "assistant"), ("系统", None), (None, None)],
+     ("销售", "assistant"), ("AGENT", "assistant"), ("assistant", "assistant"), ("系统", "skip"),
+     ("销售顾问", "assistant"), ("主管", None), (None, None)],
 )  # fmt: skip
 def test_role_normalisation(value: str | None, role: str | None) -> None:
     assert normalise_role(value) == role
@@ -140,16 +141,16 @@ def test_parse_doc_ids_forms() -> None:
 
 def test_bad_rows_are_reported_by_file_sheet_row_and_column(tmp_path: Path) -> None:
     path = tmp_path / "bad.xlsx"
-    bad_b = [*SHEET_B[:1], {**SHEET_B[1], "role": "系统"}, {**SHEET_B[2], "text": None}, {**SHEET_B[3], "turn": "x"}]
+    bad_b = [*SHEET_B[:1], {**SHEET_B[1], "role": "主管"}, {**SHEET_B[2], "text": None}, {**SHEET_B[3], "turn": "x"}]
     with pd.ExcelWriter(path, engine="openpyxl") as writer:
         pd.DataFrame(SHEET_A).to_excel(writer, sheet_name="A", index=False)
         pd.DataFrame(bad_b).to_excel(writer, sheet_name="B", index=False)
     with pytest.raises(DataError) as info:
         load_conversations(path)
     message = str(info.value)
-    assert "3 bad row(s)" in message
+    assert "2 bad row(s)" in message
     # spreadsheet numbering: header is row 1, so the second data row is row 3
-    assert f"{path}: sheet 'B': row 3: column 'role': unknown role '系统'" in message
+    assert f"{path}: column 'role': 1 unknown role value(s): '主管' x1 (first at sheet 'B': row 3)" in message
     assert f"{path}: sheet 'B': row 4: column 'text': missing value" in message
     assert f"{path}: sheet 'B': row 5: column 'turn': not an integer" in message
     assert "sheet 'A'" not in message
@@ -158,7 +159,8 @@ def test_bad_rows_are_reported_by_file_sheet_row_and_column(tmp_path: Path) -> N
 def test_missing_column_and_bad_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "no_role.csv"
     pd.DataFrame(SHEET_A).drop(columns=["role"]).to_csv(path, index=False)
-    with pytest.raises(DataError, match=r"no_role.csv: row 2: column 'role': missing column"):
+    missing = r"no_role.csv: no header with the required columns\n  missing column for 'role' \(looked for: role, 角色"
+    with pytest.raises(DataError, match=missing):
         load_conversations(path)
     jsonl = tmp_path / "bad.jsonl"
     jsonl.write_text(json.dumps(SHEET_A[0]) + "\n\n" + json.dumps({**SHEET_A[1], "gold_doc_ids": 5}) + "\n")
