@@ -8,13 +8,14 @@ leading ``+`` tolerated, so a verl user's script runs with only its entry point 
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
 class ConfigError(ValueError):
@@ -212,18 +213,33 @@ class RewardConfig:
 
 @dataclass
 class SeedHybridConfig:
-    """Seed 000's ``algorithm.hybrid_grpo_gpt5.*`` keys, used by the query-rewrite application."""
+    """Seed 000's ``algorithm.hybrid_grpo_gpt5.*`` keys, used by the query-rewrite application.
+
+    The service keys default to None: a key counts as given only when the user set it, and
+    :func:`load_config` then writes it where it takes effect (never a silent localhost default):
+
+    - ``gpt5_model`` -> ``app.query_rewrite.judge.backend=openai`` with ``judge.model`` = it and
+      ``judge.base_url`` = ``https://api.openai.com/v1`` unless given; the key comes from
+      ``judge.api_key_env`` (``OPENAI_API_KEY``);
+    - ``gpt5_timeout`` -> ``app.query_rewrite.judge.timeout_s``;
+    - ``gpt5_batch_size`` -> ``reward.max_concurrency`` (judge calls in flight at once);
+    - ``rag_endpoint`` + ``reference_endpoint`` (full URLs of the 8B and the reference pipeline,
+      e.g. ``http://host:8000/chat_8b`` and ``http://host:8000/chat``) -> ``app.query_rewrite.rag.url``:
+      the service root when they end in ``/rag/chat_8b`` and ``/rag/chat``, else the URL template
+      ``<prefix>/{endpoint}`` when they end in ``/chat_8b`` and ``/chat`` under one prefix; any other
+      pair is an error (queryrl does not guess an endpoint).
+    """
 
     enable: bool = False
     group_size: int = 5
     selection_method: str = "max_log_prob"  # max_log_prob | weighted_sample
     gpt5_weight: float = 0.85
     grpo_weight: float = 0.15
-    gpt5_model: str = "gpt-5"
-    gpt5_batch_size: int = 8
-    gpt5_timeout: float = 10.0
-    rag_endpoint: str = "http://localhost:8000/rag/chat_8b"
-    reference_endpoint: str = "http://localhost:8000/rag/chat"
+    gpt5_model: str | None = None
+    gpt5_batch_size: int | None = None
+    gpt5_timeout: float | None = None
+    rag_endpoint: str | None = None
+    reference_endpoint: str | None = None
 
 
 @dataclass
@@ -236,11 +252,19 @@ class QueryRewriteJudgeConfig:
     lang: str = "zh"
     timeout_s: float = 30.0
     max_retries: int = 3
+    # request settings, each sent only when set: GPT-5 / o-series reject any temperature but their default
+    temperature: float | None = None  # null = not sent (the model's default)
+    max_tokens: int | None = None  # the verdict's token limit; null = not sent
+    token_limit_param: str = "max_completion_tokens"  # the limit's name: max_completion_tokens | max_tokens (old)
+    reasoning_effort: str | None = None  # minimal | low | medium | high (none, xhigh); null = not sent
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body as given
 
 
 @dataclass
 class QueryRewriteRAGConfig:
-    url: str | None = None  # an external RAG service (serve-rag or yours); null = embedded in-process
+    # an external RAG service (serve-rag or yours): its root (http://host:port; the client posts to
+    # /rag/chat_8b and /rag/chat) or a template with {endpoint} (http://host:port/{endpoint}); null = embedded
+    url: str | None = None
     corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
     top_k: int = 5
     timeout_s: float = 10.0
@@ -325,7 +349,9 @@ class TrainerConfig:
     save_samples: int = 8  # rows of samples/step_N.jsonl
     plot: bool = True
     backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
-    n_gpus_per_node: int = 1  # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs)
+    # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs); > 1 (or nnodes > 1)
+    # on the local backend is an error: it trains in one process on one device
+    n_gpus_per_node: int = 1
     nnodes: int = 1  # with backend=ray: nodes in the resource pool
 
 
@@ -459,8 +485,10 @@ VERL_WITHOUT_MEANING: dict[str, str] = {
     "actor_rollout_ref.model.use_remove_padding": "queryrl trims each micro-batch to its own length instead",
 }
 
-_FREE_FORM = ("reward.kwargs",)  # dict-typed fields whose keys are the user's
-_SECRET_KEY = re.compile(r"(api_?key|token|secret|password)", re.IGNORECASE)
+# dict-typed fields whose keys are the user's
+_FREE_FORM = ("reward.kwargs", "app.query_rewrite.judge.extra_body")
+# "token" only as the key's last word (hf_token, access_token): not max_tokens, tokenizer_path, token_limit_param
+_SECRET_KEY = re.compile(r"(api_?key|token$|secret|password)", re.IGNORECASE)
 
 
 def _translate_key(key: str) -> str:
@@ -477,15 +505,6 @@ def _translate_key(key: str) -> str:
     return key
 
 
-def _parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not of the form key=value")
-    key, raw = item.split("=", 1)
-    parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))
-    assert isinstance(parsed, dict)
-    return _translate_key(key.strip()), parsed["v"]
-
-
 def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """Nested dict -> dotted (key, leaf) pairs; a dict under a dict-typed field stays a leaf."""
     if not isinstance(node, dict) or not node:
@@ -496,8 +515,27 @@ def _flatten(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def _set(cfg: DictConfig, key: str, value: Any, where: str) -> None:
-    if isinstance(value, str) and isinstance(OmegaConf.select(cfg, key, default=None), ListConfig):
+def known_keys() -> list[str]:
+    """Every dotted key a config or override may name: the schema's leaves and the verl aliases."""
+    schema = OmegaConf.to_container(OmegaConf.structured(QueryRLConfig))
+    leaves = [k for k, _ in _flatten(schema)]
+    verl = [k for k in list(VERL_ALIASES) + list(VERL_WITHOUT_MEANING) if not k.endswith(".*")]
+    return leaves + verl
+
+
+def _unknown_key_message(given: str, key: str) -> str:
+    """'unknown key ...; did you mean ...?' with the closest known keys (difflib)."""
+    candidates = known_keys()
+    close = difflib.get_close_matches(given.lstrip("+"), candidates, n=2, cutoff=0.75)
+    if not close and given.lstrip("+") != key:  # a verl alias that resolved to a bad queryrl key
+        close = difflib.get_close_matches(key, candidates, n=2, cutoff=0.75)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown key {given.lstrip('+')!r}{hint}"
+
+
+def _set(cfg: DictConfig, key: str, value: Any, where: str, given: str | None = None) -> None:
+    is_list = isinstance(OmegaConf.select(cfg, key, default=None, throw_on_missing=False), ListConfig)
+    if isinstance(value, str) and value != "???" and is_list:
         value = [value]  # verl scripts give one file (or one logger) as a plain string
     free = next((f for f in _FREE_FORM if key.startswith(f + ".")), None)
     try:
@@ -506,39 +544,135 @@ def _set(cfg: DictConfig, key: str, value: Any, where: str) -> None:
         else:  # a free-form mapping (e.g. reward.kwargs) takes any key
             with open_dict(OmegaConf.select(cfg, free)):
                 OmegaConf.update(cfg, key, value, merge=True)
+    except (ConfigKeyError, ConfigAttributeError):
+        raise ConfigError(f"{where}: {_unknown_key_message(given or key, key)}") from None
     except OmegaConfBaseException as exc:
         msg = str(exc).split("\n")[0]
         raise ConfigError(f"{where}: bad key or value {key}={value!r}: {msg}") from None
+
+
+def _one_error(problems: list[str]) -> ConfigError:
+    """All problems of one config as one error (one message to fix them all in one go)."""
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _apply(cfg: DictConfig, items: list[tuple[str, Any, str]]) -> list[str]:
+    """Set every (given key, value, where) on `cfg`; the errors, collected rather than raised."""
+    problems: list[str] = []
+    for given, value, where in items:
+        try:
+            _set(cfg, _translate_key(given), value, where, given)
+        except ConfigError as exc:
+            problems.append(str(exc) if str(exc).startswith(where) else f"{where}: {exc}")
+    return problems
+
+
+def _file_items(path: Path) -> list[tuple[str, Any, str]]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return [(key, value, str(path)) for key, value in _flatten(raw)]
+
+
+def _override_items(overrides: list[str]) -> tuple[list[tuple[str, Any, str]], list[str]]:
+    items: list[tuple[str, Any, str]] = []
+    problems: list[str] = []
+    for item in overrides:
+        if "=" not in item:
+            problems.append(f"override {item!r} is not of the form key=value")
+            continue
+        key, raw = item.split("=", 1)
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))
+        except Exception as exc:  # OmegaConf's grammar or YAML's parser: either way, the value is unreadable
+            problems.append(f"override {item!r}: bad value: {' '.join(str(exc).split())}")
+            continue
+        assert isinstance(parsed, dict)
+        items.append((key.strip(), parsed["v"], f"override {item!r}"))
+    return items, problems
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
     """The schema's defaults, then the YAML file at `path`, then the dotted `overrides`.
 
     YAML files and overrides may use verl's key names. Raises :class:`ConfigError` naming the
-    key for an unknown key, a wrong type or an invalid value.
+    key for an unknown key (with the closest known keys), a wrong type or an invalid value; every
+    bad key of the file and the command line is reported in the one error. Seed 000's service
+    keys are then resolved (:class:`SeedHybridConfig`) and the whole is validated.
     """
     cfg = OmegaConf.structured(QueryRLConfig)
     OmegaConf.set_struct(cfg, True)
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            raw = OmegaConf.to_container(OmegaConf.load(path))
-        except Exception as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        for key, value in _flatten(raw):
-            _set(cfg, _translate_key(key), value, str(path))
-    for item in overrides or []:
-        key, value = _parse_override(item)
-        _set(cfg, key, value, f"override {item!r}")
+    items = _file_items(Path(path)) if path is not None else []
+    more, problems = _override_items(overrides or [])
+    problems = _apply(cfg, items + more) + problems
+    if problems:
+        raise _one_error(problems)
     if cfg.app.query_rewrite.seed_hybrid.enable:  # seed 000's launch keys select seed_hybrid
         cfg.app.query_rewrite.enable = True
         cfg.app.query_rewrite.reward_mode = "seed_hybrid"
+    resolve_seed_keys(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:  # a preset's ``???``: a value only the user can give (a model folder, their data, their service)
+        where = f" (the preset {path} marks them ???)" if path is not None else ""
+        raise ConfigError(f"these keys must be given{where}: " + ", ".join(f"{k}=..." for k in missing))
     validate(cfg)
     return cfg
+
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
+    """Seed 000's two full endpoint URLs -> ``app.query_rewrite.rag.url`` (see :class:`SeedHybridConfig`)."""
+    a, b = chat_8b_url.strip().rstrip("/"), chat_url.strip().rstrip("/")
+    where = f"rag_endpoint={chat_8b_url!r}, reference_endpoint={chat_url!r}"
+    if not all(re.match(r"https?://[^/]+", u) for u in (a, b)):
+        raise ConfigError(f"algorithm.hybrid_grpo_gpt5: {where}: both must be http(s) URLs")
+    if not (a.endswith("/chat_8b") and b.endswith("/chat")) or a[: -len("/chat_8b")] != b[: -len("/chat")]:
+        raise ConfigError(
+            f"algorithm.hybrid_grpo_gpt5: {where}: queryrl calls the 8B pipeline at <prefix>/chat_8b and the reference "
+            "at <prefix>/chat of one service (seed 000 §2.4); give two such URLs, or set "
+            "app.query_rewrite.rag.url to the service root or a template http://host:port/path/{endpoint}"
+        )
+    prefix = a[: -len("/chat_8b")]
+    return prefix.removesuffix("/rag") if prefix.endswith("/rag") else prefix + "/{endpoint}"
+
+
+def resolve_seed_keys(cfg: DictConfig) -> None:
+    """Write the seed keys the user gave where they take effect (see :class:`SeedHybridConfig`)."""
+    seed, qr = cfg.app.query_rewrite.seed_hybrid, cfg.app.query_rewrite
+    if (seed.rag_endpoint is None) != (seed.reference_endpoint is None):
+        raise ConfigError(
+            "algorithm.hybrid_grpo_gpt5: give both rag_endpoint (the 8B pipeline, .../chat_8b) and "
+            "reference_endpoint (the reference pipeline, .../chat), or neither"
+        )
+    if seed.rag_endpoint is not None:
+        url = rag_url_from_endpoints(seed.rag_endpoint, seed.reference_endpoint)
+        given = not OmegaConf.is_missing(qr.rag, "url") and qr.rag.url is not None
+        if given and qr.rag.url.rstrip("/") != url:
+            raise ConfigError(
+                f"app.query_rewrite.rag.url={qr.rag.url!r} contradicts algorithm.hybrid_grpo_gpt5.rag_endpoint / "
+                f"reference_endpoint (-> {url!r}): give one of the two"
+            )
+        qr.rag.url = url
+    if seed.gpt5_model is not None:
+        qr.judge.backend = "openai"
+        qr.judge.model = seed.gpt5_model
+        if OmegaConf.is_missing(qr.judge, "base_url") or not qr.judge.base_url:
+            qr.judge.base_url = OPENAI_BASE_URL
+    if seed.gpt5_timeout is not None:
+        qr.judge.timeout_s = seed.gpt5_timeout
+    if seed.gpt5_batch_size is not None:
+        if seed.gpt5_batch_size < 1:
+            raise ConfigError(f"algorithm.hybrid_grpo_gpt5.gpt5_batch_size must be >= 1, got {seed.gpt5_batch_size}")
+        cfg.reward.max_concurrency = seed.gpt5_batch_size
 
 
 def _choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
@@ -568,6 +702,13 @@ def validate(cfg: DictConfig) -> None:
     for key in ("trainer.n_gpus_per_node", "trainer.nnodes"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.trainer.backend == "local" and (cfg.trainer.n_gpus_per_node > 1 or cfg.trainer.nnodes > 1):
+        # the local backend is one process on one device: 2 GPUs there would train on one, in full precision
+        raise ConfigError(
+            f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}, trainer.nnodes={cfg.trainer.nnodes} need "
+            "trainer.backend=ray (the local backend trains on one device); add trainer.backend=ray, or set "
+            "trainer.n_gpus_per_node=1 trainer.nnodes=1"
+        )
     for key in ("ray.num_cpus_per_worker", "ray.call_timeout_s", "ray.collective_timeout_s"):
         if not OmegaConf.select(cfg, key) > 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
@@ -621,6 +762,16 @@ def validate(cfg: DictConfig) -> None:
     qr = cfg.app.query_rewrite
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
     _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
+    judge = qr.judge  # the request settings (the same checks as queryrl.rewards.judge.JudgeClient's)
+    limit_names = ["max_completion_tokens", "max_tokens"]
+    _choice(judge.token_limit_param, limit_names, "app.query_rewrite.judge.token_limit_param")
+    if judge.reasoning_effort is not None:
+        efforts = ["none", "minimal", "low", "medium", "high", "xhigh"]
+        _choice(judge.reasoning_effort, efforts, "app.query_rewrite.judge.reasoning_effort (or null: not sent)")
+    if judge.temperature is not None and not 0.0 <= judge.temperature <= 2.0:
+        raise ConfigError(f"app.query_rewrite.judge.temperature must be in [0, 2] or null, got {judge.temperature}")
+    if judge.max_tokens is not None and judge.max_tokens < 1:
+        raise ConfigError(f"app.query_rewrite.judge.max_tokens must be >= 1 or null, got {judge.max_tokens}")
     _choice(qr.rag.retriever, ["bm25", "dense", "hybrid"], "app.query_rewrite.rag.retriever")
     _choice(qr.rag.reference_rewriter, ["heuristic", "policy", "openai"], "app.query_rewrite.rag.reference_rewriter")
     if qr.rag.reference_rewriter == "openai" and not (qr.rag.reference_base_url and qr.rag.reference_model):

@@ -149,3 +149,61 @@ def test_serve_judge_runs_as_a_real_process_and_answers_the_official_sdk() -> No
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_train_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, model_cache: Path) -> None:
+    out = tmp_path / "runs"
+    args = ["train", "--dry-run", "--config", str(REPO / "configs" / "toy_grpo.yaml"), f"trainer.output_dir={out}"]
+    result = runner.invoke(app, [*args, f"model.cache_dir={model_cache}"])
+    assert result.exit_code == 0, result.output
+    for line in ("backend      local", "roles", "model        the built-in tiny Qwen2", "memory/GPU", "data/train"):
+        assert line in result.output, line
+    assert "builtin://toy_target_string/train: built in" in result.output
+    assert f"output       {out / 'toy_grpo'} (new)" in result.output
+    assert "problems     none" in result.output
+    assert not out.exists()
+    result = runner.invoke(app, [*args, "model.path=/nowhere/Qwen3-8B"])
+    assert result.exit_code == 2
+    assert "not found locally" in result.output
+
+
+def test_sft_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "sft"
+    args = ["sft", "--dry-run", "--config", str(REPO / "configs" / "query_rewrite_demo.yaml"), f"sft.output_dir={out}"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "queryrl sft --dry-run" in result.output
+    assert "SFT: the policy only" in result.output
+    assert f"output       {out} (new)" in result.output
+    assert not out.exists()
+
+
+def test_train_reports_every_bad_key_at_once_and_writes_nothing(tmp_path: Path) -> None:
+    bad = [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.rollout.nn=5",
+    ]
+    result = runner.invoke(app, ["train", *bad, f"trainer.output_dir={tmp_path / 'runs'}"])
+    assert result.exit_code == 2
+    assert "3 problems in the config" in result.output
+    assert "did you mean actor_rollout_ref.rollout.n" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_data_file_stops_the_run_before_its_folder_is_written(tmp_path: Path, model_cache: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no prompt column"}\n')
+    args = [
+        "train",
+        "--config",
+        str(REPO / "configs" / "toy_grpo.yaml"),
+        f"model.cache_dir={model_cache}",
+        f"data.train_files=[{bad}]",
+        f"trainer.output_dir={tmp_path / 'runs'}",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "bad.jsonl" in result.output
+    assert "prompt" in result.output
+    assert not (tmp_path / "runs").exists(), "the run folder was written before the data loaded"

@@ -1,6 +1,7 @@
 """Async client of the RAG service (HTTP, or an :class:`~queryrl.rag.service.InProcessRAG` without HTTP).
 
     client = RAGClient("http://127.0.0.1:8000")             # or RAGClient(InProcessRAG(index))
+    client = RAGClient("http://127.0.0.1:8000/{endpoint}")  # a service without the /rag prefix
     cand, ref = await client.both(rewritten_query=q, **prompt_fields)
     if isinstance(cand, RAGFailure) or isinstance(ref, RAGFailure):
         ...  # mark the sample failed; never score it 0
@@ -91,7 +92,9 @@ class RAGClient:
     """Calls ``/rag/chat_8b`` and ``/rag/chat`` (see the module doc for retries, caching and stats).
 
     Args:
-        base_url: the service root (``http://host:port``), or an :class:`InProcessRAG` to call directly.
+        base_url: the service root (``http://host:port``: posts to ``/rag/chat_8b`` and ``/rag/chat``), a
+            URL template with ``{endpoint}`` (``http://host:port/api/{endpoint}``: ``{endpoint}`` becomes
+            ``chat_8b`` or ``chat``), or an :class:`InProcessRAG` to call directly.
         timeout_s: limit on one attempt.
         max_retries: re-sends after the first attempt.
         backoff_base_s, backoff_max_s: the retry waits.
@@ -220,7 +223,7 @@ class RAGClient:
         if isinstance(self.target, InProcessRAG):
             method = self.target.chat_8b if endpoint == "chat_8b" else self.target.chat
             return await asyncio.wait_for(method(**fields), self.timeout_s)
-        response = await self._client().post(f"{self.target}/rag/{endpoint}", json=fields)
+        response = await self._client().post(endpoint_url(self.target, endpoint), json=fields)
         if response.status_code >= 500 or response.status_code == 429:
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
@@ -242,6 +245,14 @@ class RAGClient:
     def _add(self, key: str, value: float) -> None:
         with self._lock:
             self._stats[key] += value
+
+
+def endpoint_url(base_url: str, endpoint: str) -> str:
+    """The URL of `endpoint` (``chat_8b`` or ``chat``) under `base_url`: a service root or a ``{endpoint}`` template."""
+    base_url = base_url.rstrip("/")
+    if "{endpoint}" in base_url:
+        return base_url.replace("{endpoint}", endpoint)
+    return f"{base_url}/rag/{endpoint}"
 
 
 def reference_key(fields: dict[str, Any]) -> str:

@@ -50,9 +50,11 @@ class Trainer:
         self.cfg = cfg
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        # the run folder is written only once the model, data and reward have loaded: a bad setting
+        # found on the way leaves nothing behind
+        self.c: Components = build_components(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
-        self.c: Components = build_components(cfg)
         self.kl_ctrl = make_kl_controller(
             cfg.algo.kl_ctrl.type, cfg.algo.kl_ctrl.kl_coef, cfg.algo.kl_ctrl.target_kl, cfg.algo.kl_ctrl.horizon
         )
