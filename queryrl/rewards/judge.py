@@ -1,29 +1,43 @@
 """LLM-as-judge client: any OpenAI-compatible chat API, with bounded concurrency, retries, a disk cache
 and per-step accounting. Used by the query-rewrite judge (ARCHITECTURE.md §6) and by any reward function::
 
-    client = JudgeClient("https://api.openai.com/v1", "gpt-5", temperature=None, cache_dir="~/.cache/queryrl/judge")
+    client = JudgeClient("https://api.openai.com/v1", "gpt-5", reasoning_effort="low", cache_dir="~/.cache/judge")
+    print(client.check_sync())  # before a long job: the key, GET /models, one tiny request with these settings
     result = await client.judge(messages, schema=PAIRWISE_VERDICT_SCHEMA)
     if result.verdict is None:
         ...  # failed: result.error says why. Never replace it with a neutral score (seed 000 returns 0.5).
     metrics = collect_judge_metrics()  # the trainer, once per step: judge/* summed over every live client
 
-Failure policy. HTTP 429, 5xx, timeouts (``timeout_s`` per attempt, the whole attempt) and connection
-errors are retried up to ``max_retries`` times with exponential backoff and jitter (a ``Retry-After`` /
-``retry-after-ms`` header, capped at ``retry_after_max_s``, replaces the backoff); other 4xx are not
-retried. A call that still fails, a reply with no JSON object, and a JSON object that fails the schema
-give ``verdict=None`` with ``error`` starting ``"call failed"``, ``"unparseable verdict"`` or
-``"schema-invalid verdict"``. An unparseable reply is not re-asked. A missing API key is a
-configuration error: :class:`JudgeConfigError` is raised (it names the variable, never a value).
+Failure policy. HTTP 408, 409, 429, 5xx, timeouts (``timeout_s`` per attempt, the whole attempt) and
+connection errors are retried up to ``max_retries`` times with exponential backoff and jitter (a
+``Retry-After`` / ``retry-after-ms`` header, capped at ``retry_after_max_s``, replaces the backoff). Every
+other 4xx (400 unsupported parameter, 401 bad key, 404 unknown model, ...) is the request's fault: it
+would fail again, so it is sent once and never retried (each retry would be a paid call). A call that
+still fails, a reply with no JSON object, and a JSON object that fails the schema give ``verdict=None``
+with ``error`` starting ``"call failed"``, ``"unparseable verdict"`` or ``"schema-invalid verdict"``; a
+failed call's error carries the server's own message, its ``param`` and ``code`` (e.g. ``HTTP 400:
+Unsupported value: 'temperature' does not support 0.0 with this model. ... [param=temperature,
+code=unsupported_value]``) and a hint naming the setting to change. An unparseable reply is not
+re-asked. A missing API key is a configuration error: :class:`JudgeConfigError` is raised, never
+retried (it names the variable, never a value). The policy itself lives in :mod:`.judge_policy`. A
+failure is logged as a warning the first time its text appears (then at debug level: a refused setting
+fails every sample alike). A request refused with such a 4xx is remembered for :data:`REFUSAL_TTL_S`:
+the same request again (a reward manager retrying the sample) gets the same failure without a paid call.
+:meth:`JudgeClient.check` tests the service (key, ``GET /models``, one tiny
+request with these settings) before a long job depends on it.
 
 The API key is read from ``os.environ[api_key_env]`` at each request (the SDK's key-provider hook) and is
 never stored on the client, written to the cache, put in ``repr`` or in an error text (a server echoing
 it back is scrubbed). ``api_key_env=None`` sends the placeholder ``"EMPTY"`` (local / vLLM servers).
 
-GPT-5 and o-series models reject ``temperature`` other than 1 and ``max_tokens``: pass
-``temperature=None`` (not sent) and ``extra_body={"max_completion_tokens": N, "reasoning_effort": ...}``.
+Request settings. Only what is set is sent: ``temperature`` (default None: not sent, the model's default;
+GPT-5 and o-series reject any other value with HTTP 400), a token limit ``max_tokens`` sent under the
+name ``token_limit_param`` (default ``max_completion_tokens``, which OpenAI's reasoning models require and
+current servers accept; ``"max_tokens"`` for old servers), ``reasoning_effort`` (``minimal`` / ``low`` /
+``medium`` / ``high``, ...; None: not sent) and ``extra_body`` (merged into the JSON body as given).
 
 Cache. With ``cache_dir``, a successful verdict is stored as ``<cache_dir>/<k[:2]>/<k>.json`` where ``k`` is
-the sha256 of the full request (base_url, model, messages, temperature, max_tokens, extra_body, schema),
+the sha256 of the full request (base_url, model, messages, every request setting above, schema),
 written to a temporary name and renamed. Failures are never cached; an unreadable file is ignored and
 overwritten by the next success. A cached result carries the token counts of the call that made it;
 the counters below count only tokens spent now.
@@ -34,6 +48,9 @@ Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last p
 - ``judge/calls``: HTTP requests sent, retries included; ``judge/retries``: the re-sends among them;
 - ``judge/cache_hits``; ``judge/failed``: results with ``verdict=None``; ``judge/invalid``: the part of
   ``failed`` whose call succeeded but whose reply was unparseable or schema-invalid;
+  ``judge/client_errors``: the part of ``failed`` answered with a 4xx that is not retried (a setting the
+  server rejects, a bad key, an unknown model); ``judge/repeat_refusals``: the part of ``failed`` that was
+  such a refusal remembered, not re-sent (see below); ``judge/config_errors``: :class:`JudgeConfigError` raised;
 - ``judge/prompt_tokens``, ``judge/completion_tokens``: the API's ``usage`` (0 when absent);
 - ``judge/latency_s``: seconds spent in HTTP calls, summed over calls (failed and retried ones too);
   ``judge/latency_s_mean`` = ``latency_s / calls``, recomputed after summing across clients.
@@ -48,7 +65,6 @@ made lazily in the running loop, next to that loop's SDK client).
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import hashlib
 import json
 import logging
@@ -58,13 +74,25 @@ import threading
 import time
 import uuid
 import weakref
-from dataclasses import asdict, dataclass
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from queryrl.rewards.json_extract import json_objects, validate
+from queryrl.rewards.judge_policy import (
+    JudgeConfigError,
+    JudgeUnavailable,
+    check_settings,
+    config_error,
+    is_client_error,
+    is_retryable,
+    retry_after_s,
+    scrub_echoed_key,
+    server_message,
+)
 
 if TYPE_CHECKING:  # openai takes ~1 s to import: only when a judge is used
     import openai
@@ -73,6 +101,11 @@ log = logging.getLogger(__name__)
 
 NO_KEY_PLACEHOLDER = "EMPTY"
 CACHE_VERSION = 1
+# a request refused with a 4xx that is not retried is not re-sent for this long (an identical retry of the
+# sample by a reward manager gets the same failure, unpaid); the newest REFUSAL_MEMORY of them are kept
+REFUSAL_TTL_S = 600.0
+REFUSAL_MEMORY = 10_000
+PROBE_MAX_TOKENS = 16  # check(): the token limit of the one tiny request (when a limit is configured)
 STAT_KEYS = (
     "judge/requests",
     "judge/calls",
@@ -80,6 +113,9 @@ STAT_KEYS = (
     "judge/cache_hits",
     "judge/failed",
     "judge/invalid",
+    "judge/client_errors",
+    "judge/repeat_refusals",
+    "judge/config_errors",
     "judge/prompt_tokens",
     "judge/completion_tokens",
     "judge/latency_s",
@@ -101,10 +137,6 @@ PAIRWISE_VERDICT_SCHEMA: dict[str, Any] = {
 }
 
 
-class JudgeConfigError(RuntimeError):
-    """The judge cannot be called as configured (e.g. the API key variable is not set)."""
-
-
 @dataclass(frozen=True)
 class JudgeResult:
     """One judgment. ``verdict`` is None exactly when it failed, and then ``error`` says why."""
@@ -116,6 +148,7 @@ class JudgeResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
+    refused: bool = False  # the server answered a 4xx that is not retried: the request itself is wrong
 
     @property
     def ok(self) -> bool:
@@ -138,8 +171,8 @@ def _read_key(env: str | None) -> str:
     key = os.environ.get(env)
     if not key:
         raise JudgeConfigError(
-            f"judge API key: environment variable {env} is not set or empty; export it, "
-            "or pass api_key_env=None for a server that needs no key"
+            f"judge API key: environment variable {env} is not set or empty; export it (for a server that "
+            "needs no key: api_key_env null in the config, --judge-api-key-env '' on the command line)"
         )
     return key
 
@@ -155,9 +188,13 @@ class JudgeClient:
         timeout_s: limit on one HTTP attempt, seconds.
         max_retries: re-sends after the first attempt for 429 / 5xx / timeout / connection errors.
         cache_dir: folder for the verdict cache; None disables it.
-        temperature: sent when not None.
-        max_tokens: sent when not None.
-        extra_body: extra JSON fields merged into the request body (``reasoning_effort``, ...).
+        temperature: sent when not None (GPT-5 / o-series accept only their default: leave it None).
+        max_tokens: the reply's token limit, sent when not None, under the name `token_limit_param`.
+        token_limit_param: ``"max_completion_tokens"`` (OpenAI's current name; required by reasoning
+            models) or ``"max_tokens"`` (servers that predate it).
+        reasoning_effort: sent when not None: ``minimal``, ``low``, ``medium``, ``high`` (also ``none``,
+            ``xhigh`` for the models that take them).
+        extra_body: extra JSON fields merged into the request body as given (the SDK's ``extra_body``).
         backoff_base_s, backoff_max_s: the n-th retry waits uniform(b/2, b) with
             ``b = min(backoff_max_s, backoff_base_s * 2**(n-1))``.
         retry_after_max_s: cap on a server's ``Retry-After``.
@@ -172,9 +209,11 @@ class JudgeClient:
         timeout_s: float = 30.0,
         max_retries: int = 3,
         cache_dir: str | Path | None = None,
-        temperature: float | None = 0.0,
+        temperature: float | None = None,
         max_tokens: int | None = None,
         extra_body: dict[str, Any] | None = None,
+        token_limit_param: str = "max_completion_tokens",
+        reasoning_effort: str | None = None,
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 8.0,
         retry_after_max_s: float = 30.0,
@@ -184,6 +223,7 @@ class JudgeClient:
                 f"need max_concurrency >= 1, max_retries >= 0, timeout_s > 0; "
                 f"got {max_concurrency}, {max_retries}, {timeout_s}"
             )
+        check_settings(temperature, max_tokens, token_limit_param, reasoning_effort, extra_body)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.api_key_env = api_key_env
@@ -193,6 +233,8 @@ class JudgeClient:
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.token_limit_param = token_limit_param
+        self.reasoning_effort = reasoning_effort
         self.extra_body = dict(extra_body) if extra_body else None
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
@@ -200,6 +242,8 @@ class JudgeClient:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(STAT_KEYS, 0.0)
+        self._logged: set[str] = set()  # failure texts already logged as warnings
+        self._refused: OrderedDict[str, tuple[float, JudgeResult]] = OrderedDict()  # cache key -> (when, result)
         with _LIVE_LOCK:
             _LIVE_CLIENTS.add(self)
 
@@ -224,14 +268,24 @@ class JudgeClient:
         if hit is not None:
             self._add("judge/cache_hits", 1)
             return hit
-        _read_key(self.api_key_env)  # fail loudly before queueing, not as a failed sample
+        self._key_or_raise()  # fail loudly before queueing, not as a failed sample
+        refused = self._refusal(key)
+        if refused is not None:  # e.g. a reward manager retrying the sample: the answer would be the same 4xx
+            self._add("judge/failed", 1)
+            self._add("judge/repeat_refusals", 1)
+            return refused
         state = self._state()
         async with state.semaphore:
             start = time.perf_counter()
             result = await self._judge_uncached(state.sdk, messages, schema, start)
         if result.verdict is None:
             self._add("judge/failed", 1)
-            log.warning("judge %s: %s", self.model, result.error)
+            self._log_failure(result.error or "")
+            if result.refused:
+                with self._lock:
+                    self._refused[key] = (time.monotonic(), result)
+                    while len(self._refused) > REFUSAL_MEMORY:
+                        self._refused.popitem(last=False)
         else:
             self._cache_write(key, result)
         return result
@@ -259,6 +313,58 @@ class JudgeClient:
         if state is not None:
             await state.sdk.close()
 
+    async def check(self) -> str:
+        """Test the service before a long job depends on it; returns what was checked.
+
+        In order: the key variable is set; ``GET {base_url}/models`` answers (not served -- 404, 405 -- is
+        fine: local servers may lack it); one tiny chat request with this client's settings (temperature,
+        token limit capped at :data:`PROBE_MAX_TOKENS`, reasoning effort, extra body) is accepted, so a
+        setting the model rejects fails here rather than on every sample. The request is retried as a
+        judge call is; its reply text is not read. It counts in ``judge/calls`` (it is a paid call).
+
+        Raises:
+            JudgeConfigError: the key variable is not set.
+            JudgeUnavailable: no answer, the key refused, or the request refused (the server's message).
+        """
+        import openai
+
+        self._key_or_raise()
+        sdk = self._state().sdk
+        where = f"judge {self.model!r} at {self.base_url}"
+        listed = "GET /models not served"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                page = await sdk.models.list()
+            listed = f"GET /models lists {len(page.data)} model(s)"
+        except openai.APIStatusError as e:
+            if e.status_code in (401, 403):
+                raise JudgeUnavailable(f"{where} refused the key in ${self.api_key_env}: {self._describe(e)}") from None
+            if e.status_code not in (404, 405):
+                listed = f"GET /models answered HTTP {e.status_code}"
+        except (openai.APIConnectionError, TimeoutError) as e:
+            raise JudgeUnavailable(f"{where} does not answer: {self._describe(e)}") from None
+        probe = [{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}]
+        limit = min(self.max_tokens, PROBE_MAX_TOKENS) if self.max_tokens is not None else None
+        retrying = self._retrying()
+        try:
+            await retrying(self._call_once, sdk, probe, limit)
+        except Exception as e:
+            if (cause := config_error(e)) is not None:
+                raise cause from None
+            raise JudgeUnavailable(f"{where}: a test request failed: {self._describe(e)}") from None
+        return f"{where}: {listed}; a test request with the judge's settings succeeded"
+
+    def check_sync(self) -> str:
+        """:meth:`check` for scripts (its own event loop)."""
+
+        async def once() -> str:
+            try:
+                return await self.check()
+            finally:
+                await self.aclose()
+
+        return asyncio.run(once())
+
     def cache_key(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None = None) -> str:
         """sha256 of the full request: everything that can change the verdict."""
         request = {
@@ -268,6 +374,8 @@ class JudgeClient:
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
+            "token_limit_param": self.token_limit_param,
+            "reasoning_effort": self.reasoning_effort,
             "extra_body": self.extra_body,
             "schema": schema,
         }
@@ -283,19 +391,20 @@ class JudgeClient:
     async def _judge_uncached(
         self, sdk: openai.AsyncOpenAI, messages: list[dict[str, Any]], schema: dict[str, Any] | None, start: float
     ) -> JudgeResult:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._wait,
-            retry=retry_if_exception(_is_retryable),
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
+        retrying = self._retrying()
         try:
             completion: Any = await retrying(self._call_once, sdk, messages)
         except Exception as e:  # anything the call raised, after the retries it deserved
+            cause = config_error(e)
+            if cause is not None:  # the key vanished mid-run: a configuration error, never a sample
+                self._add("judge/config_errors", 1)
+                raise cause from None
+            refused = is_client_error(e)
+            if refused:
+                self._add("judge/client_errors", 1)
             attempts = retrying.statistics.get("attempt_number", 1)
             failure = f"call failed after {attempts} attempt(s): {self._describe(e)}"
-            return JudgeResult(None, None, failure, latency_s=time.perf_counter() - start)
+            return JudgeResult(None, None, failure, latency_s=time.perf_counter() - start, refused=refused)
         usage = getattr(completion, "usage", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
@@ -311,14 +420,24 @@ class JudgeClient:
             self._add("judge/invalid", 1)
         return JudgeResult(verdict, raw, error, False, prompt_tokens, completion_tokens, time.perf_counter() - start)
 
-    async def _call_once(self, sdk: openai.AsyncOpenAI, messages: list[dict[str, Any]]) -> Any:
+    def request_options(self, max_tokens: int | None = None) -> dict[str, Any]:
+        """The SDK keyword arguments of a request: only the settings that are set (see the module doc)."""
         options: dict[str, Any] = {}
         if self.temperature is not None:
             options["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            options["max_tokens"] = self.max_tokens
+        limit = self.max_tokens if max_tokens is None else max_tokens
+        if limit is not None:
+            options[self.token_limit_param] = limit
+        if self.reasoning_effort is not None:
+            options["reasoning_effort"] = self.reasoning_effort
         if self.extra_body:
             options["extra_body"] = self.extra_body
+        return options
+
+    async def _call_once(
+        self, sdk: openai.AsyncOpenAI, messages: list[dict[str, Any]], max_tokens: int | None = None
+    ) -> Any:
+        options = self.request_options(max_tokens)
         self._add("judge/calls", 1)
         start = time.perf_counter()
         try:
@@ -327,9 +446,18 @@ class JudgeClient:
         finally:
             self._add("judge/latency_s", time.perf_counter() - start)
 
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception(is_retryable),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+
     def _wait(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome is not None else None
-        after = _retry_after_s(error)
+        after = retry_after_s(error)
         if after is not None:
             return min(after, self.retry_after_max_s)
         cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (state.attempt_number - 1))
@@ -344,17 +472,53 @@ class JudgeClient:
         import openai
 
         if isinstance(error, openai.APIStatusError):
-            body = error.body.get("message") if isinstance(error.body, dict) else None  # without "Error code: N - "
-            text = f"HTTP {error.status_code}: {body if isinstance(body, str) else error.message}"
+            text = f"HTTP {error.status_code}: {server_message(error)}"
         elif isinstance(error, openai.APITimeoutError | TimeoutError):
             text = f"timed out after {self.timeout_s:g} s"
         elif isinstance(error, openai.APIConnectionError):
             text = f"connection error: {error.__cause__ or error}"
         else:
             text = f"{type(error).__name__}: {error}"
-        text = text[:500]
+        return self._scrub(text[:600])
+
+    def _scrub(self, text: str) -> str:
+        """`text` without the key: a server echoing it (or, as OpenAI does, a masked piece of it) is cut."""
+        text = scrub_echoed_key(text)
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "<redacted>") if key else text
+
+    def _refusal(self, key: str) -> JudgeResult | None:
+        """The remembered refusal of this very request, if the server refused it in the last
+        :data:`REFUSAL_TTL_S` seconds (its error says it was not re-sent)."""
+        with self._lock:
+            entry = self._refused.get(key)
+            if entry is None:
+                return None
+            age = time.monotonic() - entry[0]
+            if age > REFUSAL_TTL_S:
+                del self._refused[key]
+                return None
+        error = f"{entry[1].error} (not re-sent: the server refused this same request {age:.0f} s ago)"
+        return replace(entry[1], error=error, latency_s=0.0)
+
+    def _log_failure(self, error: str) -> None:
+        """A warning the first time an error text is seen (a refused setting fails every sample the same
+        way: one line names the cause, not thousands), a debug line after that."""
+        with self._lock:
+            first = error not in self._logged and len(self._logged) < 1000  # bounded memory
+            if first:
+                self._logged.add(error)
+        if first:
+            log.warning("judge %s: %s", self.model, error)
+        else:
+            log.debug("judge %s (again): %s", self.model, error)
+
+    def _key_or_raise(self) -> None:
+        try:
+            _read_key(self.api_key_env)
+        except JudgeConfigError:
+            self._add("judge/config_errors", 1)
+            raise
 
     # --- per-loop state, cache, counters ------------------------------------------------------------
 
@@ -404,7 +568,7 @@ class JudgeClient:
         path = self._cache_path(key)
         if path is None:
             return
-        record = {k: v for k, v in asdict(result).items() if k not in ("error", "cached", "latency_s")}
+        record = {k: v for k, v in asdict(result).items() if k not in ("error", "cached", "latency_s", "refused")}
         record["model"] = self.model
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -455,32 +619,3 @@ def collect_judge_metrics() -> dict[str, float]:
 def _with_mean(stats: dict[str, float]) -> dict[str, float]:
     calls = stats["judge/calls"]
     return {**stats, "judge/latency_s_mean": stats["judge/latency_s"] / calls if calls else 0.0}
-
-
-def _is_retryable(error: BaseException) -> bool:
-    import openai
-
-    if isinstance(error, openai.APIStatusError):
-        return error.status_code == 429 or error.status_code >= 500
-    return isinstance(error, openai.APIConnectionError | TimeoutError)  # APITimeoutError is a connection error
-
-
-def _retry_after_s(error: BaseException | None) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), if the error has them."""
-    import openai
-
-    if not isinstance(error, openai.APIStatusError):
-        return None
-    headers = error.response.headers
-    try:
-        if (ms := headers.get("retry-after-ms")) is not None:
-            return max(0.0, float(ms) / 1000)
-        if (value := headers.get("retry-after")) is None:
-            return None
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max(0.0, when.timestamp() - time.time())
-    except (ValueError, TypeError, OverflowError):
-        return None

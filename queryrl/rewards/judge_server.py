@@ -4,14 +4,32 @@
     JudgeClient("http://127.0.0.1:8001/v1", "any-name", api_key_env=None)
 
 Endpoints: ``POST /v1/chat/completions`` (``model``, ``messages``, ``temperature``, ``max_tokens`` /
-``max_completion_tokens``, ...; other fields are accepted and ignored; ``stream=true`` and ``n > 1`` are
-refused with 400), ``GET /v1/models``, ``GET /health``. Errors use OpenAI's body
+``max_completion_tokens``, ...; other fields are accepted and ignored unless ``strict``; ``stream=true``
+and ``n > 1`` are refused with 400), ``GET /v1/models``, ``GET /health``. Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``.
 
 The reply is ``fn(messages)`` (sync functions run in a worker thread; ``async def`` is awaited; a dict
 is sent as JSON). ``usage`` is approximate: :func:`approx_tokens` = ``ceil(characters / 4)`` of the text,
 summed over the messages' contents for ``prompt_tokens``. A ``max_tokens`` limit cuts the reply to
 ``4 * max_tokens`` characters with ``finish_reason="length"``.
+
+Strict mode (``strict=True``): the request is checked as OpenAI's API checks it, and refused with its
+status, message and ``param`` / ``code`` (:func:`openai_rules`):
+
+- a field the API does not know: 400 ``Unrecognized request argument supplied: NAME``;
+- a reasoning model (a name starting ``gpt-5``, ``o1``, ``o3`` or ``o4``): ``temperature`` other than 1
+  (400 ``unsupported_value``: "Unsupported value: 'temperature' does not support 0.0 with this model. Only
+  the default (1) value is supported."), ``max_tokens`` (400 ``unsupported_parameter``: "... Use
+  'max_completion_tokens' instead."), ``top_p``, ``presence_penalty``, ``frequency_penalty``,
+  ``logprobs``, ``top_logprobs``, ``logit_bias`` (400 ``unsupported_parameter``), a ``reasoning_effort``
+  the model does not take (400 ``unsupported_value``);
+- another model: ``reasoning_effort`` (400 ``unsupported_parameter``);
+- with ``served_models``, a model not among them: 404 ``model_not_found``.
+
+With ``api_key`` (either mode) every ``/v1`` route wants ``Authorization: Bearer <api_key>``: a missing
+one gets 401 "You didn't provide an API key. ...", a wrong one 401 ``invalid_api_key`` "Incorrect API key
+provided: sk-ab***...wxyz. ..." (masked as OpenAI masks it). ``list_models=False`` serves no
+``/v1/models`` (404), like some servers.
 
 Built-in judges (:func:`load_judge_function`):
 
@@ -31,6 +49,7 @@ import importlib.util
 import inspect
 import json
 import math
+import os
 import random
 import re
 import socket
@@ -53,7 +72,7 @@ from queryrl.rewards.json_extract import json_objects
 
 JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
 
-FAULTS = ("ok", "500", "429", "400", "garbage", "truncated", "slow")
+FAULTS = ("ok", "500", "429", "408", "409", "400", "garbage", "truncated", "slow")
 GARBAGE_REPLY = "Both rewrites look reasonable to me; I would lean slightly towards the first one."
 CONSTANT_VERDICT: dict[str, Any] = {"better": "same", "score": {"8b": {"sum": 20}, "32b": {"sum": 20}}}
 
@@ -64,9 +83,9 @@ class Chaos:
 
     Request k (1-based) gets ``sequence[k-1]`` while the sequence lasts; after it, a fault drawn with
     ``rates`` (probabilities, the rest ``"ok"``) from a generator seeded with ``seed``. Faults:
-    ``"500"``, ``"429"`` (with ``Retry-After: retry_after_s``), ``"400"``, ``"garbage"`` (prose, no JSON),
-    ``"truncated"`` (the first half of the judge's reply), ``"slow"`` (reply after ``slow_s``; the wait
-    ends early when the client hangs up), ``"ok"``.
+    ``"500"``, ``"429"`` (with ``Retry-After: retry_after_s``), ``"408"``, ``"409"``, ``"400"``,
+    ``"garbage"`` (prose, no JSON), ``"truncated"`` (the first half of the judge's reply), ``"slow"`` (reply
+    after ``slow_s``; the wait ends early when the client hangs up), ``"ok"``.
     """
 
     sequence: Sequence[str] = ()
@@ -105,6 +124,9 @@ class ServerStats:
     max_in_flight: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     last_authorization: str | None = None  # the Authorization header of the latest request
+    last_body: dict[str, Any] | None = None  # the latest well-formed request body
+    refused: int = 0  # requests refused by the key or the strict rules
+    model_lists: int = 0  # GET /v1/models received
 
 
 def approx_tokens(text: str) -> int:
@@ -127,22 +149,36 @@ def make_app(
     latency_ms: float = 0.0,
     chaos: Chaos | Sequence[str] | Mapping[str, float] | None = None,
     model_name: str = "queryrl-judge",
+    *,
+    strict: bool = False,
+    api_key: str | None = None,
+    served_models: Sequence[str] | None = None,
+    list_models: bool = True,
 ) -> FastAPI:
     """The server app. `latency_ms` delays every successful reply; `chaos` (a :class:`Chaos`, or a
-    sequence / rates mapping for one) injects faults; `model_name` is listed by ``/v1/models``."""
+    sequence / rates mapping for one) injects faults; `model_name` is listed by ``/v1/models`` (with
+    `served_models`, those are). `strict`, `api_key`, `served_models`, `list_models`: see the module doc."""
     if chaos is not None and not isinstance(chaos, Chaos):
         chaos = Chaos(rates=chaos) if isinstance(chaos, Mapping) else Chaos(sequence=list(chaos))
     app = FastAPI(title="queryrl judge server")
     stats = app.state.stats = ServerStats()
+    rules = _Rules(strict, api_key, tuple(served_models) if served_models is not None else None)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "queryrl"}
-        return {"object": "list", "data": [entry]}
+    if list_models:
+
+        @app.get("/v1/models")
+        async def models(request: Request) -> Any:
+            stats.model_lists += 1
+            refused = rules.auth(request.headers.get("authorization"))
+            if refused is not None:
+                return refused
+            names = rules.served_models or (model_name,)
+            entries = [{"id": n, "object": "model", "created": 0, "owned_by": "queryrl"} for n in names]
+            return {"object": "list", "data": entries}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> JSONResponse:
@@ -151,7 +187,11 @@ def make_app(
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
         stats.last_authorization = request.headers.get("authorization")
         try:
-            return await _complete(request, judge_fn, latency_ms / 1000, chaos, stats, model_name)
+            refused = rules.auth(stats.last_authorization)
+            if refused is not None:
+                stats.refused += 1
+                return refused
+            return await _complete(request, judge_fn, latency_ms / 1000, chaos, stats, model_name, rules)
         finally:
             stats.in_flight -= 1
 
@@ -159,7 +199,13 @@ def make_app(
 
 
 async def _complete(
-    request: Request, judge_fn: JudgeFn, latency_s: float, chaos: Chaos | None, stats: ServerStats, model_name: str
+    request: Request,
+    judge_fn: JudgeFn,
+    latency_s: float,
+    chaos: Chaos | None,
+    stats: ServerStats,
+    model_name: str,
+    rules: _Rules,
 ) -> JSONResponse:
     try:
         body = await request.json()
@@ -168,6 +214,11 @@ async def _complete(
     problem = _check_body(body)
     if problem:
         return _error(400, problem)
+    stats.last_body = body
+    refused = rules.check(body)
+    if refused is not None:
+        stats.refused += 1
+        return refused
     fault = chaos.next_fault() if chaos is not None else "ok"
     stats.faults[fault] += 1
     if fault == "500":
@@ -178,6 +229,8 @@ async def _complete(
         return _error(429, "injected fault: rate limited", "rate_limit_error", headers)
     if fault == "400":
         return _error(400, "injected fault: bad request")
+    if fault in ("408", "409"):
+        return _error(int(fault), f"injected fault: HTTP {fault}", "server_error")
     if fault == "slow" and chaos is not None and await _sleep_unless_gone(request, chaos.slow_s):
         return _error(504, "the client hung up")
     if latency_s > 0:
@@ -260,10 +313,145 @@ async def _sleep_unless_gone(request: Request, seconds: float) -> bool:
 
 
 def _error(
-    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+    code: str | None = None,
 ) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+# --- strict mode: OpenAI's own checks ------------------------------------------------------------
+
+# the Chat Completions request fields the API knows (openai-python 3.x `chat.completions.create`)
+KNOWN_FIELDS = frozenset(
+    (
+        "messages",
+        "model",
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "moderation",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "verbosity",
+        "web_search_options",
+    )
+)
+REASONING_PREFIXES = ("gpt-5", "o1", "o3", "o4")
+# sampling controls a reasoning model refuses outright
+REASONING_UNSUPPORTED = ("top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias")
+KEY_HELP = "You can find your API key at https://platform.openai.com/account/api-keys."
+
+
+def is_reasoning_model(model: str) -> bool:
+    """OpenAI's reasoning models by name: ``gpt-5*``, ``o1*``, ``o3*``, ``o4*`` (after a ``provider/`` prefix)."""
+    name = model.rsplit("/", 1)[-1].lower()
+    return name.startswith(REASONING_PREFIXES)
+
+
+def _efforts(model: str) -> tuple[str, ...]:
+    return ("minimal", "low", "medium", "high") if model.lower().startswith("gpt-5") else ("low", "medium", "high")
+
+
+def _listing(values: Sequence[str]) -> str:
+    quoted = [f"'{v}'" for v in values]
+    return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+
+
+def _unsupported_parameter(param: str, extra: str = "") -> JSONResponse:
+    message = f"Unsupported parameter: '{param}' is not supported with this model.{extra}"
+    return _error(400, message, param=param, code="unsupported_parameter")
+
+
+def openai_rules(body: Mapping[str, Any]) -> JSONResponse | None:
+    """The 400 OpenAI's API gives this request body, or None when it would accept it (see the module doc)."""
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        return _error(400, f"Unrecognized request argument supplied: {unknown[0]}")
+    model = str(body.get("model") or "")
+    effort = body.get("reasoning_effort")
+    if not is_reasoning_model(model):
+        return _unsupported_parameter("reasoning_effort") if effort is not None else None
+    temperature = body.get("temperature")
+    if temperature is not None and temperature != 1:
+        message = (
+            f"Unsupported value: 'temperature' does not support {json.dumps(temperature)} with this model. "
+            "Only the default (1) value is supported."
+        )
+        return _error(400, message, param="temperature", code="unsupported_value")
+    if "max_tokens" in body:
+        return _unsupported_parameter("max_tokens", " Use 'max_completion_tokens' instead.")
+    for param in REASONING_UNSUPPORTED:
+        if param in body:
+            return _unsupported_parameter(param)
+    if effort is not None and effort not in _efforts(model):
+        message = (
+            f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model. "
+            f"Supported values are: {_listing(_efforts(model))}."
+        )
+        return _error(400, message, param="reasoning_effort", code="unsupported_value")
+    return None
+
+
+@dataclass(frozen=True)
+class _Rules:
+    strict: bool
+    api_key: str | None
+    served_models: tuple[str, ...] | None
+
+    def auth(self, authorization: str | None) -> JSONResponse | None:
+        """401 as OpenAI answers it, when a key is configured and this one is missing or wrong."""
+        if self.api_key is None:
+            return None
+        given = (authorization or "").removeprefix("Bearer ").strip()
+        if not given:
+            message = (
+                "You didn't provide an API key. You need to provide your API key in an Authorization header "
+                f"using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). {KEY_HELP}"
+            )
+            return _error(401, message)
+        if given != self.api_key:
+            masked = given[:5] + "*" * max(0, len(given) - 9) + given[-4:] if len(given) > 9 else "*" * len(given)
+            return _error(401, f"Incorrect API key provided: {masked}. {KEY_HELP}", code="invalid_api_key")
+        return None
+
+    def check(self, body: Mapping[str, Any]) -> JSONResponse | None:
+        model = str(body.get("model") or "")
+        if self.served_models is not None and model not in self.served_models:
+            message = f"The model `{model}` does not exist or you do not have access to it."
+            return _error(404, message, code="model_not_found")
+        return openai_rules(body) if self.strict else None
 
 
 # --- built-in judges -----------------------------------------------------------------------------
@@ -349,7 +537,9 @@ def _import_file(path: Path) -> Any:
 # --- running it ------------------------------------------------------------------------------------
 
 
-def serve(host: str, port: int, judge: str, latency_ms: float = 0.0) -> None:
+def serve(
+    host: str, port: int, judge: str, latency_ms: float = 0.0, strict: bool = False, api_key_env: str | None = None
+) -> None:
     """Serve `judge` until interrupted (blocking).
 
     Args:
@@ -358,8 +548,15 @@ def serve(host: str, port: int, judge: str, latency_ms: float = 0.0) -> None:
         judge: a built-in judge name (``constant``, ``echo``, ``length``), ``path/to/file.py:function`` or
             ``package.module:function``; the function takes the chat messages and returns the reply text.
         latency_ms: extra delay added to every reply, milliseconds (to mimic a remote API).
+        strict: refuse what OpenAI's API refuses (see the module doc), to rehearse a GPT-5 judge offline.
+        api_key_env: an environment variable holding the key clients must send (None: any key).
     """
-    app = make_app(load_judge_function(judge), latency_ms=latency_ms)
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise ValueError(f"judge server: environment variable {api_key_env} is not set or empty")
+    app = make_app(load_judge_function(judge), latency_ms=latency_ms, strict=strict, api_key=api_key)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

@@ -224,3 +224,102 @@ def test_running_server_stops() -> None:
         time.sleep(0.6)
         with pytest.raises(httpx.ConnectError):
             _post(url, {"messages": MESSAGES})
+
+
+# --- strict mode: the answers of OpenAI's API, for GPT-5 / o-series and keys ------------------------
+
+
+def _strict(url: str, body: dict[str, Any], **headers: str) -> tuple[int, dict[str, Any]]:
+    reply = _post(url, {"messages": MESSAGES, **body}, **headers)
+    return reply.status_code, reply.json()
+
+
+def _unsupported(param: str, message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+
+
+def test_strict_mode_refuses_what_gpt5_refuses() -> None:
+    app = make_app(constant_judge, strict=True)
+    with running_server(app) as url:
+        temperature = _strict(url, {"model": "gpt-5", "temperature": 0.0})
+        zero = _strict(url, {"model": "gpt-5-mini", "temperature": 0})
+        max_tokens = _strict(url, {"model": "gpt-5", "max_tokens": 64})
+        top_p = _strict(url, {"model": "o3-mini", "top_p": 0.9})
+        o1_effort = _strict(url, {"model": "o1", "reasoning_effort": "minimal"})
+        unknown = _strict(url, {"model": "gpt-5", "max_output_tokens": 64})
+        effort_4o = _strict(url, {"model": "gpt-4o", "reasoning_effort": "low"})
+        ok_gpt5 = _strict(
+            url, {"model": "gpt-5", "temperature": 1, "max_completion_tokens": 64, "reasoning_effort": "minimal"}
+        )
+        ok_4o = _strict(url, {"model": "gpt-4o", "temperature": 0.0, "max_tokens": 64, "top_p": 0.5})
+    # the exact bodies OpenAI answers (from public bug reports quoting the API)
+    message = "Unsupported value: 'temperature' does not support 0.0 with this model. "
+    message += "Only the default (1) value is supported."
+    assert temperature == (400, _unsupported("temperature", message, "unsupported_value"))
+    assert zero[1]["error"]["message"].startswith("Unsupported value: 'temperature' does not support 0 with")
+    assert max_tokens == (400, _unsupported(
+        "max_tokens",
+        "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
+        "unsupported_parameter",
+    ))  # fmt: skip
+    assert top_p == (400, _unsupported(
+        "top_p", "Unsupported parameter: 'top_p' is not supported with this model.", "unsupported_parameter"
+    ))  # fmt: skip
+    assert o1_effort[0] == 400
+    assert o1_effort[1]["error"]["message"] == (
+        "Unsupported value: 'reasoning_effort' does not support 'minimal' with this model. "
+        "Supported values are: 'low', 'medium', and 'high'."
+    )
+    assert unknown[0] == 400
+    assert unknown[1]["error"]["message"] == "Unrecognized request argument supplied: max_output_tokens"
+    assert effort_4o[0] == 400
+    assert effort_4o[1]["error"]["param"] == "reasoning_effort"
+    assert ok_gpt5[0] == 200
+    assert ok_4o[0] == 200  # a non-reasoning model takes them all
+    assert app.state.stats.refused == 7
+    assert app.state.stats.faults["ok"] == 2  # refused requests never reached the judge
+
+
+def test_lenient_mode_accepts_what_strict_refuses() -> None:
+    app = make_app(constant_judge)
+    with running_server(app) as url:
+        status, _ = _strict(url, {"model": "gpt-5", "temperature": 0.0, "max_tokens": 64, "top_p": 0.5})
+    assert status == 200
+
+
+def test_api_key_is_checked_like_openai() -> None:
+    key = "sk-right-key-0123456789"
+    app = make_app(constant_judge, api_key=key, served_models=["gpt-5"])
+    with running_server(app) as url:
+        missing = _strict(url, {"model": "gpt-5"})
+        wrong = _strict(url, {"model": "gpt-5"}, authorization="Bearer sk-wrong-key-9876543210")
+        right = _strict(url, {"model": "gpt-5"}, authorization=f"Bearer {key}")
+        unknown_model = _strict(url, {"model": "gpt-6"}, authorization=f"Bearer {key}")
+        models_no_key = httpx.get(f"{url}/models", timeout=5.0)
+        models = httpx.get(f"{url}/models", headers={"authorization": f"Bearer {key}"}, timeout=5.0)
+    assert missing[0] == 401
+    assert missing[1]["error"]["message"].startswith("You didn't provide an API key.")
+    assert wrong[0] == 401
+    assert wrong[1]["error"]["code"] == "invalid_api_key"
+    # masked as OpenAI masks it: the first 5 and last 4 characters
+    assert wrong[1]["error"]["message"].startswith("Incorrect API key provided: sk-wr**************3210. ")
+    assert right[0] == 200
+    assert unknown_model == (404, {"error": {
+        "message": "The model `gpt-6` does not exist or you do not have access to it.",
+        "type": "invalid_request_error", "param": None, "code": "model_not_found",
+    }})  # fmt: skip
+    assert models_no_key.status_code == 401
+    assert [m["id"] for m in models.json()["data"]] == ["gpt-5"]
+
+
+def test_models_route_can_be_absent() -> None:
+    with running_server(make_app(constant_judge, list_models=False)) as url:
+        assert httpx.get(f"{url}/models", timeout=5.0).status_code == 404
+        assert _strict(url, {"model": "m"})[0] == 200
+
+
+def test_408_and_409_faults() -> None:
+    app = make_app(constant_judge, chaos=["408", "409"])
+    with running_server(app) as url:
+        statuses = [_post(url, {"messages": MESSAGES}).status_code for _ in range(3)]
+    assert statuses == [408, 409, 200]

@@ -56,6 +56,11 @@ def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "judge_api_key_env": qr.judge.api_key_env,
         "judge_timeout_s": qr.judge.timeout_s,
         "judge_max_retries": qr.judge.max_retries,
+        "judge_temperature": qr.judge.temperature,  # None: not sent (GPT-5 / o-series take only their default)
+        "judge_max_tokens": qr.judge.max_tokens,
+        "judge_token_limit_param": qr.judge.token_limit_param,
+        "judge_reasoning_effort": qr.judge.reasoning_effort,
+        "judge_extra_body": OmegaConf.to_container(qr.judge.extra_body, resolve=True) or None,
         "judge_lang": qr.judge.lang,
         "position_swap": qr.judge.position_swap,
         "rag_url": qr.rag.url,
