@@ -24,7 +24,7 @@ demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/queryrl sft --config $(DEMO_CFG)
 	$(BIN)/queryrl train --config $(DEMO_CFG) model.path=$(DEMO_DIR)/sft trainer.resume=disable
-	$(BIN)/queryrl export $$(ls -d $(DEMO_DIR)/checkpoints/step_* | sort -t_ -k2 -n | tail -1) $(DEMO_DIR)/grpo
+	$(BIN)/queryrl export $(DEMO_DIR) $(DEMO_DIR)/grpo
 	$(BIN)/queryrl eval --config $(DEMO_CFG) --data builtin://sales_demo/test \
 		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json
 
