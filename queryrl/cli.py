@@ -17,24 +17,54 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the resolved plan (backend, roles, resources, model size, memory per GPU, data, reward, "
+        "services, output) without loading weights or writing anything; exit 0 when it is valid, 2 if not.",
+    ),
+]
+
+
+def _check_plan(cfg: Any, command: str, dry_run: bool) -> None:
+    """The plan of the run (queryrl.trainer.plan): printed with --dry-run; its problems stop the run here."""
+    from queryrl.trainer.plan import build_plan
+
+    plan = build_plan(cfg, command)
+    if dry_run:
+        typer.echo(plan.render())
+        raise typer.Exit(code=2 if plan.problems else 0)
+    if plan.problems:
+        many = f"{len(plan.problems)} problems:\n" + "\n".join(f"  - {p}" for p in plan.problems)
+        _fail(plan.problems[0] if len(plan.problems) == 1 else many)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def train(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
+    dry_run: DryRun = False,
 ) -> None:
     """Train: ``queryrl train --config FILE key.sub=value ...`` (verl keys accepted)."""
     import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
     from queryrl.config import ConfigError, load_config
+    from queryrl.data import DataError
 
     try:
         cfg = load_config(config, list(ctx.args))
     except ConfigError as exc:
         _fail(str(exc))
         return
+    _check_plan(cfg, "train", dry_run)
     from queryrl.trainer.loop import Trainer
 
-    with Trainer(cfg) as trainer:
-        metrics = trainer.fit()
+    try:
+        with Trainer(cfg) as trainer:
+            metrics = trainer.fit()
+    except DataError as exc:
+        _fail(str(exc))
+        return
     score = metrics.get("critic/score/mean")
     typer.echo(
         f"done: {cfg.trainer.output_dir}/{cfg.trainer.experiment_name}"
@@ -46,6 +76,7 @@ def train(
 def sft(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
+    dry_run: DryRun = False,
 ) -> None:
     """Supervised fine-tuning (a warm start before RL): ``queryrl sft --config FILE key.sub=value ...``."""
     import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
@@ -54,6 +85,7 @@ def sft(
 
     try:
         cfg = load_config(config, list(ctx.args))
+        _check_plan(cfg, "sft", dry_run)
         from queryrl.trainer.sft import train_sft
 
         result = train_sft(cfg)
@@ -81,32 +113,80 @@ def prepare_gsm8k(
     typer.echo(f"wrote {path}")
 
 
-@prepare_app.command("conversations")
+class _ConversationsCommand(typer.core.TyperCommand):
+    """Appends the mappable fields and roles to ``--help``, generated from the code's field list when shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from queryrl.apps.query_rewrite.log_import import fields_help
+
+        self.epilog = fields_help()  # imported here: the app pulls in torch, too slow for every command
+        super().format_help(ctx, formatter)
+
+
+@prepare_app.command("conversations", cls=_ConversationsCommand)
 def prepare_conversations(
-    input: Annotated[Path, typer.Option("--input", help="A conversation log: .xlsx, .csv, .jsonl or .parquet.")],
+    input: Annotated[
+        Path,
+        typer.Option("--input", help="A conversation log, one row per message: .xlsx, .xls, .csv, .jsonl, .parquet."),
+    ],
     out: Annotated[Path, typer.Option("--out", help="Output folder for train/val/test.parquet.")],
     columns: Annotated[
-        str | None, typer.Option(help='Column mapping as JSON, e.g. \'{"text": "消息内容", "role": "角色"}\'.')
+        str | None,
+        typer.Option(help='Field -> your column name as JSON, e.g. \'{"text": "消息内容"}\' (fields listed below).'),
     ] = None,
-    sheet: Annotated[str | None, typer.Option(help="Only this Excel sheet (default: all).")] = None,
+    roles: Annotated[
+        str | None,
+        typer.Option(
+            help='Role value -> user | assistant | skip as JSON, e.g. \'{"销售顾问": "assistant", "系统": "skip"}\'.'
+        ),
+    ] = None,
+    sheet: Annotated[
+        str | None, typer.Option(help="Only this Excel sheet (default: every sheet with the columns).")
+    ] = None,
+    header_row: Annotated[
+        int | None, typer.Option(min=1, help="1-based header row (default: the first of rows 1-10 with the columns).")
+    ] = None,
+    order_by: Annotated[
+        str | None,
+        typer.Option(
+            help="A date/time column ordering each conversation (default: turn, else a time column, else file order)."
+        ),
+    ] = None,
+    fill_down: Annotated[
+        bool, typer.Option(help="Fill blank conversation-level cells (merged cells) from the row above.")
+    ] = True,
     val_fraction: Annotated[float, typer.Option(help="Share of conversations for validation.")] = 0.1,
     test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
 ) -> None:
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
-    import json
-
-    from queryrl.apps.query_rewrite.conversations import prepare_conversations as run
+    from queryrl.apps.query_rewrite.conversations import prepare_conversation_data
+    from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
     from queryrl.data import DataError
 
     try:
-        mapping = json.loads(columns) if columns else None
-        paths = run(input, out, mapping, val_fraction=val_fraction, test_fraction=test_fraction, seed=seed, sheet=sheet)
+        mapping = check_columns(parse_json_option("--columns", columns), "--columns")
+        role_values = parse_json_option("--roles", roles)
+        role_table(role_values, "--roles")
+        result = prepare_conversation_data(
+            input,
+            out,
+            mapping,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            seed=seed,
+            sheet=sheet,
+            roles=role_values,
+            header_row=header_row,
+            order_by=order_by,
+            fill_down=fill_down,
+        )
     except (DataError, ValueError) as exc:
         _fail(str(exc))
         return
-    for split, path in paths.items():
-        typer.echo(f"{split}: {path}")
+    typer.echo(result.summary())
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
 
 
 @prepare_app.command("kdconv")
@@ -134,7 +214,9 @@ def prepare_kdconv(
 
 @app.command()
 def export(
-    checkpoint: Annotated[Path, typer.Argument(help="A checkpoints/step_N folder.")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A checkpoints/step_N folder, or a run folder (its latest checkpoint).")
+    ],
     out: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model folder.")],
 ) -> None:
     """A checkpoint's policy -> a plain Hugging Face model folder (LoRA merged)."""
@@ -244,9 +326,26 @@ def eval_(
     judge: Annotated[str | None, typer.Option(help="none, offline or openai (default none).")] = None,
     judge_base_url: Annotated[str | None, typer.Option(help="--judge openai: the API root.")] = None,
     judge_model: Annotated[str | None, typer.Option(help="--judge openai: the model name.")] = None,
-    judge_api_key_env: Annotated[str | None, typer.Option(help="--judge openai: env var holding the key.")] = None,
+    judge_api_key_env: Annotated[
+        str | None, typer.Option(help="--judge openai: env var holding the key ('' = a server without key).")
+    ] = None,
     position_swap: Annotated[
         bool | None, typer.Option("--position-swap/--no-position-swap", help="--judge openai: judge both orders.")
+    ] = None,
+    judge_temperature: Annotated[
+        float | None, typer.Option(help="--judge openai: sent only when given (GPT-5 / o-series: leave it out).")
+    ] = None,
+    judge_max_tokens: Annotated[int | None, typer.Option(help="--judge openai: the verdict's token limit.")] = None,
+    judge_token_limit_param: Annotated[
+        str | None,
+        typer.Option(help="Name of that limit: max_completion_tokens (default) or max_tokens (old servers)."),
+    ] = None,
+    judge_reasoning_effort: Annotated[
+        str | None, typer.Option(help="--judge openai: minimal, low, medium or high (default: not sent).")
+    ] = None,
+    judge_extra_body: Annotated[
+        str | None,
+        typer.Option(help='--judge openai: a JSON object merged into each request, e.g. \'{"verbosity": "low"}\'.'),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Generation micro-batch of a model system.")] = 16,
     max_new_tokens: Annotated[
@@ -257,7 +356,7 @@ def eval_(
     max_samples: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
-    from queryrl.apps.query_rewrite.eval_run import EvalError, JudgeSettings, evaluate
+    from queryrl.apps.query_rewrite.eval_run import EvalError, evaluate, judge_settings
 
     rag: Any = None
     jcfg: Any = None
@@ -278,17 +377,20 @@ def eval_(
 
         options = reward_kwargs(cfg)
         embedded = {k: options[k] for k in EMBEDDED_OPTIONS}
-    settings = JudgeSettings(
-        backend=judge or (str(jcfg.backend) if jcfg is not None else "none"),
-        base_url=judge_base_url or (jcfg.base_url if jcfg is not None else None),
-        model=judge_model or (str(jcfg.model) if jcfg is not None else None),
-        api_key_env=judge_api_key_env or (jcfg.api_key_env if jcfg is not None else "OPENAI_API_KEY"),
-        position_swap=position_swap if position_swap is not None else bool(jcfg.position_swap if jcfg else False),
-        lang=str(jcfg.lang) if jcfg is not None else "zh",
-        timeout_s=float(jcfg.timeout_s) if jcfg is not None else 30.0,
-        max_retries=int(jcfg.max_retries) if jcfg is not None else 3,
-    )
-    try:
+    try:  # the options over app.query_rewrite.judge of --config over the defaults
+        settings = judge_settings(
+            jcfg,
+            judge_extra_body,
+            backend=judge,
+            base_url=judge_base_url,
+            model=judge_model,
+            api_key_env=judge_api_key_env,
+            position_swap=position_swap,
+            temperature=judge_temperature,
+            max_tokens=judge_max_tokens,
+            token_limit_param=judge_token_limit_param,
+            reasoning_effort=judge_reasoning_effort,
+        )
         evaluate(
             data,
             systems,
@@ -306,6 +408,7 @@ def eval_(
             max_samples=max_samples,
             echo=typer.echo,
             embedded=embedded,
+            warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
         )
     except EvalError as exc:
         _fail(str(exc))
