@@ -252,11 +252,24 @@ def serve_judge(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8300,
     latency_ms: Annotated[float, typer.Option(help="Added delay per request, to emulate a remote judge.")] = 0.0,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            help="Refuse what OpenAI's API refuses for gpt-5/o-series models (a temperature, max_tokens, ...), "
+            "with its status codes and error bodies: rehearse a GPT-5 judge offline."
+        ),
+    ] = False,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="An env var holding the key clients must send (401 otherwise).")
+    ] = None,
 ) -> None:
     """Serve an OpenAI-compatible judge (POST /v1/chat/completions, GET /v1/models) from a local function."""
     from queryrl.rewards.judge_server import serve
 
-    serve(host=host, port=port, judge=judge, latency_ms=latency_ms)
+    try:
+        serve(host=host, port=port, judge=judge, latency_ms=latency_ms, strict=strict, api_key_env=api_key_env)
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 @app.command("serve-rag")
@@ -363,14 +376,22 @@ def eval_(
     max_response_length: int | None = None
     embedded: dict[str, Any] = {}
     if config is not None:
+        from omegaconf import OmegaConf
+
         from queryrl.config import ConfigError, load_config
 
-        try:
-            cfg = load_config(config, [])
+        try:  # eval reads the app's RAG and judge settings and the reply budget: a ??? model or data is fine
+            cfg = load_config(config, [], allow_missing=True)
         except ConfigError as exc:
             _fail(str(exc))
             return
         rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
+        if OmegaConf.is_missing(rag, "url"):
+            if not (rag_url or corpus):
+                _fail(f"{config} leaves app.query_rewrite.rag.url to you (???): give --rag-url URL")
+            rag.url = rag_url
+        if OmegaConf.is_missing(cfg.model, "path") and rag.reference_rewriter == "policy":
+            _fail(f"{config}: rag.reference_rewriter=policy reads model.path, which the preset leaves to you (???)")
         max_response_length = int(cfg.data.max_response_length)
         from queryrl.apps.query_rewrite.reward import EMBEDDED_OPTIONS
         from queryrl.apps.query_rewrite.training import reward_kwargs

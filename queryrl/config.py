@@ -599,13 +599,17 @@ def _override_items(overrides: list[str]) -> tuple[list[tuple[str, Any, str]], l
     return items, problems
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> DictConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, allow_missing: bool = False
+) -> DictConfig:
     """The schema's defaults, then the YAML file at `path`, then the dotted `overrides`.
 
     YAML files and overrides may use verl's key names. Raises :class:`ConfigError` naming the
     key for an unknown key (with the closest known keys), a wrong type or an invalid value; every
     bad key of the file and the command line is reported in the one error. Seed 000's service
-    keys are then resolved (:class:`SeedHybridConfig`) and the whole is validated.
+    keys are then resolved (:class:`SeedHybridConfig`) and the whole is validated. With
+    `allow_missing`, a preset's ``???`` values stay unset instead of being an error (for commands such
+    as ``eval`` that read only part of the config; reading such a value raises).
     """
     cfg = OmegaConf.structured(QueryRLConfig)
     OmegaConf.set_struct(cfg, True)
@@ -619,7 +623,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg.app.query_rewrite.reward_mode = "seed_hybrid"
     resolve_seed_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:  # a preset's ``???``: a value only the user can give (a model folder, their data, their service)
+    # a preset's ``???``: a value only the user can give (a model folder, their data, their service)
+    if missing and not allow_missing:
         where = f" (the preset {path} marks them ???)" if path is not None else ""
         raise ConfigError(f"these keys must be given{where}: " + ", ".join(f"{k}=..." for k in missing))
     validate(cfg)
