@@ -147,10 +147,12 @@ def test_the_recipe_runs_as_written(
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
 
-    assert {p.name for p in (work / "data" / "qr").glob("*.parquet")} == {"train.parquet", "val.parquet", "test.parquet"}
+    splits = {p.name for p in (work / "data" / "qr").glob("*.parquet")}
+    assert splits == {"train.parquet", "val.parquet", "test.parquet"}
     report = json.loads((work / "runs" / "query_rewrite" / "eval.json").read_text())
     assert set(report["systems"]) == {"raw_turn", "concat_last3", "reference", "sft", "grpo"}
-    assert report["judge_calls"]["sent"] > 0 and report["judge_calls"]["failed"] == 0
+    assert report["judge_calls"]["sent"] > 0
+    assert report["judge_calls"]["failed"] == 0
     assert rag_requests["chat_8b"] > 0, "the RAG service's 8B endpoint got no request"
     assert rag_requests["chat"] > 0, "the RAG service's reference endpoint got no request"
     assert judged, "the judge got no request"
