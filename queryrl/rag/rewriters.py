@@ -17,6 +17,33 @@ from queryrl.rag.index import entity_tokenizer, normalise_entities, tokenize
 
 USER_ROLES = frozenset({"user", "human", "customer"})
 _ENTITY_CHARS = re.compile(r"[0-9a-z]")
+# Small talk that asks for nothing: greetings, thanks, acknowledgements, goodbyes. A short word list on
+# purpose, longest first: a turn made only of these words (and punctuation) needs no retrieval. Anything
+# else ("您好，想咨询一下", "hello", "稍等，我接个电话") is not recognised, as a cheap reference rewriter
+# would not: it is a stand-in for a large model, not an oracle.
+CHITCHAT_WORDS = tuple(
+    sorted(
+        (
+            "在吗", "在不在", "有人吗", "你好", "您好", "谢谢", "多谢", "感谢", "好的", "嗯嗯", "嗯", "哈哈",
+            "哈", "哦哦", "哦", "好", "行", "拜拜", "再见", "收到", "明白了", "懂了", "了解", "ok", "我再想想",
+            "我再考虑考虑", "考虑一下", "先这样吧", "我看看", "我想想", "辛苦了", "不错", "嗨", "亲", "谢谢你",
+            "喂", "哎", "早上好", "晚上好", "这样啊", "挺好的", "回头再说", "客服", "啦", "呀",
+            "啊", "吧", "了",
+        ),
+        key=len,
+        reverse=True,
+    )
+)  # fmt: skip
+_NOT_WORD = re.compile(r"[\W_]+")
+
+
+def is_chitchat(text: str) -> bool:
+    """True when `text` is only small talk (:data:`CHITCHAT_WORDS`) and punctuation, or nothing at all."""
+    rest = _NOT_WORD.sub("", text.lower())
+    for word in CHITCHAT_WORDS:
+        rest = rest.replace(word, "")
+    return not rest
+
 
 REWRITE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -59,9 +86,12 @@ class HeuristicRewriter:
     Chinese). The text is cut with `entities` in the jieba dictionary, so a known multi-character name
     (``"古北水镇"``) is one token, not its pieces. If the last user message already holds an entity-like
     token it is taken as standalone (a topic switch) and returned as is. Otherwise the earlier turns
-    (both roles) are scanned newest first; the entity-like tokens of the first turn that has any (at most
-    `max_terms`, in their order there) are prepended to the last user message, separated by a space.
-    With no such turn the last message is returned unchanged; with no user message, "".
+    (both roles) are scanned newest first; the entity-like tokens of the first turn that has any other than
+    bare numbers (prices and capacities in a reply name nothing) (at most `max_terms`, in their order there)
+    are prepended to the last user message, separated by a space.
+    With no such turn the last message is returned unchanged; with no user message, "". Small talk
+    (:func:`is_chitchat`: "在吗", "谢谢", "好的") gives "" unless `abstain` is False: the turn needs no
+    retrieval, and an empty query says so.
 
     Args:
         entities: extra entity words (matched after lowercasing; see
@@ -71,6 +101,7 @@ class HeuristicRewriter:
         latin_entities: tokens with a latin letter or digit are entity-like (the product-catalogue rule);
             False: only `entities` are (for corpora whose names are Chinese and whose digits are
             prices, years and hours).
+        abstain: answer "" for small talk.
     """
 
     def __init__(
@@ -79,11 +110,13 @@ class HeuristicRewriter:
         max_terms: int = 4,
         use_summary: bool = True,
         latin_entities: bool = True,
+        abstain: bool = True,
     ) -> None:
         self.entities = normalise_entities(entities)
         self.max_terms = max_terms
         self.use_summary = use_summary
         self.latin_entities = latin_entities
+        self.abstain = abstain
         self._tokenizer = entity_tokenizer(self.entities)
 
     def entity_terms(self, text: str) -> list[str]:
@@ -101,14 +134,17 @@ class HeuristicRewriter:
     def rewrite_sync(self, contexts: Sequence[Mapping[str, Any]], history_summary: str = "") -> str:
         index, last = last_user_turn(contexts)
         last = last.strip()
-        if index < 0 or self.entity_terms(last):
+        if index < 0 or (self.abstain and is_chitchat(last)):
+            return ""
+        if self.entity_terms(last):
             return last
         earlier = [str(m.get("content", "")) for m in contexts[: max(index, 0)]]
         if self.use_summary and history_summary:
             earlier.insert(0, history_summary)
         for text in reversed(earlier):
             terms = self.entity_terms(text)[: self.max_terms]
-            if terms:
+            # numbers alone (a price, a capacity in a reply) name nothing: look further back
+            if terms and not all(t.replace(".", "").isdigit() for t in terms):
                 return " ".join([*terms, last]).strip()
         return last
 

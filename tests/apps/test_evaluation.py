@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from queryrl.apps.query_rewrite.evaluation import (
+    abstain_metrics,
+    abstained_result,
     bootstrap_ci,
     format_table,
     last_k_turns,
     mrr,
     ndcg_at_k,
+    no_retrieval_turn,
     raw_last_turn,
     recall_at_k,
     retrieval_metrics,
@@ -119,3 +122,25 @@ def test_baselines() -> None:
     assert last_k_turns(CONTEXTS, k=10) == last_k_turns(CONTEXTS, k=3)
     with pytest.raises(ValueError, match="no user turn"):
         raw_last_turn([{"role": "assistant", "content": "hi"}])
+
+
+def test_no_retrieval_turn_needs_the_label_not_just_empty_gold() -> None:
+    assert no_retrieval_turn([], "chitchat")
+    assert not no_retrieval_turn([], "")  # logs without gold: unknown, not "no retrieval"
+    assert not no_retrieval_turn([], None)
+    assert not no_retrieval_turn(["d1"], "chitchat")
+    assert not no_retrieval_turn([], "pronoun")
+    assert abstained_result()["response"] == []
+    assert abstained_result()["rewritten_query"] == ""
+
+
+def test_abstain_metrics_hand_checked() -> None:
+    # 3 no-retrieval turns (abstained on 2), 4 retrieval turns (abstained on 1), 1 unlabelled turn
+    abstained = [True, True, False, True, False, False, False, True]
+    quiet = [True, True, True, False, False, False, False, False]
+    gold = [False, False, False, True, True, True, True, False]
+    out = abstain_metrics(abstained, quiet, gold)
+    assert out == {"n_no_retrieval": 3.0, "abstain_accuracy": pytest.approx(2 / 3), "false_abstain": 0.25}
+    assert abstain_metrics([False], [False], [True]) == {"n_no_retrieval": 0.0, "false_abstain": 0.0}
+    with pytest.raises(ValueError, match="lengths differ"):
+        abstain_metrics([True], [True, False], [False])

@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from queryrl.apps.query_rewrite.prompts import ParsedRewrite
 from queryrl.apps.query_rewrite.reward_modes import (
+    ABSTAIN_RIGHT,
+    ABSTAIN_WRONG,
+    abstain_components,
     dedupe,
     format_reward,
     group_judge_rewards,
     grpo_selector_scores,
     hybrid_reward,
     mix_rewards,
+    parse_answer,
     retrieval_rank_reward,
     select_candidate,
 )
@@ -21,7 +26,8 @@ def test_format_reward() -> None:
     assert format_reward(True, "X1 手机 防水", 256) == 1.0
     assert format_reward(False, "X1 手机 防水", 256) == 0.0
     assert format_reward(True, None, 256) == 0.0
-    assert format_reward(True, "   ", 256) == 0.0
+    assert format_reward(True, "   ", 256) == 1.0  # an empty query is well-formed: "no retrieval needed"
+    assert format_reward(True, "", 256) == 1.0
     assert format_reward(True, "abcd", 3) == 0.0
     assert format_reward(True, " abc ", 3) == 1.0  # the cap applies after stripping
 
@@ -126,3 +132,37 @@ def test_dedupe() -> None:
     assert index_map == [0, 0, 1, 0, 2]
     assert [unique[j] for j in index_map][1] == "X1 防水吗"
     assert dedupe([]) == ([], [])
+
+
+def test_parse_answer_accepts_the_empty_query_and_checks_the_rest() -> None:
+    assert parse_answer('{"rewritten_query": "", "user_profile": "学生", "history_summary": "问过价格"}') == (
+        ParsedRewrite("", "学生", "问过价格")
+    )
+    assert parse_answer('好的 {"rewritten_query": "  "}') == ParsedRewrite("")
+    assert parse_answer('{"rewritten_query": "X3 续航"}') == ParsedRewrite("X3 续航")
+    assert parse_answer('{"rewritten_query": "", "user_profile": 3}') is None  # the other fields still checked
+    assert parse_answer('{"rewritten_query": null}') is None
+    assert parse_answer('{"query": ""}') is None
+    assert parse_answer("no json") is None
+    assert parse_answer(None) is None
+
+
+def test_abstain_components_on_both_kinds_of_turn() -> None:
+    # a no-retrieval turn: the empty query gets every component at its top, a query gets the floor
+    assert abstain_components("", no_retrieval=True, has_gold=False) == ABSTAIN_RIGHT
+    assert abstain_components("  ", no_retrieval=True, has_gold=False) == ABSTAIN_RIGHT
+    assert abstain_components("在吗", no_retrieval=True, has_gold=False) == ABSTAIN_WRONG
+    # a retrieval turn: the empty query gets the floor; a query is left to retrieval
+    assert abstain_components("", no_retrieval=False, has_gold=True) == ABSTAIN_WRONG
+    assert abstain_components("X3 续航", no_retrieval=False, has_gold=True) is None
+    # unlabelled (no gold, no kind): retrieval and the judge decide
+    assert abstain_components("", no_retrieval=False, has_gold=False) is None
+    weights = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2}  # the demo's weights
+    right = mix_rewards(ABSTAIN_RIGHT, weights)
+    wrong = mix_rewards(ABSTAIN_WRONG, weights)
+    assert right == pytest.approx(0.5 + 2.0 + 0.2)  # the most any answer can get
+    assert wrong == pytest.approx(-0.5 + 0.0 + 0.2)  # the least a well-formed answer can get
+    garbage = mix_rewards({"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}, weights)
+    assert garbage is not None
+    assert wrong is not None
+    assert garbage < wrong

@@ -53,12 +53,15 @@ def test_heuristic_carries_the_most_recent_chinese_entity() -> None:
     # a turn that names an entity is standalone
     standalone = [*contexts[:2], {"role": "user", "content": "八达岭长城门票呢？"}]
     assert rewriter.rewrite_sync(standalone) == "八达岭长城门票呢？"
-    # the product-catalogue rule (latin and digits are entity-like) is still the default
-    assert HeuristicRewriter(title_entities(DOCS)).rewrite_sync(contexts) == "2010 那门票多少钱？"
+    # the product-catalogue rule (latin and digits are entity-like) is still the default, but a turn
+    # whose only such tokens are bare numbers ("2010") names nothing and is passed over
+    assert HeuristicRewriter(title_entities(DOCS)).rewrite_sync(contexts) == "古北水镇 那门票多少钱？"
+    named = [contexts[0], {"role": "assistant", "content": "X5 在 2010 年上市"}, contexts[2]]
+    assert HeuristicRewriter(title_entities(DOCS)).rewrite_sync(named) == "x5 2010 那门票多少钱？"
 
 
 def test_sales_demo_reference_unchanged() -> None:
-    """The embedded service over the sales demo answers as before the entity dictionary (203/239)."""
+    """The embedded service over the sales demo answers as without the entity dictionary (a pinned recall)."""
     rag = embedded_rag("sales_demo", top_k=5)
     assert isinstance(rag.rewriter, HeuristicRewriter)
     assert not rag.rewriter.entities
@@ -75,8 +78,9 @@ def test_sales_demo_reference_unchanged() -> None:
             total += len(gold & {d["doc_id"] for d in result["response"]}) / len(gold)
         return total / len(rows)
 
-    assert len(rows) == 239
-    assert abs(asyncio.run(recall()) - 0.8493723849372385) < 1e-9
+    # the sales demo v6 (sales chats, paraphrased replies): 250 retrieval turns in the test split
+    assert len(rows) == 250
+    assert abs(asyncio.run(recall()) - 0.602) < 1e-9
 
 
 def test_embedded_rag_over_a_corpus_file_uses_titles(tmp_path: object) -> None:

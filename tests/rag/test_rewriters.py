@@ -28,7 +28,8 @@ def test_heuristic_rule_edges() -> None:
     assert rw.rewrite_sync(switch) == "小米 14 呢？"  # names its own product: standalone
     chinese = [{"role": "user", "content": "华为的手机怎么样"}, {"role": "user", "content": "保修多久？"}]
     assert rw.rewrite_sync(chinese) == "华为 保修多久？"  # a known entity written in Chinese
-    assert rw.rewrite_sync([{"role": "user", "content": "你好"}]) == "你好"
+    assert rw.rewrite_sync([{"role": "user", "content": "你好"}]) == ""  # small talk: no retrieval
+    assert HeuristicRewriter(abstain=False).rewrite_sync([{"role": "user", "content": "你好"}]) == "你好"
     assert rw.rewrite_sync([], history_summary="用户在看 vivo X100") == ""  # no user turn: nothing to rewrite
     summary_only = [{"role": "user", "content": "它的颜色？"}]
     assert rw.rewrite_sync(summary_only, history_summary="用户在看 vivo X100") == "vivo x100 它的颜色？"

@@ -1,18 +1,13 @@
-"""The bundled synthetic Chinese sales demo: a product catalogue and dialogues with gold documents.
+"""The bundled synthetic Chinese sales demo: a product catalogue and sales chats with gold documents.
 
 Catalogue: 5 product lines x 5 models x 8 aspects = 200 documents ``{doc_id, title, content}``
-(plus ``product``, ``category``, ``aspect`` metadata; :func:`sales_demo_corpus` drops them).
-``doc_id`` is ``"{product_id}-{aspect}"``, e.g. ``"phone-03-battery"``.
+(plus ``product``, ``category``, ``aspect`` and ``facts`` metadata; :func:`sales_demo_corpus` drops
+them). ``doc_id`` is ``"{product_id}-{aspect}"``, e.g. ``"phone-03-battery"``.
 
-Dialogues: user turns that need the history, each labelled with its gold documents and a kind:
-
-- ``explicit``: names the product ("星辰 X3 手机多少钱？");
-- ``pronoun``: "它的续航怎么样？" -> the product in focus;
-- ``ellipsis``: "那保修呢？" (same product, another aspect) or, after a stock question,
-  "那黑色的呢？" (the stock document again);
-- ``switch``: a new product of the same line mid-dialogue (becomes the focus);
-- ``comparison``: "这两款哪个续航更好？" -> the aspect's documents of both products (it ends the
-  dialogue, so that no later "它" is ambiguous).
+Dialogues (:mod:`.demo_dialogues`, worded by :mod:`.demo_phrases`): a customer and a sales assistant,
+with greetings and small talk that need no retrieval (kind ``chitchat``, empty gold), pronouns,
+ellipsis, typos, bargaining, comparisons, switches within and across product lines, a CRM profile and
+a summary that change through the dialogue, and replies that paraphrase the documents.
 
 Everything is drawn from ``random.Random`` seeded by strings, so a seed gives the same data on
 every machine and Python version.
@@ -23,7 +18,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from queryrl.apps.query_rewrite.conversations import Conversation, Message, conversations_to_rows
+from queryrl.apps.query_rewrite.conversations import Conversation, conversations_to_rows
+from queryrl.apps.query_rewrite.demo_dialogues import make_dialogue, products_of
 from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
 CATALOGUE_SEED = 0
@@ -59,28 +55,10 @@ SCREENS = {
     "watch": ("1.4", "1.5"),
     "tablet": ("11", "12.4"),
 }
-PROFILES = ("", "价格敏感型用户", "学生，预算有限", "商务人士，关注续航", "数码爱好者，关注配置", "给家人选购礼物")
-
-# user-turn phrasings per aspect: (explicit with {p}, pronoun, ellipsis "那…呢")
-ASK = {
-    "price": ("{p}多少钱？", "它多少钱？", "那价格呢？"),
-    "specs": ("{p}是什么配置？", "它的配置怎么样？", "那配置呢？"),
-    "battery": ("{p}续航怎么样？", "它的续航能用多久？", "那续航呢？"),
-    "colors": ("{p}有哪些颜色？", "它有几种颜色？", "那颜色呢？"),
-    "promotion": ("{p}最近有优惠吗？", "它现在有什么活动？", "那优惠呢？"),
-    "warranty": ("{p}保修多久？", "它的保修政策是什么？", "那保修呢？"),
-    "delivery": ("{p}多久能送到？", "它发什么快递？", "那配送呢？"),
-    "stock": ("{p}现在有货吗？", "它还有库存吗？", "那库存呢？"),
-}
-COMPARE = {
-    "price": "这两款哪个更便宜？",
-    "battery": "这两款哪个续航更好？",
-    "specs": "这两款配置哪个更强？",
-    "warranty": "这两款的保修有什么区别？",
-}
 
 
-def _specs(line: str, rng: random.Random) -> str:
+def _specs(line: str, rng: random.Random) -> tuple[str, dict[str, Any]]:
+    """The spec sentence of a model and the values it was made of (for the assistant's paraphrase)."""
     values = {
         "screen": rng.choice(SCREENS.get(line, ("6.1",))),
         "ram": rng.choice((8, 12, 16, 32)),
@@ -91,39 +69,55 @@ def _specs(line: str, rng: random.Random) -> str:
         "weight": rng.choice((4, 5, 6)),
         "atm": rng.choice((3, 5, 10)),
     }
-    return "，".join(t.format(**values) for t in LINES[line][3])
+    return "，".join(t.format(**values) for t in LINES[line][3]), values
 
 
-def _battery(line: str, rng: random.Random) -> str:
+def _battery(line: str, rng: random.Random) -> tuple[str, dict[str, Any]]:
     unit = LINES[line][2]
-    amount = {
+    amounts = {
         "mAh": rng.randrange(4000, 10001, 100),
         "Wh": rng.randrange(50, 100),
         "小时": rng.randrange(5, 11),
         "天": rng.randrange(2, 15),
-    }[unit]
-    extra = {
-        "mAh": f"，支持 {rng.choice((33, 67, 120))}W 快充",
-        "Wh": "，轻度办公约 12 小时",
-        "小时": "（单次），配合充电盒更久",
     }
-    return f"电池 {amount}{unit}" + extra.get(unit, " 典型使用")
+    watts = rng.choice((33, 67, 120))
+    extra = {"mAh": f"，支持 {watts}W 快充", "Wh": "，轻度办公约 12 小时", "小时": "（单次），配合充电盒更久"}
+    text = f"电池 {amounts[unit]}{unit}" + extra.get(unit, " 典型使用")
+    return text, {"amount": amounts[unit], "unit": unit, "watts": watts}
 
 
 def _product_docs(pid: str, name: str, line: str, rng: random.Random) -> list[dict[str, Any]]:
+    """The 8 aspect documents of one model; each keeps the facts it states in ``facts`` (the random draws
+    happen in the same order as when the documents were the only output, so the corpus is unchanged)."""
     low, high = LINES[line][1]
     price = rng.randrange(low, high, 100) - 1
     colours = rng.sample(COLOURS, rng.randint(2, 4))
-    stock = "；".join(f"{c}{rng.choice(('现货充足', '仅剩少量', '暂时缺货', '预计一周后到货'))}" for c in colours)
+    states = [rng.choice(("现货充足", "仅剩少量", "暂时缺货", "预计一周后到货")) for _ in colours]
+    stock = "；".join(f"{c}{s}" for c, s in zip(colours, states, strict=True))
+    specs, spec_values = _specs(line, rng)
+    battery, battery_facts = _battery(line, rng)
+    promo, promo_n = rng.choice(PROMOTIONS), rng.choice((100, 200, 300, 500))
+    years, days = rng.choice((1, 2)), rng.choice((7, 15))
+    delivery = rng.choice(DELIVERY)
     contents = {
         "price": f"{name}售价 {price} 元，各颜色同价。",
-        "specs": f"{name}配置：{_specs(line, rng)}。",
-        "battery": f"{name}续航：{_battery(line, rng)}。",
+        "specs": f"{name}配置：{specs}。",
+        "battery": f"{name}续航：{battery}。",
         "colors": f"{name}有 {len(colours)} 种颜色：{'、'.join(colours)}。",
-        "promotion": f"{name}当前活动：{rng.choice(PROMOTIONS).format(n=rng.choice((100, 200, 300, 500)))}。",
-        "warranty": f"{name}享受 {rng.choice((1, 2))} 年官方保修，{rng.choice((7, 15))} 天无理由退换。",
-        "delivery": f"{name}{rng.choice(DELIVERY)}。",
+        "promotion": f"{name}当前活动：{promo.format(n=promo_n)}。",
+        "warranty": f"{name}享受 {years} 年官方保修，{days} 天无理由退换。",
+        "delivery": f"{name}{delivery}。",
         "stock": f"{name}库存：{stock}。",
+    }
+    facts: dict[str, dict[str, Any]] = {
+        "price": {"price": price},
+        "specs": {"line": line, **spec_values},
+        "battery": battery_facts,
+        "colors": {"colours": colours},
+        "promotion": {"template": promo, "n": promo_n},
+        "warranty": {"years": years, "days": days},
+        "delivery": {"text": delivery},
+        "stock": {"colours": colours, "states": states},
     }
     return [
         {
@@ -133,6 +127,7 @@ def _product_docs(pid: str, name: str, line: str, rng: random.Random) -> list[di
             "product": name,
             "category": line,
             "aspect": aspect,
+            "facts": facts[aspect],
         }
         for aspect, text in contents.items()
     ]
@@ -150,66 +145,11 @@ def make_catalogue(seed: int = CATALOGUE_SEED, models_per_line: int = 5) -> list
     return docs
 
 
-def _user(text: str, gold: list[str], kind: str) -> Message:
-    return Message(role="user", text=text, gold_doc_ids=gold, kind=kind)
-
-
-def _dialogue(products: dict[str, dict[str, dict[str, Any]]], rng: random.Random, conv_id: str) -> Conversation:
-    """One dialogue of 3-6 user turns about one product line (see the module docstring)."""
-    line = rng.choice(sorted({p.split("-")[0] for p in products}))
-    pool = sorted(p for p in products if p.startswith(line + "-"))
-    first, second = rng.sample(pool, 2)
-    focus, seen = first, [first]
-    profile = rng.choice(PROFILES)
-    aspect = rng.choice(sorted(ASPECTS))
-    turns = [_user(ASK[aspect][0].format(p=products[focus]["price"]["product"]), [f"{focus}-{aspect}"], "explicit")]
-    for _ in range(rng.randint(2, 5)):
-        last_aspect = aspect
-        options = ["pronoun", "ellipsis"] + (["switch"] if len(seen) == 1 else ["comparison"])
-        kind = rng.choice(options)
-        if kind == "switch":
-            focus = second
-            seen.append(second)
-            aspect = rng.choice(sorted(ASPECTS))
-            text = "另外，" + ASK[aspect][0].format(p=products[focus]["price"]["product"])
-            gold = [f"{focus}-{aspect}"]
-        elif kind == "comparison":
-            aspect = rng.choice(sorted(COMPARE))
-            text, gold = COMPARE[aspect], [f"{p}-{aspect}" for p in seen]
-        elif kind == "ellipsis" and last_aspect == "stock" and rng.random() < 0.7:
-            colours = products[focus]["colors"]["content"].split("：")[-1].rstrip("。").split("、")
-            text, gold = f"那{rng.choice(colours)}的呢？", [f"{focus}-stock"]
-        else:
-            aspect = rng.choice(sorted(set(ASPECTS) - {last_aspect}))
-            text = ASK[aspect][1 if kind == "pronoun" else 2]
-            gold = [f"{focus}-{aspect}"]
-        turns.append(_user(text, gold, kind))
-        if kind == "comparison":  # after "这两款…", a bare "它" would be ambiguous: end here
-            break
-    messages: list[Message] = []
-    for turn in turns:
-        turn.user_profile = profile
-        reply = "；".join(_doc_by_id(products, g)["content"] for g in turn.gold_doc_ids)
-        messages += [turn, Message(role="assistant", text=reply)]
-    for i, m in enumerate(messages):
-        m.turn = i
-        m.ids = {"tenant_id": "demo", "contact_id": conv_id, "account_id": "demo", "message_id": f"{conv_id}-{i}"}
-    return Conversation(conv_id, messages)
-
-
-def _doc_by_id(products: dict[str, dict[str, dict[str, Any]]], did: str) -> dict[str, Any]:
-    pid, _, aspect = did.rpartition("-")
-    return products[pid][aspect]
-
-
 def make_dialogues(catalogue: list[dict[str, Any]], n: int, seed: int = 0, prefix: str = "demo") -> list[Conversation]:
     """`n` dialogues over `catalogue` (from :func:`make_catalogue`), deterministic for `seed`."""
-    products: dict[str, dict[str, dict[str, Any]]] = {}
-    for doc in catalogue:
-        pid, _, aspect = doc["doc_id"].rpartition("-")
-        products.setdefault(pid, {})[aspect] = doc
+    products = products_of(catalogue)
     rng = random.Random(f"sales_demo/dialogues/{seed}")
-    return [_dialogue(products, rng, f"{prefix}-{i:04d}") for i in range(n)]
+    return [make_dialogue(products, rng, f"{prefix}-{i:04d}") for i in range(n)]
 
 
 def sales_demo_rows(split: str) -> list[dict[str, Any]]:

@@ -10,7 +10,8 @@ Systems (:func:`parse_systems`):
 - ``reference``: the reference pipeline ``/rag/chat`` (the service's own rewriter);
 - ``NAME=PATH`` or a bare ``PATH``: a Hugging Face model folder (NAME defaults to the folder's name). It
   answers the row's chat-templated prompt greedily; the reply goes through
-  :func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite`.
+  :func:`~queryrl.apps.query_rewrite.reward_modes.parse_answer` (an empty query is an abstention: no
+  retrieval, no RAG call).
 
 Every system but ``reference`` retrieves through ``/rag/chat_8b`` with its query (and, for a model, the
 profile and summary it answered; for a baseline, the row's own). A model reply that does not parse is a
@@ -27,14 +28,25 @@ offline judge, a failed call, or with ``position_swap`` two orders that disagree
 ``judge_score`` ((wins + ties / 2) / n) with intervals. ``by_kind``: recall@5 and MRR per turn kind
 (``extra_info.kind``, else ``extra_info.turn_type``); ``context_dependent``: the same over the turns that
 need the history -- those whose kind is not ``explicit`` when the data has kinds, else (KdConv and
-logs, which carry no marker) those with any earlier message in ``contexts``.
+logs, which carry no marker) those with any earlier message in ``contexts``. Turns that need no
+retrieval (no gold, kind ``chitchat``): ``n_no_retrieval``, ``abstain_accuracy`` (the share where the
+system's query was empty: for ``reference`` the service's own rewrite, the baselines never abstain) and
+``false_abstain`` (the share of turns with gold where it was empty); an empty query costs no RAG call,
+and the offline judge prefers no documents to any on those turns.
 
 Outputs, next to ``out`` (written atomically): the JSON summary ``out``, a bar chart ``eval.png`` (recall@5
 and MRR per system, 95 % intervals) and ``eval_samples.jsonl`` (per sample: each system's query, its
 top-5 doc ids, whether it parsed, and the judge's verdict).
 
-Errors: an unknown system, a missing model folder, a data file that cannot be read or an unreachable RAG
-service raise :class:`EvalError` with one message naming what.
+Errors: an unknown system, a missing model folder (a training checkpoint gets the ``queryrl export``
+command that makes one), a data file that cannot be read or an unreachable RAG service raise
+:class:`EvalError` with one message naming what. Before any model generates, the services are checked
+(:func:`~queryrl.apps.query_rewrite.eval_checks.check_services`): the judge's key variable, its ``GET
+/models`` and one tiny request with the judge's settings (a temperature GPT-5 refuses fails here), the
+RAG service's ``GET /health``. Judge calls that fail during the run are counted (``judge_calls`` in the
+JSON: sent, failed, the first error; ``judge_call_failed`` per system) and warned about with the count
+and the first error; when every one failed, :class:`EvalError` is raised after the outputs are written
+(the CLI exits 2).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,13 +64,17 @@ from typing import Any
 
 import numpy as np
 
+from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_services, not_a_model_message
 from queryrl.apps.query_rewrite.evaluation import (
     DEFAULT_KS,
+    abstain_metrics,
+    abstained_result,
     bootstrap_ci,
     format_table,
     last_k_turns,
     mrr,
     ndcg_at_k,
+    no_retrieval_turn,
     raw_last_turn,
     recall_at_k,
     win_tie_loss,
@@ -68,10 +85,10 @@ from queryrl.apps.query_rewrite.judging import (
     build_judge_messages,
     combine_swapped,
 )
-from queryrl.apps.query_rewrite.prompts import parse_rewrite
 from queryrl.apps.query_rewrite.reward import ID_FIELDS, judge_client, rag_client
-from queryrl.apps.query_rewrite.reward_modes import normalise_rewrite
+from queryrl.apps.query_rewrite.reward_modes import normalise_rewrite, parse_answer
 from queryrl.rag import RAGClient, RAGError
+from queryrl.rewards.judge import JudgeClient
 
 BASELINES = ("raw_turn", "concat_last3", "reference")
 JUDGES = ("none", "offline", "openai")
@@ -101,7 +118,8 @@ def parse_systems(spec: str | Sequence[str]) -> list[SystemSpec]:
     separator, or an existing folder), whose name is the folder's. A model folder must hold ``config.json``.
 
     Raises:
-        EvalError: no systems, an unknown name, a missing model folder, or a name used twice.
+        EvalError: no systems, an unknown name, a missing model folder, or a name used twice. A training
+            checkpoint (``checkpoints/step_N``) is named as such, with the ``queryrl export`` command.
     """
     entries = [e.strip() for e in (spec.split(",") if isinstance(spec, str) else spec) if e and e.strip()]
     if not entries:
@@ -123,9 +141,8 @@ def parse_systems(spec: str | Sequence[str]) -> list[SystemSpec]:
         if not name or not raw_path:
             raise EvalError(f"bad system {entry!r}: expected NAME=PATH with a name and a model folder")
         path = Path(raw_path).expanduser()
-        if not (path / "config.json").is_file():
-            what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
-            raise EvalError(f"system {name!r}: model folder {str(path)!r} {what}")
+        if not (path / "config.json").is_file():  # a checkpoint gets the `queryrl export` command to run
+            raise EvalError(not_a_model_message(name, path))
         out.append(SystemSpec(name, "model", path))
     names = [s.name for s in out]
     repeated = sorted({n for n in names if names.count(n) > 1})
@@ -226,7 +243,7 @@ def baseline_answers(kind: str, samples: Sequence[Sample]) -> list[Answer]:
 def model_answers(
     path: Path, samples: Sequence[Sample], batch_size: int, max_new_tokens: int, device: str | None = None
 ) -> list[Answer]:
-    """Greedy replies of the model in `path` to each sample's prompt, parsed (:func:`parse_rewrite`)."""
+    """Greedy replies of the model in `path` to each sample's prompt, parsed (:func:`parse_answer`)."""
     import torch
     from omegaconf import OmegaConf
     from torch import nn
@@ -253,7 +270,7 @@ def model_answers(
     del model, rollout
     answers = []
     for text in texts:
-        parsed = parse_rewrite(text)
+        parsed = parse_answer(text)
         if parsed is None:
             answers.append(Answer(None, raw=text))
         else:
@@ -290,6 +307,8 @@ async def _retrieve(
     async def candidate(s: Sample, a: Answer) -> dict[str, Any] | None:
         if a.query is None:
             return None
+        if not a.query.strip():  # the system says the turn needs no retrieval
+            return abstained_result()
         query = normalise_rewrite(a.query)
         fields = {
             **common(s),
@@ -328,7 +347,8 @@ def doc_ids(result: Mapping[str, Any] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    """How to judge: ``backend`` none / offline / openai and the openai client's settings."""
+    """How to judge: ``backend`` none / offline / openai and the openai client's settings (the request
+    settings are sent only when set: :class:`~queryrl.rewards.judge.JudgeClient`)."""
 
     backend: str = "none"
     base_url: str | None = None
@@ -338,6 +358,71 @@ class JudgeSettings:
     lang: str = "zh"
     timeout_s: float = 30.0
     max_retries: int = 3
+    temperature: float | None = None
+    max_tokens: int | None = None
+    token_limit_param: str = "max_completion_tokens"
+    reasoning_effort: str | None = None
+    extra_body: Mapping[str, Any] | None = None
+
+    def client(self) -> JudgeClient:
+        """The shared OpenAI-compatible client of these settings (backend ``openai`` only)."""
+        assert self.base_url is not None
+        assert self.model is not None
+        request: dict[str, Any] = {"token_limit_param": self.token_limit_param}
+        for name in ("temperature", "max_tokens", "reasoning_effort"):
+            if getattr(self, name) is not None:
+                request[name] = getattr(self, name)
+        if self.extra_body:
+            request["extra_body"] = dict(self.extra_body)
+        return judge_client(self.base_url, self.model, self.api_key_env, self.timeout_s, self.max_retries, **request)
+
+
+def judge_settings(config: Any = None, extra_body_json: str | None = None, **given: Any) -> JudgeSettings:
+    """``queryrl eval``'s judge: the options `given` (None = not given) over `config` (the
+    ``app.query_rewrite.judge`` node of ``--config``, or None) over the defaults. `extra_body_json` is
+    ``--judge-extra-body``: a JSON object (it replaces the config's ``extra_body``).
+
+    Raises:
+        EvalError: `extra_body_json` is not a JSON object.
+    """
+    from omegaconf import OmegaConf
+
+    fields = set(JudgeSettings.__dataclass_fields__)
+    base: dict[str, Any] = {}
+    if config is not None:
+        node = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else dict(config)
+        assert isinstance(node, dict)
+        base = {k: v for k, v in node.items() if k in fields}
+    if extra_body_json is not None:
+        try:
+            extra = json.loads(extra_body_json)
+        except json.JSONDecodeError as exc:
+            raise EvalError(f"--judge-extra-body: not valid JSON ({exc.msg} at character {exc.pos})") from None
+        if not isinstance(extra, dict):
+            raise EvalError(
+                f'--judge-extra-body: expected a JSON object like \'{{"verbosity": "low"}}\', got {extra!r}'
+            )
+        given["extra_body"] = extra
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise TypeError(f"unknown judge setting(s) {unknown}")
+    if given.get("api_key_env") == "":  # --judge-api-key-env '': a server that needs no key
+        given["api_key_env"] = base["api_key_env"] = None
+    merged = base | {k: v for k, v in given.items() if v is not None}
+    merged.setdefault("backend", "none")
+    return JudgeSettings(**merged)
+
+
+@dataclass
+class JudgeOutcome:
+    """One system's judging: verdicts with the candidate as "8b" (a format failure is :data:`LOSS`), the
+    position-inconsistent count, and the judge calls that failed (no verdict from the service)."""
+
+    verdicts: list[dict[str, Any] | None]
+    inconsistent: int = 0
+    calls: int = 0  # judge requests sent (format failures send none; position swap sends two)
+    failed: int = 0  # of them, those whose call failed or whose reply was no valid verdict
+    first_error: str | None = None
 
 
 async def _judge_all(
@@ -346,48 +431,52 @@ async def _judge_all(
     candidates: Sequence[dict[str, Any] | None],
     references: Sequence[dict[str, Any]],
     top_k: int,
-) -> tuple[list[dict[str, Any] | None], int]:
-    """(verdicts with the candidate as "8b", position-inconsistent count); a format failure is :data:`LOSS`."""
+) -> JudgeOutcome:
+    """Judge every candidate against its reference (see :class:`JudgeOutcome`)."""
     if settings.backend == "offline":
         offline = OfflineJudge(top_k=top_k)
         verdicts = [
-            LOSS if cand is None else offline.judge(s.contexts, cand, ref, s.gold)
+            LOSS if cand is None else offline.judge(s.contexts, cand, ref, s.gold, no_retrieval_turn(s.gold, s.kind))
             for s, cand, ref in zip(samples, candidates, references, strict=True)
         ]
-        return verdicts, 0
-    assert settings.base_url is not None
-    assert settings.model is not None
+        return JudgeOutcome(verdicts)
     from queryrl.rewards.judge import JudgeConfigError
 
-    client = judge_client(
-        settings.base_url, settings.model, settings.api_key_env, settings.timeout_s, settings.max_retries
-    )
-    inconsistent = 0
+    client = settings.client()
+    outcome = JudgeOutcome([])
+
+    async def ask(messages: list[dict[str, str]]) -> dict[str, Any] | None:
+        outcome.calls += 1
+        result = await client.judge(messages, schema=RUBRIC_VERDICT_SCHEMA)
+        if result.verdict is None:
+            outcome.failed += 1
+            outcome.first_error = outcome.first_error or result.error
+        return result.verdict
 
     async def one(s: Sample, cand: dict[str, Any] | None, ref: dict[str, Any]) -> dict[str, Any] | None:
-        nonlocal inconsistent
         if cand is None:
             return LOSS
         ab = build_judge_messages(s.contexts, cand, ref, lang=settings.lang)
         if not settings.position_swap:
-            return (await client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA)).verdict
+            return await ask(ab)
         ba = build_judge_messages(s.contexts, ref, cand, lang=settings.lang)
-        r_ab, r_ba = await asyncio.gather(
-            client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA), client.judge(ba, schema=RUBRIC_VERDICT_SCHEMA)
-        )
-        if r_ab.verdict is None or r_ba.verdict is None:
+        v_ab, v_ba = await asyncio.gather(ask(ab), ask(ba))
+        if v_ab is None or v_ba is None:
             return None
-        _, consistent = combine_swapped(r_ab.verdict, r_ba.verdict)
+        _, consistent = combine_swapped(v_ab, v_ba)
         if not consistent:
-            inconsistent += 1
+            outcome.inconsistent += 1
             return None
-        return r_ab.verdict
+        return v_ab
 
     try:
-        verdicts = list(await asyncio.gather(*(one(*x) for x in zip(samples, candidates, references, strict=True))))
+        jobs = (one(*x) for x in zip(samples, candidates, references, strict=True))
+        outcome.verdicts = list(await asyncio.gather(*jobs))
     except JudgeConfigError as exc:
         raise EvalError(f"judge: {exc}") from None
-    return verdicts, inconsistent
+    finally:
+        await client.aclose()
+    return outcome
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -418,16 +507,33 @@ def system_metrics(
     ks: Sequence[int],
     n_boot: int,
     seed: int,
+    abstained: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
-    """One system's retrieval metrics with bootstrap intervals, ``format_ok``, ``by_kind`` and ``context_dependent``."""
+    """One system's retrieval metrics with bootstrap intervals, ``format_ok``, ``by_kind`` and ``context_dependent``.
+
+    Retrieval metrics cover the turns with gold only. `abstained` (per sample: the system gave an empty
+    query; default none did) gives ``abstain_accuracy`` on the turns that need no retrieval and
+    ``false_abstain`` on the turns with gold (:func:`~queryrl.apps.query_rewrite.evaluation.abstain_metrics`);
+    in ``by_kind`` a no-retrieval kind shows its ``n`` and ``abstain_accuracy``.
+    """
     scored = [
         (i, _metric_values(r, s.gold, ks)) for i, (r, s) in enumerate(zip(ranked, samples, strict=True)) if s.gold
     ]
+    quiet = [no_retrieval_turn(s.gold, s.kind) for s in samples]
+    empty = list(abstained) if abstained is not None else [False] * len(samples)
     out: dict[str, Any] = {
         "n": len(scored),
         "n_skipped": len(samples) - len(scored),
         "format_ok": float(np.mean(format_ok)),
+        **abstain_metrics(empty, quiet, [bool(s.gold) for s in samples]),
     }
+    quiet_kinds = sorted({s.kind for s, q in zip(samples, quiet, strict=True) if q})
+    by_kind: dict[str, Any] = {}
+    for kind in quiet_kinds:
+        flags = [e for s, q, e in zip(samples, quiet, empty, strict=True) if q and s.kind == kind]
+        by_kind[kind] = {"n": len(flags), "abstain_accuracy": float(np.mean(flags))}
+    if by_kind:
+        out["by_kind"] = by_kind
     if not scored:
         return out
     keys = list(scored[0][1])
@@ -439,7 +545,8 @@ def system_metrics(
 
     kinds = sorted({samples[i].kind for i, _ in scored if samples[i].kind})
     if kinds:
-        out["by_kind"] = {k: subset([v for i, v in scored if samples[i].kind == k]) for k in kinds}
+        by_kind.update({k: subset([v for i, v in scored if samples[i].kind == k]) for k in kinds})
+        out["by_kind"] = dict(sorted(by_kind.items()))
     out["context_dependent"] = subset([v for i, v in scored if dependent[i]])
     return out
 
@@ -487,6 +594,8 @@ TABLE_KEYS = (
     "loss",
     "win_rate",
     "judge_score",
+    "abstain_accuracy",
+    "false_abstain",
 )
 
 
@@ -557,6 +666,7 @@ def evaluate(
     device: str | None = None,
     echo: Callable[[str], None] | None = print,
     embedded: dict[str, Any] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `systems` on `data` and write the outputs (see the module doc).
 
@@ -578,6 +688,7 @@ def evaluate(
         echo: where progress and the table go (None: silent).
         embedded: the embedded service's options (retriever, embedder, reference rewriter: see
             :func:`~queryrl.apps.query_rewrite.reward.embedded_rag`).
+        warn: where a warning goes (failed judge calls; default: stderr).
 
     Returns:
         The JSON summary written to `out`.
@@ -590,6 +701,10 @@ def evaluate(
         raise EvalError(f"unknown judge {judge.backend!r}; use one of {', '.join(JUDGES)}")
     if judge.backend == "openai" and (not judge.base_url or not judge.model):
         raise EvalError("--judge openai needs --judge-base-url and --judge-model")
+    try:
+        judge_check = judge.client() if judge.backend == "openai" else None
+    except ValueError as exc:  # a judge setting out of range (temperature, reasoning effort, ...)
+        raise EvalError(str(exc)) from None
     if top_k < HEADLINE_K:
         raise EvalError(f"--top-k must be at least {HEADLINE_K} (recall@{HEADLINE_K} is the headline metric)")
     if batch_size < 1 or max_new_tokens < 1 or n_boot < 1:
@@ -600,6 +715,10 @@ def evaluate(
     out = Path(out)
     ks = [k for k in DEFAULT_KS if k <= top_k]
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
+    try:  # the judge and the RAG service answer, before any model is loaded
+        check_services(judge_check, rag_url, rag_timeout_s, say)
+    except ServiceCheckFailed as exc:
+        raise EvalError(str(exc)) from None
 
     try:
         client = rag_client(rag_url, corpus, top_k, rag_timeout_s, rag_max_retries, **(embedded or {}))
@@ -624,22 +743,28 @@ def evaluate(
         spec.name: list(references) if spec.kind == "reference" else candidates[spec.name] for spec in specs
     }
     verdicts: dict[str, list[dict[str, Any] | None]] = {}
-    inconsistent: dict[str, int] = {}
+    outcomes: dict[str, JudgeOutcome] = {}
     if judge.backend != "none":
         for spec in specs:
             if spec.kind != "reference":
                 say(f"{spec.name}: judging against the reference ({judge.backend}) ...")
-                verdicts[spec.name], inconsistent[spec.name] = asyncio.run(
-                    _judge_all(judge, samples, results[spec.name], references, top_k)
-                )
+                outcomes[spec.name] = asyncio.run(_judge_all(judge, samples, results[spec.name], references, top_k))
+                verdicts[spec.name] = outcomes[spec.name].verdicts
 
     dependent, dependent_rule = context_dependent(samples)
+    judge_calls = judge_call_summary(outcomes)
     summary: dict[str, dict[str, Any]] = {}
     for spec in specs:
         system_answers = answers[spec.name]
         ok = [True] * len(samples) if system_answers is None else [a.query is not None for a in system_answers]
         ranked = [doc_ids(r) for r in results[spec.name]]
-        metrics = system_metrics(ranked, samples, ok, dependent, ks, n_boot, seed)
+        queries = (
+            [str((r or {}).get("rewritten_query") or "") for r in results[spec.name]]
+            if system_answers is None
+            else [a.query if a.query is not None else "-" for a in system_answers]  # unparsed: not an abstention
+        )
+        abstained = [not q.strip() for q in queries]
+        metrics = system_metrics(ranked, samples, ok, dependent, ks, n_boot, seed, abstained)
         if spec.name in verdicts:
             wtl = win_tie_loss(verdicts[spec.name], n_boot, seed=seed)
             renamed = {"n": "judge_n", "failed": "judge_failed", "score": "judge_score"}
@@ -652,13 +777,16 @@ def evaluate(
                 else:
                     metrics[key] = value
             if judge.position_swap:
-                metrics["judge_position_inconsistent"] = inconsistent[spec.name]
+                metrics["judge_position_inconsistent"] = outcomes[spec.name].inconsistent
+            metrics["judge_calls"] = outcomes[spec.name].calls
+            metrics["judge_call_failed"] = outcomes[spec.name].failed
         summary[spec.name] = metrics
 
     report = {
         "systems": summary,
         "eval_file": data,
         "n_samples": len(samples),
+        "judge_calls": judge_calls,
         "settings": {
             "systems": [{"name": s.name, "kind": s.kind, "path": str(s.path) if s.path else None} for s in specs],
             "rag_url": rag_url,
@@ -669,6 +797,7 @@ def evaluate(
             "judge_model": judge.model if judge.backend == "openai" else None,
             "judge_base_url": judge.base_url if judge.backend == "openai" else None,
             "position_swap": judge.position_swap if judge.backend == "openai" else False,
+            **(_judge_request_settings(judge) if judge.backend == "openai" else {}),
             "batch_size": batch_size,
             "max_new_tokens": max_new_tokens,
             "decoding": "greedy",
@@ -712,4 +841,47 @@ def evaluate(
     plot_systems(summary, out.parent / "eval.png")
     say(format_table(table_rows(summary)))
     say(f"wrote {out}, {out.parent / 'eval.png'} and {out.parent / 'eval_samples.jsonl'}")
+    complain_about_judge(judge_calls, out, warn or _stderr)
     return report
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _judge_request_settings(judge: JudgeSettings) -> dict[str, Any]:
+    """The judge's request settings for the report (``extra_body`` by its keys only: values may be private)."""
+    return {
+        "judge_temperature": judge.temperature,
+        "judge_max_tokens": judge.max_tokens,
+        "judge_token_limit_param": judge.token_limit_param,
+        "judge_reasoning_effort": judge.reasoning_effort,
+        "judge_extra_body_keys": sorted(judge.extra_body or {}),
+    }
+
+
+def judge_call_summary(outcomes: Mapping[str, JudgeOutcome]) -> dict[str, Any]:
+    """``{"sent", "failed", "first_error"}`` over every system's judge calls (the report's ``judge_calls``)."""
+    errors = [o.first_error for o in outcomes.values() if o.first_error]
+    return {
+        "sent": sum(o.calls for o in outcomes.values()),
+        "failed": sum(o.failed for o in outcomes.values()),
+        "first_error": errors[0] if errors else None,
+    }
+
+
+def complain_about_judge(calls: Mapping[str, Any], out: Path, warn: Callable[[str], None]) -> None:
+    """Failed judge calls must not read as a result: some failed -> a warning with the count and the first
+    error; every one failed -> :class:`EvalError` (the CLI exits 2; the outputs are written already)."""
+    sent, failed = int(calls["sent"]), int(calls["failed"])
+    if not failed:
+        return
+    if failed == sent:
+        raise EvalError(
+            f"every judge call failed ({failed} of {sent}): the win/tie/loss columns in {out} are empty, not "
+            f"a result; first error: {calls['first_error']}"
+        )
+    warn(
+        f"warning: {failed} of {sent} judge calls failed (judge_call_failed per system in {out}); "
+        f"first error: {calls['first_error']}"
+    )

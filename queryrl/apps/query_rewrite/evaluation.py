@@ -8,6 +8,11 @@ gold. A document id repeated in ``ranked`` counts once, at its first position.
 
 Samples without gold cannot be scored on retrieval: :func:`retrieval_metrics` skips them and reports
 ``n_evaluated`` / ``n_skipped`` (the per-sample functions raise on empty gold rather than return 0).
+
+Turns that need no retrieval ("在吗", "谢谢"): empty gold and a kind in :data:`NO_RETRIEVAL_KINDS`
+(:func:`no_retrieval_turn`). The right answer there is an EMPTY rewritten query (the system abstains:
+nothing is retrieved). :func:`abstain_metrics` scores that decision on both sides: ``abstain_accuracy``
+(no-retrieval turns where the system abstained) and ``false_abstain`` (retrieval turns where it did).
 """
 
 from __future__ import annotations
@@ -19,6 +24,48 @@ from typing import Any
 import numpy as np
 
 DEFAULT_KS = (1, 3, 5, 10)
+# kinds (``extra_info.kind`` / ``turn_type``) whose turns need no retrieval when their gold is empty
+NO_RETRIEVAL_KINDS = frozenset({"chitchat"})
+
+
+def no_retrieval_turn(gold: Sequence[str], kind: str | None) -> bool:
+    """True for a turn labelled as needing no retrieval: no gold and a kind in :data:`NO_RETRIEVAL_KINDS`.
+
+    Empty gold alone is not enough: logs without gold annotations have empty gold everywhere.
+    """
+    return not gold and str(kind or "") in NO_RETRIEVAL_KINDS
+
+
+def abstained_result() -> dict[str, Any]:
+    """The RAG result of an abstention (an empty query): no documents, no service call."""
+    return {"status": "success", "response": [], "answer": "", "rewritten_query": "", "cost_time": 0.0}
+
+
+def abstain_metrics(
+    abstained: Sequence[bool], no_retrieval: Sequence[bool], has_gold: Sequence[bool]
+) -> dict[str, float]:
+    """How well a system decides whether to retrieve at all.
+
+    Args:
+        abstained: per sample, the system gave an empty query.
+        no_retrieval: per sample, the turn is labelled as needing no retrieval (:func:`no_retrieval_turn`).
+        has_gold: per sample, the turn has gold documents (a retrieval turn).
+
+    Returns:
+        ``n_no_retrieval``; ``abstain_accuracy`` (share of no-retrieval turns with an empty query; absent
+        without such turns); ``false_abstain`` (share of retrieval turns with an empty query; absent
+        without them).
+    """
+    if not len(abstained) == len(no_retrieval) == len(has_gold):
+        raise ValueError(f"lengths differ: {len(abstained)}, {len(no_retrieval)}, {len(has_gold)}")
+    quiet = [a for a, n in zip(abstained, no_retrieval, strict=True) if n]
+    retrieval = [a for a, g in zip(abstained, has_gold, strict=True) if g]
+    out: dict[str, float] = {"n_no_retrieval": float(len(quiet))}
+    if quiet:
+        out["abstain_accuracy"] = float(np.mean(quiet))
+    if retrieval:
+        out["false_abstain"] = float(np.mean(retrieval))
+    return out
 
 
 def _first_positions(ranked: Sequence[str], gold: Sequence[str]) -> list[int]:

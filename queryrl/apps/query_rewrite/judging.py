@@ -252,6 +252,12 @@ class OfflineJudge:
 
     ``better`` is the side with the larger sum, or ``"same"`` when the sums differ by at most
     `tie_margin` (out of 40). The conversation is not read (it is taken for parity with the LLM path).
+
+    Turns that need no retrieval (``no_retrieval=True``, "在吗"): the right result is no documents. A side
+    that retrieved nothing (it abstained: an empty query) gets full marks (16/8/8/8, sum 40), a side that
+    retrieved anything gets 0 on every dimension: documents there are noise. On a retrieval turn a side
+    that abstained scores 0 by the formulas above (nothing retrieved), so it loses to any side that found
+    a gold document.
     """
 
     def __init__(self, top_k: int = 5, tie_margin: float = 2.0) -> None:
@@ -280,15 +286,28 @@ class OfflineJudge:
         candidate: Mapping[str, Any],
         reference: Mapping[str, Any],
         gold_doc_ids: Sequence[str],
+        no_retrieval: bool = False,
     ) -> dict[str, Any] | None:
-        """The verdict with `candidate` as "8b", in the LLM's schema; None without gold (it cannot judge)."""
+        """The verdict with `candidate` as "8b", in the LLM's schema; None without gold (it cannot judge)
+        unless the turn needs no retrieval (`no_retrieval`: see the class doc)."""
         del contexts  # the offline judge reads only the results
-        if not gold_doc_ids:
+        if no_retrieval:
+            s8, s32 = self.abstain_scores(candidate), self.abstain_scores(reference)
+        elif not gold_doc_ids:
             return None
-        s8, s32 = self.side_scores(candidate, gold_doc_ids), self.side_scores(reference, gold_doc_ids)
+        else:
+            s8, s32 = self.side_scores(candidate, gold_doc_ids), self.side_scores(reference, gold_doc_ids)
         diff = s8["sum"] - s32["sum"]
         better = "same" if abs(diff) <= self.tie_margin else "8b" if diff > 0 else "32b"
         return {"better": better, "score": {"8b": s8, "32b": s32}}
+
+    @staticmethod
+    def abstain_scores(result: Mapping[str, Any]) -> dict[str, float]:
+        """One side's scores on a turn that needs no retrieval: full marks when it retrieved nothing."""
+        right = not list(result.get("response") or [])
+        scores = {k: top if right else 0.0 for k, top in DIMENSION_MAX.items()}
+        scores["sum"] = SCORE_SCALE if right else 0.0
+        return scores
 
     @staticmethod
     def reply_text(verdict: Mapping[str, Any]) -> str:

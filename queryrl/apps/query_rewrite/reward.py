@@ -22,6 +22,12 @@ Failures and penalties.
 - A RAG failure on either side, a judge call that fails or answers an invalid verdict, and (with
   ``position_swap``) two orders that disagree all *raise*: the manager marks the sample failed; it is
   never scored 0.
+- Turns that need no retrieval (empty gold and a kind in
+  :data:`~queryrl.apps.query_rewrite.evaluation.NO_RETRIEVAL_KINDS`, e.g. "在吗"): the right answer is an
+  EMPTY ``rewritten_query``. It gets every component at its top (judge 1, retrieval_rank 2, format 1); a
+  non-empty query there gets judge -1 and retrieval_rank 0 (format 1); an empty query on a turn with gold
+  gets that same floor. These are settled by the label alone: no RAG or judge call
+  (:func:`~queryrl.apps.query_rewrite.reward_modes.abstain_components`). ``abstained`` (1 / 0) is logged.
 - No gold documents: ``retrieval_rank`` is not applicable and its weight is dropped (the other
   components are mixed as configured). The offline judge needs gold, so there it fails the sample
   unless the judge weight is 0 (a component with weight 0 is not computed).
@@ -47,7 +53,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
-from queryrl.apps.query_rewrite.evaluation import recall_at_k
+from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.judging import (
     RUBRIC_VERDICT_SCHEMA,
     OfflineJudge,
@@ -55,13 +61,15 @@ from queryrl.apps.query_rewrite.judging import (
     combine_swapped,
     quality_from_verdict,
 )
-from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, parse_rewrite
+from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS
 from queryrl.apps.query_rewrite.reward_modes import (
+    abstain_components,
     format_reward,
     group_judge_rewards,
     hybrid_reward,
     mix_rewards,
     normalise_rewrite,
+    parse_answer,
     retrieval_rank_reward,
 )
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, RAGFailure, load_corpus
@@ -101,7 +109,15 @@ class _CandidateCache:
 
 _CANDIDATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
 _JUDGED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
-JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap")
+# reward kwargs -> JudgeClient's request settings (each sent only when set: GPT-5 takes no temperature)
+JUDGE_REQUEST_KWARGS = {
+    "judge_temperature": "temperature",
+    "judge_max_tokens": "max_tokens",
+    "judge_token_limit_param": "token_limit_param",
+    "judge_reasoning_effort": "reasoning_effort",
+    "judge_extra_body": "extra_body",
+}
+JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap", *JUDGE_REQUEST_KWARGS)
 
 
 KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
@@ -203,14 +219,28 @@ def rag_client(
         return client
 
 
-def judge_client(base_url: str, model: str, api_key_env: str | None, timeout_s: float, max_retries: int) -> JudgeClient:
-    """The shared OpenAI-compatible judge client of this configuration (made on first use)."""
-    key = (base_url, model, api_key_env, float(timeout_s), max_retries)
+def judge_request_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """JudgeClient's request settings from the reward's ``judge_*`` kwargs (:data:`JUDGE_REQUEST_KWARGS`);
+    an unset (None) one is left out, so the client's default -- not sent -- applies."""
+    out = {name: kwargs[k] for k, name in JUDGE_REQUEST_KWARGS.items() if kwargs.get(k) is not None}
+    if "extra_body" in out:
+        out["extra_body"] = dict(out["extra_body"])
+    return out
+
+
+def judge_client(
+    base_url: str, model: str, api_key_env: str | None, timeout_s: float, max_retries: int, **request: Any
+) -> JudgeClient:
+    """The shared OpenAI-compatible judge client of this configuration (made on first use); `request`:
+    JudgeClient's request settings (``temperature``, ``max_tokens``, ``token_limit_param``,
+    ``reasoning_effort``, ``extra_body``)."""
+    settings = json.dumps(request, sort_keys=True, default=str)
+    key = (base_url, model, api_key_env, float(timeout_s), max_retries, settings)
     with _LOCK:
         client = _JUDGE_CLIENTS.get(key)
         if client is None:
             client = _JUDGE_CLIENTS[key] = JudgeClient(
-                base_url, model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries
+                base_url, model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries, **request
             )
         return client
 
@@ -299,6 +329,7 @@ async def _judge_quality(
         kwargs.get("judge_api_key_env", "OPENAI_API_KEY"),
         float(kwargs.get("judge_timeout_s", 30.0)),
         int(kwargs.get("judge_max_retries", 3)),
+        **judge_request_options(kwargs),
     )
     lang = str(kwargs.get("judge_lang", "zh"))
     ab = build_judge_messages(contexts, candidate, reference, lang=lang)
@@ -398,6 +429,30 @@ def _gold(ground_truth: Any) -> list[str]:
     return [str(i) for i in ids]
 
 
+def _abstain_score(
+    components: dict[str, float],
+    weights: dict[str, float],
+    kwargs: Mapping[str, Any],
+    info: Mapping[str, Any],
+    no_retrieval: bool,
+    abstained: bool,
+) -> dict[str, float]:
+    """The reward of a settled retrieve-or-not decision (:func:`abstain_components`), in `compute_score`'s
+    keys; ``recall_at_5`` only on a retrieval turn (0: nothing was retrieved)."""
+    quality = (components["judge"] + 1.0) / 2.0
+    out = {**components, "quality": quality, "abstained": float(abstained)}
+    if not no_retrieval:
+        out["recall_at_5"] = 0.0
+    if kwargs.get("mode") == "seed_hybrid":
+        z = float(info.get("seed_hybrid_z", 0.0))
+        weights_j_g = float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
+        hybrid = hybrid_reward(quality, z, *weights_j_g)
+        return {"score": hybrid, **out, "selected_z": z}
+    score = mix_rewards(components, weights)
+    assert score is not None
+    return {"score": score, **out}
+
+
 async def compute_score(
     data_source: str,
     solution_str: str,
@@ -419,7 +474,9 @@ async def compute_score(
             :data:`DEFAULT_WEIGHTS`, a partial dict overrides those keys), ``judge`` (``"offline"`` or
             ``"openai"`` with ``judge_base_url``, ``judge_model``, ``judge_api_key_env`` (default
             ``OPENAI_API_KEY``; None for a server without key), ``position_swap``, ``judge_lang``,
-            ``judge_timeout_s``, ``judge_max_retries``), ``rag_url`` (None: embedded service over
+            ``judge_timeout_s``, ``judge_max_retries``, and the request settings ``judge_temperature``,
+            ``judge_max_tokens``, ``judge_token_limit_param``, ``judge_reasoning_effort``,
+            ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
             ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
             ``top_k`` (5), ``max_query_chars`` (256), ``rag_timeout_s`` (10), ``rag_max_retries`` (2).
 
@@ -440,7 +497,7 @@ async def compute_score(
     max_query_chars = int(kwargs.get("max_query_chars", MAX_QUERY_CHARS))
     gold = _gold(ground_truth)
 
-    parsed = parse_rewrite(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
+    parsed = parse_answer(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
     if parsed is None:  # the policy's fault: every component at its floor, no service call
         components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
         if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
@@ -454,6 +511,10 @@ async def compute_score(
         return {"score": score, "quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
 
     query = normalise_rewrite(parsed.rewritten_query)
+    no_retrieval = no_retrieval_turn(gold, info.get("kind") or info.get("turn_type"))
+    decided = abstain_components(query, no_retrieval, bool(gold))
+    if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
+        return _abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query)
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
     fields.update(
@@ -468,7 +529,7 @@ async def compute_score(
     client = rag_client(rag_url, corpus, top_k, timeout_s, retries, **{k: kwargs.get(k) for k in EMBEDDED_OPTIONS})
     candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
 
-    out: dict[str, float] = {"format": format_reward(True, query, max_query_chars)}
+    out: dict[str, float] = {"format": format_reward(True, query, max_query_chars), "abstained": 0.0}
     cand_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]
     ref_ids = [str(d.get("doc_id")) for d in reference.get("response") or []]
     rank = retrieval_rank_reward(cand_ids, gold) if gold else None

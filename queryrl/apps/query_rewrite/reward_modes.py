@@ -11,7 +11,11 @@ Modes and their scales:
   over the whole group, so each update has a proper group baseline.
 - ``retrieval_rank``: ConvSearch-R1's rank-incentive reward of the gold documents, in [0, 2]
   (:func:`retrieval_rank_reward`); only where gold exists.
-- ``format``: 1 / 0 (:func:`format_reward`).
+- ``format``: 1 / 0 (:func:`format_reward`); an empty ``rewritten_query`` is well-formed (it abstains).
+- abstention (:func:`abstain_components`): on a turn labelled as needing no retrieval, an empty query gets
+  every component at its top (judge 1, retrieval_rank 2, format 1) and a non-empty one the floor of the
+  retrieval components (judge -1, retrieval_rank 0; format 1: it is well-formed), with no RAG or judge
+  call; on a turn with gold, an empty query gets that same floor (it retrieves nothing).
 - any weighted mix of the above (:func:`mix_rewards`).
 - ``seed_hybrid``: seed 000 v4.0 as written (:func:`grpo_selector_scores`, :func:`select_candidate`,
   :func:`hybrid_reward`). Kept faithful to the seed, and statistically odd:
@@ -34,9 +38,14 @@ Identical rewrites in a group share one RAG call and one judge call (:func:`dedu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+
+from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, ParsedRewrite, parse_rewrite
+from queryrl.rewards.json_extract import json_objects
 
 SELECTION_METHODS = ("max_log_prob", "weighted_sample")
 
@@ -45,12 +54,56 @@ SELECTION_METHODS = ("max_log_prob", "weighted_sample")
 
 
 def format_reward(parsed_ok: bool, query: str | None, max_chars: int) -> float:
-    """1.0 when the output parsed, the rewritten query is non-blank and at most `max_chars` characters
-    (after stripping), else 0.0."""
+    """1.0 when the output parsed and the rewritten query is at most `max_chars` characters (after
+    stripping; an empty query is well-formed: it says "no retrieval needed"), else 0.0."""
     if not parsed_ok or query is None:
         return 0.0
-    q = query.strip()
-    return 1.0 if q and len(q) <= max_chars else 0.0
+    return 1.0 if len(query.strip()) <= max_chars else 0.0
+
+
+def parse_answer(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> ParsedRewrite | None:
+    """:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite`, plus the abstention: an object whose
+    ``rewritten_query`` is an empty (or blank) string parses as ``ParsedRewrite("", ...)``.
+
+    ``parse_rewrite`` refuses a blank query (for logs and other callers an empty query is no query); the
+    reward and the evaluation read it as "this turn needs no retrieval". The other fields are checked by
+    ``parse_rewrite`` itself (on the same object with a placeholder query). Never raises.
+    """
+    parsed = parse_rewrite(text, max_query_chars=max_query_chars)
+    if parsed is not None:
+        return parsed
+    try:
+        obj = next((o for o in json_objects(text) if "rewritten_query" in o), None)
+        if obj is None or not isinstance(obj["rewritten_query"], str) or obj["rewritten_query"].strip():
+            return None
+        placeholder = parse_rewrite(json.dumps({**obj, "rewritten_query": "-"}, ensure_ascii=False))
+        return None if placeholder is None else ParsedRewrite("", placeholder.user_profile, placeholder.history_summary)
+    except Exception:  # a parser of model output must never take the reward loop down
+        return None
+
+
+# --- abstention: turns that need no retrieval ---------------------------------------------------
+
+ABSTAIN_RIGHT: dict[str, float] = {"judge": 1.0, "retrieval_rank": 2.0, "format": 1.0}  # q = 1
+ABSTAIN_WRONG: dict[str, float] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 1.0}  # q = 0
+
+
+def abstain_components(query: str, no_retrieval: bool, has_gold: bool) -> dict[str, float] | None:
+    """The reward components decided without any retrieval, or None when retrieval must decide.
+
+    - a no-retrieval turn and an empty query: every component at its top (:data:`ABSTAIN_RIGHT`);
+    - a no-retrieval turn and a non-empty query: judge -1 and retrieval_rank 0 (:data:`ABSTAIN_WRONG`),
+      as for a rewrite that retrieved only noise and lost to the reference; format 1 (well-formed);
+    - a turn with gold and an empty query: the same floor (nothing retrieved, the lowest reward a
+      well-formed answer gets);
+    - otherwise (a non-empty query on a retrieval turn; an empty one on an unlabelled turn): None.
+    """
+    empty = not query.strip()
+    if no_retrieval:
+        return dict(ABSTAIN_RIGHT if empty else ABSTAIN_WRONG)
+    if empty and has_gold:
+        return dict(ABSTAIN_WRONG)
+    return None
 
 
 # --- retrieval rank (ConvSearch-R1) -------------------------------------------------------------

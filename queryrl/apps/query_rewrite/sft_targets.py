@@ -13,8 +13,14 @@ prepends terms carried from the history to the current turn, the target is clean
   variable number of terms;
 - carried numbers (prices, capacities: ``8498``, ``97wh``) are dropped: they are not names, and
   they point retrieval at the document that mentioned them. On the sales demo's test split this
-  raises the targets' Recall@5 from the reference's 0.849 to 0.879 (BM25, top 5). ``queryrl sft`` reads it
-from ``extra_info.sft_target``. RL then has to beat the reference, not copy it.
+  raises the targets' Recall@5 (measured on the earlier, copy-the-document demo data: 0.849 -> 0.879).
+
+Turns that need no retrieval get an EMPTY query: where the row is labelled (empty gold and a kind in
+:data:`~queryrl.apps.query_rewrite.evaluation.NO_RETRIEVAL_KINDS`, as in the sales demo's ``chitchat``
+turns) from the label, otherwise when the reference rewriter abstains (the heuristic's small-talk
+list). A labelled retrieval turn never gets an empty target: where the reference abstained there, the
+target is the turn itself. ``queryrl sft`` reads the target from ``extra_info.sft_target``. RL then
+has to beat the reference, not copy it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
 from queryrl.rag import HeuristicRewriter
 from queryrl.rag.rewriters import last_user_turn
 
@@ -37,19 +44,25 @@ class SyncRewriter(Protocol):
     def rewrite_sync(self, contexts: Sequence[Mapping[str, Any]], history_summary: str = "") -> str: ...
 
 
-def reference_target(extra_info: Mapping[str, Any], rewriter: SyncRewriter | None = None) -> str:
+def reference_target(
+    extra_info: Mapping[str, Any], rewriter: SyncRewriter | None = None, retrieve: bool | None = None
+) -> str:
     """The JSON answer the reference rewriter gives for one row's ``extra_info``.
 
     Args:
         extra_info: the row's ``contexts``, ``user_profile`` and ``history_summary``.
         rewriter: default a plain :class:`~queryrl.rag.HeuristicRewriter`; e.g. one with the corpus's
             entity dictionary (``HeuristicRewriter(title_entities(docs), latin_entities=False)`` for KdConv).
+        retrieve: the row's label: False (needs no retrieval: an empty query), True (needs retrieval: never
+            an empty query), None (unlabelled: the rewriter decides).
     """
     rewriter = rewriter or HeuristicRewriter()
     contexts = list(extra_info.get("contexts") or [])
     summary = str(extra_info.get("history_summary") or "")
-    query = rewriter.rewrite_sync(contexts, summary)
+    query = "" if retrieve is False else rewriter.rewrite_sync(contexts, summary)
     last = last_user_turn(contexts)[1].strip()
+    if retrieve and not query:
+        query = last
     if last and query != last and query.endswith(last):  # carried terms + the turn -> the turn + the terms
         terms = [t for t in query[: -len(last)].split() if not _MEASURE.fullmatch(t)]
         query = " ".join([last, *terms])
@@ -64,5 +77,9 @@ def add_sft_targets(rows: list[dict[str, Any]], rewriter: SyncRewriter | None = 
     rewriter = rewriter or HeuristicRewriter()
     for row in rows:
         info = row.setdefault("extra_info", {})
-        info[SFT_TARGET_KEY] = reference_target(info, rewriter)
+        truth = (row.get("reward_model") or {}).get("ground_truth")
+        gold = list((truth.get("gold_doc_ids") if isinstance(truth, Mapping) else truth) or [])
+        kind = info.get("kind") or info.get("turn_type")
+        retrieve = True if gold else False if no_retrieval_turn(gold, kind) else None
+        info[SFT_TARGET_KEY] = reference_target(info, rewriter, retrieve)
     return rows

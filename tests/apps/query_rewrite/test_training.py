@@ -75,7 +75,7 @@ def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path, few_
             tmp,
             model_cache,
             f"data.train_files=[{few_rows}]",
-            "sft.max_steps=60",
+            "sft.max_steps=120",  # the answers carry the CRM summary: 60 steps left most unparseable
             "sft.lr=5e-3",
             "sft.lr_schedule=constant",
             "sft.warmup_steps=0",
@@ -272,15 +272,20 @@ def test_frozen_policy_as_the_reference_rewriter(json_model: Path, few_rows: Pat
 
     rewriter = make_rewriter("policy", model_path=json_model)
     assert isinstance(rewriter, PolicyRewriter)
-    row = json.loads(few_rows.read_text().splitlines()[0])
-    contexts = row["extra_info"]["contexts"]
-    query = rewriter.rewrite_sync(contexts)  # /rag/chat sends no profile or summary
     tok, model = rewriter.tokenizer, rewriter.model
-    text = tok.apply_chat_template(build_messages(contexts), add_generation_prompt=True, tokenize=False)
-    ids = tok(text, return_tensors="pt")
-    out = model.generate(**ids, do_sample=False, max_new_tokens=64, pad_token_id=tok.pad_token_id)
-    expected = parse_rewrite(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
-    assert expected is not None, "the SFT'd model did not answer its training prompt in JSON"
+    # /rag/chat sends no profile or summary, which the rows' prompts carry: the tiny model, trained on 16
+    # rows, does not answer every such prompt in JSON; the first one it does answer is compared
+    for line in few_rows.read_text().splitlines():
+        row = json.loads(line)
+        contexts = row["extra_info"]["contexts"]
+        text = tok.apply_chat_template(build_messages(contexts), add_generation_prompt=True, tokenize=False)
+        ids = tok(text, return_tensors="pt")
+        out = model.generate(**ids, do_sample=False, max_new_tokens=64, pad_token_id=tok.pad_token_id)
+        expected = parse_rewrite(tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
+        if expected is not None:
+            break
+    assert expected is not None, "the SFT'd model did not answer any training prompt in JSON"
+    query = rewriter.rewrite_sync(contexts)
     assert query == expected.rewritten_query
     docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
     rag = InProcessRAG(BM25Index(docs), rewriter, top_k=5)
