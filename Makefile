@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode
+	bench-scaling bench-judge-calls bench-decode bench-logits
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -26,7 +26,8 @@ demo: $(STAMP)
 	$(BIN)/queryrl train --config $(DEMO_CFG) model.path=$(DEMO_DIR)/sft trainer.resume=disable
 	$(BIN)/queryrl export $(DEMO_DIR) $(DEMO_DIR)/grpo
 	$(BIN)/queryrl eval --config $(DEMO_CFG) --data builtin://sales_demo/test \
-		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json
+		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json \
+		--compare grpo:sft,grpo:reference,grpo:concat_last3,sft:reference
 
 # The calculator agent without forced calls: SFT on the calls, then GRPO where the policy writes them.
 demo-agent: $(STAMP)
@@ -66,6 +67,11 @@ bench-trl: $(BENCH_STAMP)
 # processes, on bench-trl's generation (64 sequences x 32 tokens): results/decode_paths.json
 bench-decode: $(STAMP)
 	$(BIN)/python benchmarks/decode_paths.py
+
+# one GRPO update micro-batch of a random model with Qwen2-0.5B's shape (4 x 256 prompt + 48 response tokens),
+# logits for every position against logits for the response only: time and peak memory, results/logits.json
+bench-logits: $(STAMP)
+	$(BIN)/python benchmarks/logits_memory.py
 
 # judge latency: rewards overlapping generation against scoring after it: results/judge_overlap.json
 bench-judge: $(STAMP)

@@ -366,7 +366,15 @@ def eval_(
     ] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples of the confidence intervals.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(help="A:B pairs of systems (repeat or comma-separate: grpo:sft,grpo:reference): paired A - B."),
+    ] = None,
     max_samples: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="float32, bfloat16 or float16 for each model (default: its config.json's, or float32)."),
+    ] = None,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
     from queryrl.apps.query_rewrite.eval_run import EvalError, evaluate, judge_settings
@@ -427,9 +435,11 @@ def eval_(
             n_boot=bootstrap,
             seed=seed,
             max_samples=max_samples,
+            dtype=dtype,
             echo=typer.echo,
             embedded=embedded,
             warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
+            compare=compare,
         )
     except EvalError as exc:
         _fail(str(exc))

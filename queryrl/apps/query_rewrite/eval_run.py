@@ -36,7 +36,14 @@ and the offline judge prefers no documents to any on those turns.
 
 Outputs, next to ``out`` (written atomically): the JSON summary ``out``, a bar chart ``eval.png`` (recall@5
 and MRR per system, 95 % intervals) and ``eval_samples.jsonl`` (per sample: each system's query, its
-top-5 doc ids, whether it parsed, and the judge's verdict).
+top-5 doc ids, whether it parsed, the judge's verdict and, on turns with gold, its recall@5 / MRR / NDCG@5).
+
+``compare`` (``--compare grpo:sft,grpo:reference``): for each pair A:B, the paired difference A - B of
+recall@5, MRR and NDCG@5 over the same turns with its paired bootstrap interval, the shares of turns where
+A > B / A < B / A = B, and the judge-score difference where both were judged
+(:mod:`~queryrl.apps.query_rewrite.eval_compare`): ``comparisons`` in the JSON, a second printed table
+("paired differences") and a third panel of ``eval.png``. A name that is not one of the systems is an
+:class:`EvalError` before anything is generated.
 
 Errors: an unknown system, a missing model folder (a training checkpoint gets the ``queryrl export``
 command that makes one), a data file that cannot be read or an unreachable RAG service raise
@@ -65,6 +72,13 @@ from typing import Any
 import numpy as np
 
 from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_services, not_a_model_message
+from queryrl.apps.query_rewrite.eval_compare import (
+    compare_systems,
+    draw_differences,
+    format_comparisons,
+    parse_compare,
+    per_sample_values,
+)
 from queryrl.apps.query_rewrite.evaluation import (
     DEFAULT_KS,
     abstain_metrics,
@@ -240,10 +254,35 @@ def baseline_answers(kind: str, samples: Sequence[Sample]) -> list[Answer]:
     return [Answer(make(s.contexts), s.user_profile, s.history_summary) for s in samples]
 
 
+EVAL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_dtype(path: Path, dtype: str | None = None) -> str:
+    """`dtype` (``--dtype``), else the dtype the folder's config.json names (``torch_dtype``), else float32."""
+    if dtype is not None:
+        if dtype not in EVAL_DTYPES:
+            raise EvalError(f"--dtype {dtype!r} is not one of: {', '.join(EVAL_DTYPES)}")
+        return dtype
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "float32"
+    saved = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
+    return saved if saved in EVAL_DTYPES else "float32"
+
+
 def model_answers(
-    path: Path, samples: Sequence[Sample], batch_size: int, max_new_tokens: int, device: str | None = None
+    path: Path,
+    samples: Sequence[Sample],
+    batch_size: int,
+    max_new_tokens: int,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> list[Answer]:
-    """Greedy replies of the model in `path` to each sample's prompt, parsed (:func:`parse_answer`)."""
+    """Greedy replies of the model in `path` to each sample's prompt, parsed (:func:`parse_answer`).
+
+    The model is loaded in :func:`model_dtype` (`dtype`, else its folder's own dtype, else float32).
+    """
     import torch
     from omegaconf import OmegaConf
     from torch import nn
@@ -251,15 +290,14 @@ def model_answers(
 
     from queryrl.config import ModelConfig
     from queryrl.data.prompts import encode_prompt
-    from queryrl.models.loading import load_tokenizer
+    from queryrl.models.loading import DTYPES, load_tokenizer
     from queryrl.rollout.base import SamplingParams
     from queryrl.rollout.hf import HFRollout
     from queryrl.trainer.scoring import decode_responses
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = torch.bfloat16 if dev.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     tokenizer = load_tokenizer(OmegaConf.structured(ModelConfig(path=str(path))))
-    loaded: nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    loaded: nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype)])
     model = loaded.to(dev)
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     params = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
@@ -609,16 +647,22 @@ def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
     return rows
 
 
-def plot_systems(systems: Mapping[str, Mapping[str, Any]], out: Path) -> Path:
-    """A bar chart of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG)."""
+def plot_systems(
+    systems: Mapping[str, Mapping[str, Any]], out: Path, comparisons: Mapping[str, Mapping[str, Any]] | None = None
+) -> Path:
+    """A bar chart of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG); with
+    `comparisons`, a third panel of the paired differences (:func:`~.eval_compare.draw_differences`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(systems)
-    fig, axes = plt.subplots(1, 2, figsize=(max(6.0, 1.6 * len(names) + 2.0), 4.0))
-    for ax, key, title in zip(axes, (f"recall@{HEADLINE_K}", "mrr"), (f"Recall@{HEADLINE_K}", "MRR"), strict=True):
+    width = max(6.0, 1.6 * len(names) + 2.0)
+    fig, axes = plt.subplots(1, 3 if comparisons else 2, figsize=(width + 5.0 if comparisons else width, 4.0))
+    if comparisons:
+        draw_differences(axes[2], comparisons, HEADLINE_K)
+    for ax, key, title in zip(axes[:2], (f"recall@{HEADLINE_K}", "mrr"), (f"Recall@{HEADLINE_K}", "MRR"), strict=True):
         means = [float(systems[n].get(key, 0.0)) for n in names]
         lows = [m - float(systems[n].get(f"{key}_low", m)) for n, m in zip(names, means, strict=True)]
         highs = [float(systems[n].get(f"{key}_high", m)) - m for n, m in zip(names, means, strict=True)]
@@ -664,9 +708,11 @@ def evaluate(
     max_samples: int | None = None,
     cache_dir: str | None = None,
     device: str | None = None,
+    dtype: str | None = None,
     echo: Callable[[str], None] | None = print,
     embedded: dict[str, Any] | None = None,
     warn: Callable[[str], None] | None = None,
+    compare: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `systems` on `data` and write the outputs (see the module doc).
 
@@ -685,10 +731,14 @@ def evaluate(
         max_samples: only the first rows (None / 0: all).
         cache_dir: where ``builtin://`` data is generated.
         device: where a model generates (default: cuda when available).
+        dtype: float32, bfloat16 or float16: every model system's weights and compute (default: each
+            model folder's ``torch_dtype``, float32 when it names none).
         echo: where progress and the table go (None: silent).
         embedded: the embedded service's options (retriever, embedder, reference rewriter: see
             :func:`~queryrl.apps.query_rewrite.reward.embedded_rag`).
         warn: where a warning goes (failed judge calls; default: stderr).
+        compare: ``--compare``: ``A:B`` pairs of system names, comma-separated or a list
+            (:func:`~queryrl.apps.query_rewrite.eval_compare.parse_compare`).
 
     Returns:
         The JSON summary written to `out`.
@@ -709,8 +759,14 @@ def evaluate(
         raise EvalError(f"--top-k must be at least {HEADLINE_K} (recall@{HEADLINE_K} is the headline metric)")
     if batch_size < 1 or max_new_tokens < 1 or n_boot < 1:
         raise EvalError("--batch-size, --max-new-tokens and --bootstrap must be >= 1")
+    if dtype is not None and dtype not in EVAL_DTYPES:
+        raise EvalError(f"--dtype {dtype!r} is not one of: {', '.join(EVAL_DTYPES)}")
     say = echo or (lambda _: None)
     specs = parse_systems(systems)
+    try:  # a misspelt pair fails here, before any data, service or model is touched
+        pairs = parse_compare(compare, [s.name for s in specs])
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
     samples = load_samples(data, max_samples, cache_dir)
     out = Path(out)
     ks = [k for k in DEFAULT_KS if k <= top_k]
@@ -733,8 +789,8 @@ def evaluate(
             answers[spec.name] = None
         elif spec.kind == "model":
             assert spec.path is not None
-            say(f"{spec.name}: generating with {spec.path} ...")
-            answers[spec.name] = model_answers(spec.path, samples, batch_size, max_new_tokens, device)
+            say(f"{spec.name}: generating with {spec.path} ({model_dtype(spec.path, dtype)}) ...")
+            answers[spec.name] = model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype)
         else:
             answers[spec.name] = baseline_answers(spec.kind, samples)
 
@@ -781,9 +837,13 @@ def evaluate(
             metrics["judge_calls"] = outcomes[spec.name].calls
             metrics["judge_call_failed"] = outcomes[spec.name].failed
         summary[spec.name] = metrics
+    golds = [s.gold for s in samples]
+    values = {s.name: per_sample_values([doc_ids(r) for r in results[s.name]], golds, HEADLINE_K) for s in specs}
+    comparisons = compare_systems(pairs, values, verdicts, n_boot, seed)
 
     report = {
         "systems": summary,
+        "comparisons": comparisons,
         "eval_file": data,
         "n_samples": len(samples),
         "judge_calls": judge_calls,
@@ -802,6 +862,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens,
             "decoding": "greedy",
             "bootstrap": n_boot,
+            "compare": [f"{a}:{b}" for a, b in pairs],
             "ci": 0.95,
             "seed": seed,
             "max_samples": max_samples,
@@ -820,6 +881,7 @@ def evaluate(
                 "query": (result or {}).get("rewritten_query") if answer is None else answer.query,
                 "format_ok": answer is None or answer.query is not None,
                 "top5": doc_ids(result)[:SAMPLES_TOP],
+                **(values[spec.name][i] or {}),  # recall@5, mrr, ndcg@5 on a turn with gold: --compare's inputs
             }
             if answer is not None and answer.raw is not None:
                 entry["raw"] = answer.raw
@@ -838,8 +900,10 @@ def evaluate(
         }
         lines.append(json.dumps(_json_safe(record), ensure_ascii=False, default=str) + "\n")
     _atomic_write(out.parent / "eval_samples.jsonl", "".join(lines))
-    plot_systems(summary, out.parent / "eval.png")
+    plot_systems(summary, out.parent / "eval.png", comparisons)
     say(format_table(table_rows(summary)))
+    if comparisons:
+        say(format_comparisons(comparisons, HEADLINE_K))
     say(f"wrote {out}, {out.parent / 'eval.png'} and {out.parent / 'eval_samples.jsonl'}")
     complain_about_judge(judge_calls, out, warn or _stderr)
     return report

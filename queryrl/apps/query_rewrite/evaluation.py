@@ -1,5 +1,6 @@
 """Evaluation of query rewriters: retrieval metrics of gold documents, judge win/tie/loss with
-bootstrap confidence intervals, the two non-model baselines, and a markdown comparison table.
+bootstrap confidence intervals, paired differences between two systems on the same samples
+(:func:`paired_bootstrap`), the two non-model baselines, and a markdown comparison table.
 
 Notation: ``ranked`` is one result list of document ids, best first (the ``doc_id`` of the RAG
 service's ``response`` entries, in order); ``gold`` the sample's gold document ids
@@ -145,6 +146,61 @@ def bootstrap_ci(
     means = x[idx].mean(axis=1)  # (n_boot,)
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(x.mean()), float(low), float(high)
+
+
+# two per-sample values closer than this count as equal (the same ranked list scored twice is bit-equal;
+# this only absorbs float noise between two paths to the same number)
+TIE_TOL = 1e-12
+
+
+def paired_bootstrap(
+    a: Sequence[float], b: Sequence[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> dict[str, float]:
+    """The mean difference ``A - B`` over the same samples, with its PAIRED percentile bootstrap interval.
+
+    Each replicate draws one set of sample indices and applies it to both systems, so what the interval
+    measures is the spread of the per-sample differences, not of each system's own scores: two systems
+    that both find hard turns hard (a large shared variance) can differ reliably by little. The unpaired
+    intervals of each mean (:func:`bootstrap_ci`) can then overlap while this one excludes zero.
+
+    The replicates are the ones :func:`bootstrap_ci` draws for the same `seed` and sample count, so with
+    ``b`` all zeros the interval is ``bootstrap_ci(a)``'s. Deterministic for a given `seed`.
+
+    Args:
+        a, b: per-sample scores of systems A and B on the same samples, in the same order; (n,) each.
+        n_boot, alpha, seed: the bootstrap (``1 - alpha`` interval).
+
+    Returns:
+        ``n``; ``a`` and ``b`` (each system's mean); ``diff`` (mean of ``a - b``) with ``low`` / ``high``;
+        ``a_better``, ``b_better``, ``tie``: the shares of samples where A > B, A < B and A = B
+        (within :data:`TIE_TOL`), summing to 1.
+    """
+    x = np.asarray(a, dtype=np.float64)  # (n,)
+    y = np.asarray(b, dtype=np.float64)  # (n,)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired samples must be two equally long lists, got {x.shape} and {y.shape}")
+    if x.size == 0:
+        raise ValueError("paired_bootstrap of no samples")
+    if not 0.0 < alpha < 1.0 or n_boot < 1:
+        raise ValueError(f"need 0 < alpha < 1 and n_boot >= 1, got alpha={alpha}, n_boot={n_boot}")
+    d = x - y  # (n,)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, x.size, size=(n_boot, x.size))  # (n_boot, n): one draw per replicate, both systems
+    # mean(a[idx]) - mean(b[idx]) == mean(d[idx]); taken on d so a constant difference stays exact
+    diffs = d[idx].mean(axis=1)  # (n_boot,)
+    low, high = np.quantile(diffs, [alpha / 2, 1 - alpha / 2])
+    tie = np.abs(d) <= TIE_TOL
+    return {
+        "n": float(x.size),
+        "a": float(x.mean()),
+        "b": float(y.mean()),
+        "diff": float(d.mean()),
+        "low": float(low),
+        "high": float(high),
+        "a_better": float(np.mean((d > 0) & ~tie)),
+        "b_better": float(np.mean((d < 0) & ~tie)),
+        "tie": float(np.mean(tie)),
+    }
 
 
 def win_tie_loss(
