@@ -119,7 +119,14 @@ def windowed_rows(
     for row in rows:
         info = row["extra_info"]
         window = history_window(info["contexts"], max_chars)
-        row["prompt"] = build_messages(window, info.get("user_profile", ""), info.get("history_summary", ""), lang)
+        row["prompt"] = build_messages(
+            window,
+            info.get("user_profile", ""),
+            info.get("history_summary", ""),
+            lang,
+            domain=info.get("domain"),
+            answer_fields=info.get("answer_fields") or ("rewritten_query",),
+        )
         info["prompt_messages"] = len(window)
         target = reference_target({**info, "contexts": window}, rewriter)
         if sft_target == "gold":
@@ -148,7 +155,7 @@ def prepare(
     validation rows; the test rows always carry the reference's answer (never read by the evaluation).
     """
     from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
-    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, load_kdconv_conversations
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
     from queryrl.rag import Document, HeuristicRewriter
     from queryrl.rag.index import title_entities
 
@@ -163,7 +170,8 @@ def prepare(
         splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     for name, convs in splits.items():
-        rows = [r for r in conversations_to_rows(convs, "kdconv") if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+        rows = conversations_to_rows(convs, "kdconv", domain=kdconv_domain(kdconv_dir))
+        rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")
         windowed_rows(rows, rewriter, history_chars, sft_target if name != "test" else "reference")

@@ -123,6 +123,16 @@ class _ConversationsCommand(typer.core.TyperCommand):
         super().format_help(ctx, formatter)
 
 
+AnswerFields = Annotated[
+    str,
+    typer.Option(
+        help="The keys the policy answers with, comma-separated: rewritten_query (always; the default) and "
+        "optionally user_profile, history_summary. The SFT targets have the same keys; without them the reward "
+        "and eval send the row's own profile and summary to /rag/chat_8b."
+    ),
+]
+
+
 @prepare_app.command("conversations", cls=_ConversationsCommand)
 def prepare_conversations(
     input: Annotated[
@@ -158,13 +168,19 @@ def prepare_conversations(
     val_fraction: Annotated[float, typer.Option(help="Share of conversations for validation.")] = 0.1,
     test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
+    answer_fields: AnswerFields = "rewritten_query",
+    domain: Annotated[
+        str | None, typer.Option(help="The prompt's domain line, e.g. '电子产品销售客服' (default: 客服对话).")
+    ] = None,
 ) -> None:
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
     from queryrl.apps.query_rewrite.conversations import prepare_conversation_data
     from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields
     from queryrl.data import DataError
 
     try:
+        fields = check_answer_fields(answer_fields, "--answer-fields")
         mapping = check_columns(parse_json_option("--columns", columns), "--columns")
         role_values = parse_json_option("--roles", roles)
         role_table(role_values, "--roles")
@@ -180,6 +196,8 @@ def prepare_conversations(
             header_row=header_row,
             order_by=order_by,
             fill_down=fill_down,
+            domain=domain,
+            answer_fields=fields,
         )
     except (DataError, ValueError) as exc:
         _fail(str(exc))
@@ -194,20 +212,36 @@ def prepare_kdconv(
     input: Annotated[Path, typer.Option("--input", help="A KdConv dialogue file (e.g. travel/dev.json).")],
     kb: Annotated[Path, typer.Option("--kb", help="Its knowledge base (e.g. travel/kb_travel.json).")],
     out: Annotated[Path, typer.Option("--out", help="Output folder.")],
+    answer_fields: AnswerFields = "rewritten_query",
+    domain: Annotated[
+        str | None,
+        typer.Option(help="The prompt's domain line (default: from the path: travel -> 旅游咨询（北京的景点）)."),
+    ] = None,
 ) -> None:
     """KdConv -> query-rewrite rows (gold = the (entity, attribute) pairs the reply used) and the corpus."""
     import json
 
     from queryrl.apps.query_rewrite.conversations import write_parquet
-    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_rows
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields
     from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
+    from queryrl.data import DataError
 
-    rows = add_sft_targets(kdconv_rows(input, both_speakers=True, require_gold=True))
+    try:
+        fields = check_answer_fields(answer_fields, "--answer-fields")
+        line = domain or kdconv_domain(input, kb)
+        rows = add_sft_targets(
+            kdconv_rows(input, both_speakers=True, require_gold=True, domain=line, answer_fields=fields)
+        )
+        documents = kdconv_corpus(kb)  # read before anything is written: a bad KB leaves no half output
+    except (DataError, ValueError) as exc:
+        _fail(str(exc))
+        return
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(rows, out / f"{input.stem}.parquet")
     corpus = out / "corpus.jsonl"
     tmp = corpus.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in kdconv_corpus(kb)), encoding="utf-8")
+    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents), encoding="utf-8")
     tmp.replace(corpus)
     typer.echo(f"wrote {out / f'{input.stem}.parquet'} ({len(rows)} rows) and {corpus}")
 

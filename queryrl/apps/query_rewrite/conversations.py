@@ -21,11 +21,14 @@ counted. Without turn or time the file order is kept; sorting is stable, so ties
 
 Output: every user turn gives one row (the first turn too: its history is empty, which is the
 no-rewrite-needed case the policy must also learn). The prompt is :func:`build_messages` of the
-conversation up to and including that turn; ``reward_model.ground_truth`` is
-``{"gold_doc_ids": [...]}`` (empty without gold); ``extra_info`` carries the ids, the turn, the
-raw ``contexts`` (the history as role/content messages, current turn included), the user
-profile and the history summary -- what the RAG service's ``/rag/chat_8b`` needs. The profile and
-summary of a turn are the ones on its own row, else the latest non-blank earlier ones.
+conversation up to and including that turn, with the data's domain line and the answer fields asked
+for (default only ``rewritten_query``); ``reward_model.ground_truth`` is ``{"gold_doc_ids": [...]}``
+(empty without gold); ``extra_info`` carries the ids, the turn, the raw ``contexts`` (the history as
+role/content messages, current turn included), the user profile and the history summary -- what the
+RAG service's ``/rag/chat_8b`` needs -- and ``answer_fields`` / ``domain`` (what the prompt asked
+for: the SFT target has exactly those fields, and the reward sends the row's own profile and summary
+when the answer has none). The profile and summary of a turn are the ones on its own row, else the
+latest non-blank earlier ones.
 
 Errors: all bad rows of a file are reported in one :class:`DataError`, each as
 ``file: sheet 'S': row R: column 'C': problem``; rows are numbered as a spreadsheet shows them
@@ -62,7 +65,12 @@ from queryrl.apps.query_rewrite.log_import import (
     role_table,
     roles_text,
 )
-from queryrl.apps.query_rewrite.prompts import build_messages
+from queryrl.apps.query_rewrite.prompts import (
+    DEFAULT_ANSWER_FIELDS,
+    DEFAULT_DOMAINS,
+    build_messages,
+    check_answer_fields,
+)
 from queryrl.data.records import DataError
 
 __all__ = ["FIELDS", "REQUIRED", "ROLE_ALIASES", "SUFFIXES"]  # re-exported: the field list lives in log_import
@@ -308,8 +316,18 @@ def load_conversations(
     return log.conversations
 
 
-def conversation_rows(conversation: Conversation, name: str, lang: str = "zh") -> list[dict[str, Any]]:
-    """One verl row per user turn of `conversation` (see the module docstring)."""
+def conversation_rows(
+    conversation: Conversation,
+    name: str,
+    lang: str = "zh",
+    *,
+    domain: str | None = None,
+    answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+) -> list[dict[str, Any]]:
+    """One verl row per user turn of `conversation` (see the module docstring); ``data_source`` is
+    ``query_rewrite/<name>``; `domain` (default neutral) and `answer_fields` go to :func:`build_messages`."""
+    fields = list(check_answer_fields(answer_fields))
+    domain = (domain or "").strip() or DEFAULT_DOMAINS.get(lang, "")
     rows = []
     contexts: list[dict[str, str]] = []
     profile = summary = ""
@@ -322,7 +340,7 @@ def conversation_rows(conversation: Conversation, name: str, lang: str = "zh") -
         rows.append(
             {
                 "data_source": f"query_rewrite/{name}",
-                "prompt": build_messages(contexts, profile, summary, lang=lang),
+                "prompt": build_messages(contexts, profile, summary, lang, domain=domain, answer_fields=fields),
                 "ability": "query_rewrite",
                 "reward_model": {"style": "rule", "ground_truth": {"gold_doc_ids": list(message.gold_doc_ids)}},
                 "extra_info": {
@@ -334,15 +352,28 @@ def conversation_rows(conversation: Conversation, name: str, lang: str = "zh") -
                     "user_profile": profile,
                     "history_summary": summary,
                     "turn_type": message.kind,
+                    "answer_fields": list(fields),
+                    "domain": domain,
                 },
             }
         )
     return rows
 
 
-def conversations_to_rows(conversations: Iterable[Conversation], name: str, lang: str = "zh") -> list[dict[str, Any]]:
-    """:func:`conversation_rows` of every conversation, in order."""
-    return [row for conv in conversations for row in conversation_rows(conv, name, lang)]
+def conversations_to_rows(
+    conversations: Iterable[Conversation],
+    name: str,
+    lang: str = "zh",
+    *,
+    domain: str | None = None,
+    answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+) -> list[dict[str, Any]]:
+    """:func:`conversation_rows` of every conversation, in order (the same options)."""
+    return [
+        row
+        for conv in conversations
+        for row in conversation_rows(conv, name, lang, domain=domain, answer_fields=answer_fields)
+    ]
 
 
 def split_conversations(
@@ -443,6 +474,8 @@ def prepare_conversation_data(
     header_row: int | None = None,
     order_by: str | None = None,
     fill_down: bool = True,
+    domain: str | None = None,
+    answer_fields: str | Sequence[str] | None = None,
 ) -> PreparedConversations:
     """Read a conversation log and write ``train/val/test.parquet`` into `out_dir`, with counts.
 
@@ -459,7 +492,15 @@ def prepare_conversation_data(
         sheet: one Excel sheet (default: all that have the columns).
         lang: the prompt language.
         roles, header_row, order_by, fill_down: as in :func:`load_conversation_log`.
+        domain: the prompt's domain line, e.g. ``"电子产品销售客服"`` (default neutral: ``"客服对话"``).
+        answer_fields: the keys the policy answers with, a sequence or ``"rewritten_query,user_profile"``
+            (default only ``rewritten_query``; :func:`~.prompts.check_answer_fields`).
+
+    Raises:
+        ValueError: bad `answer_fields` (before the log is read), and as :func:`load_conversation_log`.
+        DataError: as :func:`load_conversation_log`.
     """
+    fields = check_answer_fields(answer_fields)
     input_path = Path(input_path)
     log = load_conversation_log(
         input_path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
@@ -471,7 +512,7 @@ def prepare_conversation_data(
     paths: dict[str, Path] = {}
     counts: dict[str, SplitCounts] = {}
     for split, convs in splits.items():
-        rows = add_sft_targets(conversations_to_rows(convs, source, lang))
+        rows = add_sft_targets(conversations_to_rows(convs, source, lang, domain=domain, answer_fields=fields))
         paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
         counts[split] = SplitCounts(len(convs), sum(len(c.messages) for c in convs), len(rows))
     fractions = {"val": val_fraction, "test": test_fraction}

@@ -9,6 +9,9 @@ with greetings and small talk that need no retrieval (kind ``chitchat``, empty g
 ellipsis, typos, bargaining, comparisons, switches within and across product lines, a CRM profile and
 a summary that change through the dialogue, and replies that paraphrase the documents.
 
+Rows (:func:`sales_demo_rows`): the prompt's domain line is :data:`DOMAIN` (a sales assistant for
+consumer electronics); the policy answers only ``{"rewritten_query": ...}``.
+
 Everything is drawn from ``random.Random`` seeded by strings, so a seed gives the same data on
 every machine and Python version.
 """
@@ -34,6 +37,7 @@ LINES: dict[str, tuple[str, tuple[int, int], str, tuple[str, ...]]] = {
     "watch": ("智能手表", (599, 3999), "天", ("{screen}英寸 AMOLED 屏", "{atm}ATM 防水", "血氧与心率监测")),
     "tablet": ("平板电脑", (1999, 8999), "mAh", ("{screen}英寸 LCD 屏", "{ram}GB 内存", "支持手写笔")),
 }
+DOMAIN = "电子产品销售客服"  # the prompt's domain line (naming the five lines cost 15 prompt tokens)
 BRANDS = ("星辰", "云帆", "极光", "青松", "锐行", "朗月", "海川", "北辰")
 SERIES = ("X", "Pro", "Air", "Max", "Lite", "S", "Neo", "Ultra")
 COLOURS = ("黑色", "白色", "银色", "蓝色", "绿色", "紫色", "金色", "灰色")
@@ -159,7 +163,7 @@ def sales_demo_rows(split: str) -> list[dict[str, Any]]:
         raise ValueError(f"builtin://sales_demo has splits {', '.join(SPLITS)}, not {split!r}")
     seed = list(SPLITS).index(split) + 1  # distinct dialogue seeds per split, one shared catalogue
     dialogues = make_dialogues(make_catalogue(CATALOGUE_SEED), SPLITS[split], seed, prefix=f"demo-{split}")
-    return add_sft_targets(conversations_to_rows(dialogues, DATA_SOURCE))
+    return add_sft_targets(conversations_to_rows(dialogues, DATA_SOURCE, domain=DOMAIN))
 
 
 def sales_demo_corpus() -> list[dict[str, str]]:

@@ -307,12 +307,14 @@ def model_answers(
         texts += decode_responses(tokenizer, chunk)
     del model, rollout
     answers = []
-    for text in texts:
+    for sample, text in zip(samples, texts, strict=True):
         parsed = parse_answer(text)
         if parsed is None:
             answers.append(Answer(None, raw=text))
-        else:
-            answers.append(Answer(parsed.rewritten_query, parsed.user_profile, parsed.history_summary, raw=text))
+        else:  # a query-only answer (the default prompt): the row's own profile and summary go to /rag/chat_8b
+            profile = parsed.user_profile or sample.user_profile
+            summary = parsed.history_summary or sample.history_summary
+            answers.append(Answer(parsed.rewritten_query, profile, summary, raw=text))
     return answers
 
 

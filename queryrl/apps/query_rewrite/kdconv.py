@@ -10,16 +10,39 @@ the second speaker the user (every message followed by a reply becomes a query t
 Gold for the user turn at position i = the distinct ``(name, attrname)`` pairs used by reply
 i+1, as document ids :func:`doc_id` (empty when the reply uses no knowledge or there is none).
 The corpus is one document per ``(entity, attribute)`` of the knowledge base.
+
+The prompt's domain line names KdConv's domain (:data:`KDCONV_DOMAINS`: travel is Beijing's
+attractions), found in the file's path (``travel/dev.json``, ``kb_travel.json``) by :func:`kdconv_domain`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from queryrl.apps.query_rewrite.conversations import Conversation, Message, conversations_to_rows
+from queryrl.apps.query_rewrite.prompts import DEFAULT_ANSWER_FIELDS, DEFAULT_DOMAINS
 from queryrl.data.records import DataError
+
+# KdConv's three domains (its folders travel/, film/, music/) -> the prompt's domain line per language
+KDCONV_DOMAINS: dict[str, dict[str, str]] = {
+    "travel": {"zh": "旅游咨询（北京的景点）", "en": "travel (attractions in Beijing)"},
+    "film": {"zh": "电影知识问答", "en": "films, actors and directors"},
+    "music": {"zh": "音乐知识问答", "en": "music, songs and singers"},
+}
+
+
+def kdconv_domain(*paths: str | Path, lang: str = "zh") -> str:
+    """The domain line of KdConv data at `paths` (the first of travel / film / music in a file name or a
+    folder name: ``travel/dev.json``, ``kb_travel.json``); the neutral default when none names one."""
+    for path in paths:
+        for part in reversed(Path(path).parts):
+            for name, lines in KDCONV_DOMAINS.items():
+                if name in part.lower():
+                    return lines.get(lang, lines["zh"])
+    return DEFAULT_DOMAINS.get(lang, DEFAULT_DOMAINS["zh"])
 
 
 def doc_id(entity: str, attribute: str) -> str:
@@ -73,13 +96,24 @@ def load_kdconv_conversations(path: str | Path, both_speakers: bool = False) -> 
 
 
 def kdconv_rows(
-    path: str | Path, name: str = "kdconv", lang: str = "zh", both_speakers: bool = False, require_gold: bool = False
+    path: str | Path,
+    name: str = "kdconv",
+    lang: str = "zh",
+    both_speakers: bool = False,
+    require_gold: bool = False,
+    *,
+    domain: str | None = None,
+    answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
 ) -> list[dict[str, Any]]:
     """verl rows (one per user turn) of a KdConv dialogue file; ``data_source`` ``query_rewrite/<name>``.
 
     With `require_gold`, only the turns whose reply uses the knowledge base (the benchmark's turns).
+    `domain`: the prompt's domain line (default :func:`kdconv_domain` of `path`); `answer_fields`: the
+    keys the policy answers with (default only ``rewritten_query``).
     """
-    rows = conversations_to_rows(load_kdconv_conversations(path, both_speakers), name, lang)
+    domain = domain or kdconv_domain(path, lang=lang)
+    conversations = load_kdconv_conversations(path, both_speakers)
+    rows = conversations_to_rows(conversations, name, lang, domain=domain, answer_fields=answer_fields)
     if require_gold:
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
     return rows

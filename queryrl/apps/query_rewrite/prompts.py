@@ -1,13 +1,27 @@
 """The query-rewrite prompt (Chinese by default, English) and a tolerant parser of the reply.
 
-The policy sees one system message (the task and the JSON it must answer with) and one user
-message (the history, the current user turn, and the user profile / history summary when
-present). It answers ``{"rewritten_query": ..., "user_profile": ..., "history_summary": ...}``
-(seed 000: the 8B model's structured output, sent on to ``/rag/chat_8b``).
+The policy sees one system message (the task, the domain line and the JSON it must answer with) and
+one user message (the user profile and history summary when present, the history, the current user
+turn last). By default it answers only ``{"rewritten_query": ...}``; ``answer_fields`` can also ask
+for ``user_profile`` and ``history_summary`` (seed 000's structured output, sent on to
+``/rag/chat_8b``; without them the caller sends the row's own profile and summary).
+
+Made for real instruct models as well as the tiny one:
+
+- no placeholder to copy: the schema is one sentence, and the only JSON in the prompt is a worked
+  example from an unrelated topic (cooking), labelled 示例 / Example (a template such as
+  ``{"rewritten_query": "改写后的查询"}`` was copied verbatim by a 0.5B instruct model);
+- a domain line (``domain``: from the data or the config; default neutral, :data:`DEFAULT_DOMAINS`),
+  not "sales" everywhere;
+- an empty ``rewritten_query`` means "no retrieval needed" (small talk, thanks, goodbyes);
+- ``rewritten_query`` comes first, so an answer cut at the token budget still carries a complete query:
+  :func:`parse_rewrite` accepts it and marks it ``truncated``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,27 +30,55 @@ from queryrl.rewards.json_extract import json_objects
 
 MAX_QUERY_CHARS = 256  # a longer "query" is an essay, not a search query: a format failure
 MAX_FIELD_CHARS = 2000  # cap on user_profile / history_summary
+QUERY_FIELD = "rewritten_query"
+ANSWER_FIELDS = (QUERY_FIELD, "user_profile", "history_summary")  # every field, in answer order
+DEFAULT_ANSWER_FIELDS = (QUERY_FIELD,)
+DEFAULT_DOMAINS = {"zh": "客服对话", "en": "customer conversations"}
 
-SYSTEM_PROMPTS = {
+_TASK = {
     "zh": (
-        "你是销售客服系统中的查询改写助手。请根据对话历史、用户当前的问题，以及（如有）用户画像和历史摘要，"
-        "把当前问题改写成一个独立、完整、可以直接用于知识库检索的查询：补全代词和省略的商品名称与属性，"
-        "保留用户的原意，不要编造对话中没有的信息。同时更新用户画像（身份、偏好、关注点）"
-        "和历史摘要（到目前为止对话的要点）。\n"
-        "只输出一个 JSON 对象，不要输出其他内容：\n"
-        '{"rewritten_query": "改写后的查询", "user_profile": "用户画像", "history_summary": "历史摘要"}'
+        "你是查询改写助手。场景：{domain}。\n"
+        "根据对话历史{inputs}，把用户当前的问题改写成一个独立、完整、可直接用于知识库检索的查询："
+        "补全代词和省略的名称与属性，保留原意，不编造对话中没有的信息。"
+        "不需要检索的问题（寒暄、致谢、告别）查询为空字符串。\n"
+        "只输出 JSON：{fields}\n"
+        "示例（烹饪话题，只示意格式）：历史“红烧肉怎么做？”，当前问题“要炖多久？”→{example}；"
+        "当前问题“谢谢”→{empty}。"
     ),
     "en": (
-        "You are the query rewriter of a sales support chatbot. Given the conversation history, the "
-        "user's current turn and, if present, the user profile and the history summary, rewrite the "
-        "current turn as one standalone search query for the knowledge base: resolve pronouns and "
-        "ellipsis (name the product and the attribute), keep the user's intent, and add nothing the "
-        "conversation does not say. Also update the user profile (who they are, preferences, concerns) "
-        "and the history summary (the main points so far).\n"
-        "Answer with one JSON object and nothing else:\n"
-        '{"rewritten_query": "the rewritten query", "user_profile": "the user profile", '
-        '"history_summary": "the history summary"}'
+        "You rewrite search queries. Domain: {domain}.\n"
+        "Given the conversation history{inputs}, rewrite the user's current turn as one standalone "
+        "search query for the knowledge base: resolve pronouns and ellipsis (name the item and the "
+        "attribute), keep the user's intent, add nothing the conversation does not say. A turn that needs "
+        "no retrieval (small talk, thanks, goodbye) gets an empty query.\n"
+        "Answer with JSON only: {fields}\n"
+        'Example (cooking, format only): history "How do I make braised pork?", current turn "How long '
+        'does it stew?" -> {example}; current turn "thanks" -> {empty}.'
     ),
+}
+_INPUTS = {"zh": "（以及用户画像、历史摘要，如有）", "en": " (and the user profile and history summary, if any)"}
+_FIELDS = {
+    "zh": {
+        QUERY_FIELD: "rewritten_query，值为改写后的查询",
+        "user_profile": "user_profile，值为更新后的用户画像（身份、偏好、关注点）",
+        "history_summary": "history_summary，值为到目前为止对话的要点",
+    },
+    "en": {
+        QUERY_FIELD: "rewritten_query, the rewritten query",
+        "user_profile": "user_profile, the updated user profile (who they are, preferences, concerns)",
+        "history_summary": "history_summary, the main points of the conversation so far",
+    },
+}
+_ONE_KEY = {"zh": "一个键 {0}。", "en": "one key, {0}."}
+_KEYS = {"zh": "键依次为 {0}。", "en": "the keys, in this order: {0}."}
+_KEY_SEP = {"zh": "；", "en": "; "}
+_EXAMPLE = {
+    "zh": {QUERY_FIELD: "红烧肉要炖多久", "user_profile": "在家做饭的新手", "history_summary": "问过红烧肉的做法"},
+    "en": {
+        QUERY_FIELD: "braised pork stewing time",
+        "user_profile": "a beginner home cook",
+        "history_summary": "asked how to make braised pork",
+    },
 }
 
 _LABELS = {
@@ -63,17 +105,78 @@ _LABELS = {
 }
 
 
+def check_answer_fields(fields: str | Sequence[str] | None, where: str = "answer fields") -> tuple[str, ...]:
+    """The answer fields asked for, in answer order (:data:`ANSWER_FIELDS`); None gives the default.
+
+    Args:
+        fields: a sequence of names or a comma-separated string (``"rewritten_query,user_profile"``).
+        where: what the error messages name (``"--answer-fields"`` on the command line).
+
+    Raises:
+        ValueError: an unknown or repeated field, or no ``rewritten_query``, naming it and the choices.
+    """
+    if fields is None:
+        return DEFAULT_ANSWER_FIELDS
+    names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else [str(f).strip() for f in fields]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in ANSWER_FIELDS]
+    if unknown:
+        raise ValueError(f"{where}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ANSWER_FIELDS)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"{where}: {', '.join(map(repr, repeated))} given twice")
+    if QUERY_FIELD not in names:
+        raise ValueError(f"{where}: must include {QUERY_FIELD!r} (got {', '.join(names) or 'none'})")
+    return tuple(f for f in ANSWER_FIELDS if f in names)
+
+
+def system_prompt(
+    lang: str = "zh", domain: str | None = None, answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS
+) -> str:
+    """The system message: the task, ``场景：<domain>`` / ``Domain: <domain>``, the answer's keys in words,
+    and a worked example from an unrelated topic (the keys of `answer_fields`, in answer order).
+
+    Raises:
+        ValueError: unknown `lang`, bad `answer_fields` (:func:`check_answer_fields`).
+    """
+    if lang not in _TASK:
+        raise ValueError(f"unknown prompt language {lang!r}; use one of {sorted(_TASK)}")
+    fields = check_answer_fields(answer_fields)
+    described = [_FIELDS[lang][f] for f in fields]
+    keys = (_ONE_KEY if len(fields) == 1 else _KEYS)[lang].format(_KEY_SEP[lang].join(described))
+    example = {f: _EXAMPLE[lang][f] for f in fields}
+    empty = {f: "" if f == QUERY_FIELD else _EXAMPLE[lang][f] for f in fields}
+    return _TASK[lang].format(
+        domain=(domain or "").strip() or DEFAULT_DOMAINS[lang],
+        inputs=_INPUTS[lang],
+        fields=keys,
+        example=json.dumps(example, ensure_ascii=False),
+        empty=json.dumps(empty, ensure_ascii=False),
+    )
+
+
+SYSTEM_PROMPTS = {lang: system_prompt(lang) for lang in _TASK}  # the defaults: neutral domain, query only
+
+
 @dataclass(frozen=True)
 class ParsedRewrite:
-    """The policy's structured answer."""
+    """The policy's structured answer; ``truncated``: the reply was cut off after a complete query (a field
+    cut off, or never reached, is empty: see :func:`parse_rewrite`)."""
 
     rewritten_query: str
     user_profile: str = ""
     history_summary: str = ""
+    truncated: bool = False
 
 
 def build_messages(
-    history: Sequence[dict[str, Any]], user_profile: str = "", history_summary: str = "", lang: str = "zh"
+    history: Sequence[dict[str, Any]],
+    user_profile: str = "",
+    history_summary: str = "",
+    lang: str = "zh",
+    *,
+    domain: str | None = None,
+    answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
 ) -> list[dict[str, str]]:
     """Chat messages asking the policy to rewrite the last user turn of `history`.
 
@@ -86,12 +189,15 @@ def build_messages(
         user_profile: shown when non-empty.
         history_summary: shown when non-empty.
         lang: ``"zh"`` (default) or ``"en"``.
+        domain: the domain line (e.g. ``"电子产品销售客服"``); default :data:`DEFAULT_DOMAINS`.
+        answer_fields: the keys the answer must have (:func:`check_answer_fields`); default
+            ``("rewritten_query",)``.
 
     Raises:
-        ValueError: unknown `lang`, empty `history`, or a last message that is not the user's.
+        ValueError: unknown `lang`, bad `answer_fields`, empty `history`, or a last message that is not
+            the user's.
     """
-    if lang not in SYSTEM_PROMPTS:
-        raise ValueError(f"unknown prompt language {lang!r}; use one of {sorted(SYSTEM_PROMPTS)}")
+    system = system_prompt(lang, domain, answer_fields)
     if not history or history[-1].get("role") != "user":
         raise ValueError("history must end with the current user turn (role 'user')")
     labels = _LABELS[lang]
@@ -104,34 +210,117 @@ def build_messages(
     parts += [labels["history"], "\n".join(earlier) if earlier else labels["none"], ""]
     # the current turn last, right before the answer: at a fixed distance from where the model writes
     parts += [labels["current"], str(history[-1]["content"])]
-    return [{"role": "system", "content": SYSTEM_PROMPTS[lang]}, {"role": "user", "content": "\n".join(parts)}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def _checked(
+    obj: dict[str, Any], max_query_chars: int, max_field_chars: int, allow_empty: bool, truncated: bool
+) -> ParsedRewrite | None:
+    """`obj`'s fields as a :class:`ParsedRewrite`, or None when one breaks the rules of :func:`parse_rewrite`."""
+    query = obj[QUERY_FIELD]
+    if not isinstance(query, str) or len(query.strip()) > max_query_chars or not (allow_empty or query.strip()):
+        return None
+    fields: dict[str, str] = {}
+    for key in ANSWER_FIELDS[1:]:
+        value = obj.get(key)
+        if value is None:
+            value = ""
+        if not isinstance(value, str) or len(value.strip()) > max_field_chars:
+            return None
+        fields[key] = value.strip()
+    return ParsedRewrite(query.strip(), fields["user_profile"], fields["history_summary"], truncated)
+
+
+_DECODER = json.JSONDecoder(strict=False)  # raw newlines inside strings, as json_objects allows
+_OBJECT_START = re.compile(r"\{\s*\"")  # `{` then a quoted key, as json_objects recognises an object
+_OPEN_STRING = re.compile(r'"(?:[^"\\]|\\.)*\\?', re.DOTALL)  # a string with no closing quote: to the end
+MAX_TRUNCATED_STARTS = 64  # object starts tried for a cut-off answer (bounds the work on garbage)
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _cut_here(text: str, pos: int) -> bool:
+    """True when the reply ends at `pos`, or inside a string opened at `pos` (a cut, not a malformed pair)."""
+    if pos >= len(text):
+        return True
+    m = _OPEN_STRING.match(text, pos)
+    return m is not None and m.end() == len(text)
+
+
+def _truncated_object(text: str, start: int) -> dict[str, Any] | None:
+    """The complete ``"key": value`` pairs of an object opened at ``text[start]`` and cut before its ``}``;
+    None when it closes (a whole object is not truncated) or a pair before the cut is malformed."""
+    obj: dict[str, Any] = {}
+    pos = start + 1
+    while True:
+        pos = _skip_ws(text, pos)
+        if _cut_here(text, pos):
+            return obj  # cut before or inside a key
+        key, pos = _DECODER.raw_decode(text, pos)  # a ValueError (malformed) is the caller's None
+        pos = _skip_ws(text, pos)
+        if pos >= len(text):
+            return obj
+        if not isinstance(key, str) or text[pos] != ":":
+            return None
+        pos = _skip_ws(text, pos + 1)
+        if _cut_here(text, pos):
+            return obj  # cut before or inside this value: the pairs before it are complete
+        obj[key], pos = _DECODER.raw_decode(text, pos)
+        pos = _skip_ws(text, pos)
+        if pos >= len(text):
+            return obj
+        if text[pos] != ",":
+            return None  # "}" closes it (then it is not truncated) or garbage follows the value
+        pos += 1
+
+
+def _parse_truncated(text: str, max_query_chars: int, max_field_chars: int, allow_empty: bool) -> ParsedRewrite | None:
+    """The first object cut off at the end of `text` whose complete pairs include ``rewritten_query``, checked
+    like a whole object (:func:`_checked`) on those pairs: a field cut off is absent (empty)."""
+    for n, m in enumerate(_OBJECT_START.finditer(text)):
+        if n == MAX_TRUNCATED_STARTS:
+            break
+        try:
+            obj = _truncated_object(text, m.start())
+        except ValueError:  # a malformed pair before the cut: not this object
+            continue
+        if obj is not None and QUERY_FIELD in obj:
+            return _checked(obj, max_query_chars, max_field_chars, allow_empty, truncated=True)
+    return None
 
 
 def parse_rewrite(
-    text: Any, max_query_chars: int = MAX_QUERY_CHARS, max_field_chars: int = MAX_FIELD_CHARS
+    text: Any,
+    max_query_chars: int = MAX_QUERY_CHARS,
+    max_field_chars: int = MAX_FIELD_CHARS,
+    *,
+    allow_empty: bool = False,
 ) -> ParsedRewrite | None:
     """The first JSON object in `text` with a ``rewritten_query`` key, checked; None otherwise.
 
     Code fences and prose around the object are tolerated. Format failures (None): no such
-    object; ``rewritten_query`` not a string, blank, or longer than `max_query_chars` after
-    stripping; ``user_profile`` / ``history_summary`` present but not a string (null counts as
-    absent) or longer than `max_field_chars`. Never raises.
+    object; ``rewritten_query`` not a string, blank (unless `allow_empty`: the reward and eval read an
+    empty query as "no retrieval needed"), or longer than `max_query_chars` after stripping;
+    ``user_profile`` / ``history_summary`` present but not a string (null counts as absent) or longer
+    than `max_field_chars`.
+
+    A reply cut off at the end (the token budget) inside the object still parses when the
+    ``rewritten_query`` string before the cut is closed and every pair before the cut is well-formed
+    (and passes the checks above): ``{"rewritten_query": "星辰X3手机续航", "user_profile": "学生, 预算``
+    gives ``ParsedRewrite("星辰X3手机续航", truncated=True)``; the field that was cut (and any never
+    reached) is empty, so the caller sends the row's own profile / summary. A cut inside the query
+    string (``{"rewritten_query": "星辰X3``) is a failure. Never raises.
     """
     try:
-        obj = next((o for o in json_objects(text) if "rewritten_query" in o), None)
-        if obj is None:
+        obj = next((o for o in json_objects(text) if QUERY_FIELD in o), None)
+        if obj is not None:
+            return _checked(obj, max_query_chars, max_field_chars, allow_empty, False)
+        if not isinstance(text, str):
             return None
-        query = obj["rewritten_query"]
-        if not isinstance(query, str) or not query.strip() or len(query.strip()) > max_query_chars:
-            return None
-        fields: dict[str, str] = {}
-        for key in ("user_profile", "history_summary"):
-            value = obj.get(key)
-            if value is None:
-                value = ""
-            if not isinstance(value, str) or len(value.strip()) > max_field_chars:
-                return None
-            fields[key] = value.strip()
-        return ParsedRewrite(query.strip(), fields["user_profile"], fields["history_summary"])
+        return _parse_truncated(text, max_query_chars, max_field_chars, allow_empty)
     except Exception:  # a parser of model output must never take the reward loop down
         return None

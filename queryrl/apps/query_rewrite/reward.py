@@ -11,7 +11,15 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward_modes.mix_rewards`
 - ``judge``: ``2q - 1`` in [-1, 1] (``group_judge``), ``q`` from the offline judge (gold documents, no
   LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
 - ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2];
-- ``format``: 1 when the output parses and the query is non-blank and within ``max_query_chars``.
+- ``format``: 1 when the output parses and the query is within ``max_query_chars``. A reply cut off at the
+  token budget after a complete ``rewritten_query`` parses (:func:`~.prompts.parse_rewrite`), is scored
+  like any other, and is counted: ``format/truncated`` (1 / 0, logged ``reward/format/truncated/mean``).
+  Its format credit is full when the row asked only for the query (``extra_info.answer_fields``, the
+  default), 0.5 when the cut lost the profile/summary the prompt asked for
+  (:func:`~.reward_modes.format_reward`).
+
+``/rag/chat_8b`` gets the policy's ``user_profile`` / ``history_summary`` where it answered them, else
+the row's own (``extra_info``): by default the policy answers only the query.
 
 Failures and penalties.
 
@@ -61,8 +69,9 @@ from queryrl.apps.query_rewrite.judging import (
     combine_swapped,
     quality_from_verdict,
 )
-from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS
+from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, QUERY_FIELD, check_answer_fields
 from queryrl.apps.query_rewrite.reward_modes import (
+    TRUNCATED_MISSING_FIELDS_CREDIT,
     abstain_components,
     format_reward,
     group_judge_rewards,
@@ -413,6 +422,9 @@ async def _shared_judge(
 # --- the reward --------------------------------------------------------------------------------
 
 
+_NOT_CUT = {"format/truncated": 0.0}  # an unparsed reply is a format failure, not a truncated answer
+
+
 def _weights(kwargs: Mapping[str, Any]) -> dict[str, float]:
     weights = {**DEFAULT_WEIGHTS, **{str(k): float(v) for k, v in dict(kwargs.get("weights") or {}).items()}}
     unknown = sorted(set(weights) - set(COMPONENTS))
@@ -469,7 +481,7 @@ async def compute_score(
         ground_truth: ``{"gold_doc_ids": [...]}`` (or the list itself); may be empty.
         extra_info: the row's ``extra_info``: ``contexts`` (ending with the current user turn), the four
             ids (``tenant_id``, ``contact_id``, ``account_id``, ``message_id``), ``user_profile``,
-            ``history_summary``.
+            ``history_summary`` (sent to ``/rag/chat_8b`` where the reply has none), ``answer_fields``.
         **kwargs: ``reward.kwargs``: ``weights`` (over ``judge``, ``retrieval_rank``, ``format``; default
             :data:`DEFAULT_WEIGHTS`, a partial dict overrides those keys), ``judge`` (``"offline"`` or
             ``"openai"`` with ``judge_base_url``, ``judge_model``, ``judge_api_key_env`` (default
@@ -482,7 +494,8 @@ async def compute_score(
 
     Returns:
         ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
-        ``judge``, ``retrieval_rank`` (absent without gold), ``format``, ``recall_at_5`` and
+        ``judge``, ``retrieval_rank`` (absent without gold), ``format``, ``format/truncated`` (1: the reply
+        was cut off after a complete query), ``recall_at_5`` and
         ``reference_recall_at_5`` (absent without gold) (with ``position_swap`` the
         consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``).
 
@@ -505,22 +518,28 @@ async def compute_score(
             hybrid = hybrid_reward(
                 0.0, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
             )
-            return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z}
+            return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
         score = mix_rewards(components, weights)
         assert score is not None
-        return {"score": score, "quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
+        out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
+        return {"score": score, **out0, **_NOT_CUT}
 
     query = normalise_rewrite(parsed.rewritten_query)
+    # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
+    missing_fields = parsed.truncated and check_answer_fields(info.get("answer_fields")) != (QUERY_FIELD,)
+    cut = {"format/truncated": float(parsed.truncated)}
     no_retrieval = no_retrieval_turn(gold, info.get("kind") or info.get("turn_type"))
     decided = abstain_components(query, no_retrieval, bool(gold))
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
-        return _abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query)
+        if missing_fields:
+            decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
+        return {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
-    fields.update(
+    fields.update(  # the policy's profile/summary where it gave them, else the row's own (the input)
         contexts=contexts,
-        user_profile=parsed.user_profile,
-        history_summary=parsed.history_summary,
+        user_profile=parsed.user_profile or str(info.get("user_profile") or ""),
+        history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
         rewritten_query=query,
     )
     rag_url = kwargs.get("rag_url")
@@ -529,7 +548,8 @@ async def compute_score(
     client = rag_client(rag_url, corpus, top_k, timeout_s, retries, **{k: kwargs.get(k) for k in EMBEDDED_OPTIONS})
     candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
 
-    out: dict[str, float] = {"format": format_reward(True, query, max_query_chars), "abstained": 0.0}
+    out: dict[str, float] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
+    out.update(cut)
     cand_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]
     ref_ids = [str(d.get("doc_id")) for d in reference.get("response") or []]
     rank = retrieval_rank_reward(cand_ids, gold) if gold else None

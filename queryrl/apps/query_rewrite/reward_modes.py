@@ -11,7 +11,8 @@ Modes and their scales:
   over the whole group, so each update has a proper group baseline.
 - ``retrieval_rank``: ConvSearch-R1's rank-incentive reward of the gold documents, in [0, 2]
   (:func:`retrieval_rank_reward`); only where gold exists.
-- ``format``: 1 / 0 (:func:`format_reward`); an empty ``rewritten_query`` is well-formed (it abstains).
+- ``format``: 1 / 0 (:func:`format_reward`); an empty ``rewritten_query`` is well-formed (it abstains); a
+  reply cut off after a complete query counts as parsed (0.5 when it lost fields the prompt asked for).
 - abstention (:func:`abstain_components`): on a turn labelled as needing no retrieval, an empty query gets
   every component at its top (judge 1, retrieval_rank 2, format 1) and a non-empty one the floor of the
   retrieval components (judge -1, retrieval_rank 0; format 1: it is well-formed), with no RAG or judge
@@ -38,14 +39,12 @@ Identical rewrites in a group share one RAG call and one judge call (:func:`dedu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, ParsedRewrite, parse_rewrite
-from queryrl.rewards.json_extract import json_objects
 
 SELECTION_METHODS = ("max_log_prob", "weighted_sample")
 
@@ -53,33 +52,33 @@ SELECTION_METHODS = ("max_log_prob", "weighted_sample")
 # --- format -------------------------------------------------------------------------------------
 
 
-def format_reward(parsed_ok: bool, query: str | None, max_chars: int) -> float:
+TRUNCATED_MISSING_FIELDS_CREDIT = 0.5  # a cut-off answer that lost the profile/summary it was asked for
+
+
+def format_reward(parsed_ok: bool, query: str | None, max_chars: int, missing_fields: bool = False) -> float:
     """1.0 when the output parsed and the rewritten query is at most `max_chars` characters (after
-    stripping; an empty query is well-formed: it says "no retrieval needed"), else 0.0."""
-    if not parsed_ok or query is None:
+    stripping; an empty query is well-formed: it says "no retrieval needed"), else 0.0.
+
+    A reply cut off at the token budget after a complete query (``ParsedRewrite.truncated``) counts as
+    parsed. When only the query was asked for (the default), it gets full credit: the answer's content is
+    all there, only the closing brace (or fields nobody asked for) is missing. When the prompt also asked
+    for ``user_profile`` / ``history_summary`` and the cut lost them (`missing_fields`), it gets
+    :data:`TRUNCATED_MISSING_FIELDS_CREDIT`: the query is usable, the answer is not complete.
+    """
+    if not parsed_ok or query is None or len(query.strip()) > max_chars:
         return 0.0
-    return 1.0 if len(query.strip()) <= max_chars else 0.0
+    return TRUNCATED_MISSING_FIELDS_CREDIT if missing_fields else 1.0
 
 
 def parse_answer(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> ParsedRewrite | None:
-    """:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite`, plus the abstention: an object whose
-    ``rewritten_query`` is an empty (or blank) string parses as ``ParsedRewrite("", ...)``.
+    """:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite` with the abstention allowed: an empty (or
+    blank) ``rewritten_query`` parses as ``ParsedRewrite("", ...)``; a reply cut off after a complete query
+    parses with ``truncated=True``.
 
-    ``parse_rewrite`` refuses a blank query (for logs and other callers an empty query is no query); the
-    reward and the evaluation read it as "this turn needs no retrieval". The other fields are checked by
-    ``parse_rewrite`` itself (on the same object with a placeholder query). Never raises.
+    ``parse_rewrite`` refuses a blank query by default (for logs and other callers an empty query is no
+    query); the reward and the evaluation read it as "this turn needs no retrieval". Never raises.
     """
-    parsed = parse_rewrite(text, max_query_chars=max_query_chars)
-    if parsed is not None:
-        return parsed
-    try:
-        obj = next((o for o in json_objects(text) if "rewritten_query" in o), None)
-        if obj is None or not isinstance(obj["rewritten_query"], str) or obj["rewritten_query"].strip():
-            return None
-        placeholder = parse_rewrite(json.dumps({**obj, "rewritten_query": "-"}, ensure_ascii=False))
-        return None if placeholder is None else ParsedRewrite("", placeholder.user_profile, placeholder.history_summary)
-    except Exception:  # a parser of model output must never take the reward loop down
-        return None
+    return parse_rewrite(text, max_query_chars=max_query_chars, allow_empty=True)
 
 
 # --- abstention: turns that need no retrieval ---------------------------------------------------

@@ -3,8 +3,11 @@
 Before RL the policy must first answer in the JSON format at all (a random or generic model
 rarely does). The usual warm start distils the reference pipeline: each prompt's target is the
 reference rewriter's query (by default :class:`~queryrl.rag.HeuristicRewriter`, the rewriter the
-embedded ``/rag/chat`` uses) with the profile and summary carried over from the input, as
-``{"rewritten_query": ..., "user_profile": ..., "history_summary": ...}``. Where the reference
+embedded ``/rag/chat`` uses) as ``{"rewritten_query": ...}``, with exactly the fields the row's prompt
+asked for (``extra_info.answer_fields``; default only the query): where it asked for ``user_profile`` and
+``history_summary`` too, they are carried over from the input. (Carrying the CRM summary made the sales
+demo's targets 36.9 tokens long on average with the tiny model's tokenizer, most of them the copied
+summary; query-only, 12.9.) Where the reference
 prepends terms carried from the history to the current turn, the target is cleaned up in two ways:
 
 - the turn comes first and the carried terms after it (retrieval scores a bag of words, so the
@@ -31,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
+from queryrl.apps.query_rewrite.prompts import QUERY_FIELD, check_answer_fields
 from queryrl.rag import HeuristicRewriter
 from queryrl.rag.rewriters import last_user_turn
 
@@ -50,7 +54,8 @@ def reference_target(
     """The JSON answer the reference rewriter gives for one row's ``extra_info``.
 
     Args:
-        extra_info: the row's ``contexts``, ``user_profile`` and ``history_summary``.
+        extra_info: the row's ``contexts``, ``user_profile``, ``history_summary`` and ``answer_fields`` (the
+            keys of the answer, in order; absent: only ``rewritten_query``).
         rewriter: default a plain :class:`~queryrl.rag.HeuristicRewriter`; e.g. one with the corpus's
             entity dictionary (``HeuristicRewriter(title_entities(docs), latin_entities=False)`` for KdConv).
         retrieve: the row's label: False (needs no retrieval: an empty query), True (needs retrieval: never
@@ -66,8 +71,12 @@ def reference_target(
     if last and query != last and query.endswith(last):  # carried terms + the turn -> the turn + the terms
         terms = [t for t in query[: -len(last)].split() if not _MEASURE.fullmatch(t)]
         query = " ".join([last, *terms])
-    profile = str(extra_info.get("user_profile") or "")
-    answer = {"rewritten_query": query, "user_profile": profile, "history_summary": summary}
+    carried = {
+        QUERY_FIELD: query,
+        "user_profile": str(extra_info.get("user_profile") or ""),
+        "history_summary": summary,
+    }
+    answer = {key: carried[key] for key in check_answer_fields(extra_info.get("answer_fields"))}
     return json.dumps(answer, ensure_ascii=False)
 
 

@@ -88,7 +88,8 @@ def test_prepare_on_a_small_slice(tmp_path: Path) -> None:
     info_row = row["extra_info"]
     assert len(row["reward_model"]["ground_truth"]["gold_doc_ids"]) > 0
     target = json.loads(info_row["sft_target"])
-    assert set(target) == {"rewritten_query", "user_profile", "history_summary"}
+    # the rows ask for the query only (the default answer_fields): the target has exactly that field
+    assert list(target) == list(info_row["answer_fields"]) == ["rewritten_query"]
     # the prompt shows a window of the history; the contexts keep the whole conversation
     assert info_row["prompt_messages"] <= len(info_row["contexts"])
     assert row["prompt"][-1]["content"].endswith(info_row["contexts"][-1]["content"])
