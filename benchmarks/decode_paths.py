@@ -1,6 +1,7 @@
 """The hf rollout's two decode paths on bench-trl's generation, alternately in fresh one-thread processes.
 
-    python benchmarks/decode_paths.py                 # 6 pairs, writes results/decode_paths.json
+    python benchmarks/decode_paths.py                 # every case, 6 pairs each, writes results/decode_paths.json
+    python benchmarks/decode_paths.py --case lora     # one case (the other cases' entries are kept)
     python benchmarks/decode_paths.py --pairs 3 --reps 10
 
 One generation is what a bench-trl step generates: the tiny Qwen2 of configs/toy_grpo.yaml, the
@@ -11,6 +12,13 @@ process times ``--reps`` generations after ``--warmup`` untimed ones and reports
 runs ``fast_decode=off`` (transformers ``generate``) and ``auto`` (queryrl/rollout/fast_decode.py),
 the order alternating from pair to pair; the speed-up is taken within each pair and its median is
 reported.
+
+Cases: ``plain`` (the model as it is; the top-level entries of the JSON), ``lora`` (the same model
+as a peft LoRA policy, rank ``--lora-rank`` on all seven projections; the JSON's ``lora`` entry) and
+``lora_bf16`` (the same over a bfloat16 base, fp32 adapters: the setting a real model trains LoRA
+in; the ``lora_bf16`` entry). In the LoRA cases every timed generation follows an in-place touch of
+the adapters (what an optimizer step does), so the fast path rebuilds its merged weights inside the
+timed call: the cost a training loop pays once per rollout is included.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from typing import Any
 from common import RESULTS, TOY_CONFIG, machine, median, one_thread, run_worker, table, version_of, write_json
 
 SCRIPT = Path(__file__).resolve()
+CASES = ["plain", "lora", "lora_bf16"]
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def worker(s: dict[str, Any]) -> dict[str, Any]:
@@ -39,8 +49,12 @@ def worker(s: dict[str, Any]) -> dict[str, Any]:
     from queryrl.models import load_policy
     from queryrl.rollout import HFRollout, SamplingParams
 
-    cfg = load_config(TOY_CONFIG, [])
+    lora = [f"model.lora.rank={s['lora_rank']}", f"model.lora.target_modules=[{','.join(LORA_TARGETS)}]"]
+    is_lora = s["case"] in ("lora", "lora_bf16")
+    lora += ["model.dtype=bfloat16"] if s["case"] == "lora_bf16" else []
+    cfg = load_config(TOY_CONFIG, lora if is_lora else [])
     bundle = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False)
+    adapters = [p for p in bundle.model.parameters() if p.requires_grad] if is_lora else []
     rows = BUILTIN_DATASETS["toy_target_string"]("train")[: s["prompts"]]
     prompts = [encode_prompt(bundle.tokenizer, row["prompt"]) for row in rows]
     backend = HFRollout(bundle.model, bundle.tokenizer, micro_batch_size=s["prompts"] * s["n"], fast_decode=s["mode"])
@@ -48,6 +62,9 @@ def worker(s: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(s["seed"])
     times, widths = [], []
     for i in range(s["warmup"] + s["reps"]):
+        with torch.no_grad():
+            for param in adapters:  # an optimizer step's in-place update: the merged weights are stale
+                param.add_(0.0)
         start = time.perf_counter()
         out = backend.generate(prompts, params)
         if i >= s["warmup"]:
@@ -73,13 +90,33 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_paths.json")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
 
+    # each case replaces its own entries: the plain case the top level, the others their own key
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    for case in CASES if args.case == "all" else [args.case]:
+        print(f"case {case}", flush=True)
+        measured = run_case(args, case)
+        if case == "plain":
+            results = measured | {k: v for k, v in results.items() if k in CASES}
+        else:
+            results[case] = measured
+        write_json(args.out, results)
+        print()
+        print(decode_table(measured))
+        print(f"\n{case}: speed-up {measured['speedup_fast_over_generate']}x; wrote {args.out}\n")
+
+
+def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
+    """`args.pairs` pairs of (generate, fast) workers for `case`; the medians and every pair."""
     settings = {k: getattr(args, k) for k in ("reps", "warmup", "prompts", "n", "tokens", "seed")}
+    settings |= {"case": case, "lora_rank": args.lora_rank}
     pairs = []
     for i in range(args.pairs):
         order = ["off", "auto"] if i % 2 == 0 else ["auto", "off"]
@@ -96,7 +133,14 @@ def main() -> None:
             print(f"pair {i + 1} fast_decode={mode:4s} median {pair[mode]['median_generate_s']:.4f} s", flush=True)
         pair["speedup"] = round(pair["off"]["median_generate_s"] / pair["auto"]["median_generate_s"], 3)
         pairs.append(pair)
-    results = {
+    model = "queryrl built-in tiny Qwen2 (configs/toy_grpo.yaml model.tiny), "
+    model += "bfloat16" if case == "lora_bf16" else "float32"
+    if case != "plain":
+        model += (
+            f", as a peft LoRA policy (rank {args.lora_rank} on {', '.join(LORA_TARGETS)}; "
+            "merged weights rebuilt in every timed call)"
+        )
+    return {
         "speedup_fast_over_generate": round(statistics.median(p["speedup"] for p in pairs), 3),
         "median_generate_s": {
             "generate": median([p["off"]["median_generate_s"] for p in pairs]),
@@ -104,7 +148,7 @@ def main() -> None:
         },
         "settings": settings
         | {
-            "model": "queryrl built-in tiny Qwen2 (configs/toy_grpo.yaml model.tiny), float32",
+            "model": model,
             "sequences": args.prompts * args.n,
             "prompt_lengths": run["prompt_lengths"],
             "sampling": "temperature 1, no top-k/top-p, one micro-batch",
@@ -113,10 +157,6 @@ def main() -> None:
         "machine": machine() | {"shared": True},
         "pairs": pairs,
     }
-    write_json(args.out, results)
-    print()
-    print(decode_table(results))
-    print(f"\nspeed-up {results['speedup_fast_over_generate']}x; wrote {args.out}")
 
 
 def decode_table(d: dict[str, Any]) -> str:

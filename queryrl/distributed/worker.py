@@ -161,13 +161,24 @@ class PolicyWorker:
 
         FSDP averages gradients over the ranks during backward; the losses are multiplied by the
         world size (``loss_scale``) so the average is the sum the global normaliser expects.
+        Mixed precision (``model.compute_dtype`` over float32 parameters) is FSDP's own: the flat
+        parameters (the master weights AdamW updates) stay float32, forward/backward run on bf16
+        gathered copies (``param_dtype``), gradients are reduced in float32 (``reduce_dtype``);
+        the autocast the local path uses is switched off, FSDP having done the casting.
         """
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision
 
+        from queryrl.models.loading import compute_dtype, set_compute_dtype
         from queryrl.trainer.optim import make_optimizer
 
         for role in list(self.modules):
-            wrapped = FSDP(self.modules[role], device_id=self.device, use_orig_params=True)
+            mixed = compute_dtype(self.modules[role])
+            precision = None
+            if mixed is not None:
+                precision = MixedPrecision(param_dtype=mixed, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+                set_compute_dtype(self.modules[role], None)
+            wrapped = FSDP(self.modules[role], device_id=self.device, use_orig_params=True, mixed_precision=precision)
             if role in self.optimizers:
                 settings = role_settings(role, self.cfg)
                 betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)

@@ -19,6 +19,46 @@ from torch import Tensor, nn
 from queryrl.models.tiny import build_tiny_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the module attribute that carries a model's compute dtype (see set_compute_dtype)
+_COMPUTE_DTYPE_ATTR = "queryrl_compute_dtype"
+
+
+def set_compute_dtype(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """Run `module`'s forward passes in `dtype` under :func:`compute_autocast` (None = its parameters' dtype).
+
+    Mixed precision (``model.dtype=float32 model.compute_dtype=bfloat16``): the parameters stay float32
+    (the master weights AdamW updates, with float32 gradients and moments) and the forward/backward
+    matmuls run in bfloat16 under ``torch.autocast``, which casts each weight as it is used (and keeps
+    that cast for the rest of the autocast region). Autocast rather than a bf16 copy of the module:
+    one set of parameters, so the optimizer, checkpoints, LoRA, the Ray workers' state transfer and
+    the rollout's in-place view of the weights work unchanged, on CPU as on GPU.
+    """
+    object.__setattr__(module, _COMPUTE_DTYPE_ATTR, dtype)  # a plain attribute, not a buffer or a config key
+
+
+def compute_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype `module` computes in when it differs from its parameters' (see :func:`set_compute_dtype`)."""
+    dtype: torch.dtype | None = getattr(module, _COMPUTE_DTYPE_ATTR, None)
+    return dtype
+
+
+def compute_autocast(module: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` to `module`'s compute dtype, or a no-op when it has none.
+
+    Wrap the forward only: the backward of an autocast forward runs each op in the dtype of its
+    forward, and the gradients reach the float32 parameters in float32.
+    """
+    dtype = compute_dtype(module)
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next(module.parameters()).device
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def model_compute_dtype(model_cfg: Any) -> torch.dtype | None:
+    """``model.compute_dtype`` when it differs from ``model.dtype`` (mixed precision), else None."""
+    name = getattr(model_cfg, "compute_dtype", None)
+    return DTYPES[name] if name and name != model_cfg.dtype else None
 
 
 def _quiet_transformers() -> None:
@@ -124,6 +164,11 @@ def load_policy(model_cfg: Any, device: torch.device, ref_device: torch.device |
         if model_cfg.gradient_checkpointing:
             model.enable_input_require_grads()  # type: ignore[operator]
         model = get_peft_model(model, peft_cfg)
+    # the reference is a float32 copy under the same autocast: at step 0 it computes exactly what the
+    # policy computes (a bf16 copy would differ by rounding, a KL that is not there)
+    for module in (model, ref_model):
+        if module is not None:
+            set_compute_dtype(module, model_compute_dtype(model_cfg))
     return PolicyBundle(model=model, tokenizer=tokenizer, ref_model=ref_model, lora=lora, path=path)
 
 
@@ -152,6 +197,7 @@ class ValueModel(nn.Module):
         head = path / "value_head.pt"
         if head.is_file():
             critic.value_head.load_state_dict(torch.load(head, map_location="cpu", weights_only=True))
+        set_compute_dtype(critic, model_compute_dtype(model_cfg))
         return critic.to(device)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:

@@ -20,6 +20,15 @@ exceed ``FUSE_MAX_BYTES``, then each projection keeps its own matmul), the rest 
 own tensors, so a colocated optimizer step made in place on the module is always seen, with
 nothing to refresh in ``update_weights``.
 
+LoRA (a peft ``PeftModel``, or LoRA layers injected in place) and a compute dtype other than the
+parameters' (mixed precision: float32 master weights, bfloat16 decoding) are served from derived
+copies: each LoRA projection's merged weight ``W + scaling * B @ A`` (summed over the active
+adapters, added in float32 as peft's merge does on a CPU), everything cast to the compute dtype.
+The trained module is never modified (no ``merge_adapter``). The copies are kept between calls and
+rebuilt when any parameter of the module has changed: the key is every parameter's storage and
+torch's in-place version counter (which an optimizer step, ``load_state_dict`` or any ``copy_``
+bumps) plus the adapters' state (enabled, active, scaling), so a step is seen at the next call.
+
 Sampling is ``generate``'s as :mod:`queryrl.rollout.hf` calls it: ``log_softmax(raw logits /
 temperature)`` is recorded at the chosen token; greedy = ``argmax``; sampling = temperature,
 top-k, top-p (transformers' warpers: same order, same ties) and a draw from the softmax. The draw
@@ -39,6 +48,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from queryrl.rollout.base import SamplingParams
+from queryrl.rollout.peft_weights import (
+    adapter_state,
+    base_model,
+    is_lora_linear,
+    linear_weights,
+    lora_reason,
+    peft_reason,
+)
 
 SUPPORTED_ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 # forward hooks that change no value, which the fast path may skip: gradient checkpointing makes the
@@ -49,12 +66,18 @@ _INERT_HOOKS = {"PreTrainedModel.enable_input_require_grads.<locals>.make_inputs
 def unsupported_reason(model: nn.Module) -> str | None:
     """Why :class:`FastDecoder` cannot run `model` (None = it can).
 
-    Supported: a plain ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` (not peft-wrapped, plain
-    ``nn.Linear``/``nn.Embedding`` layers, so no LoRA or quantized modules), SiLU MLPs, full
-    attention in every layer (no sliding window), unscaled RoPE (``rope_type="default"``), no
-    forward hooks (but the one gradient checkpointing adds, which changes no value), all
-    parameters on one device.
+    Supported: a ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``, plain or in a peft LoRA
+    ``PeftModel``, whose projections are ``nn.Linear`` or peft's plain LoRA ``Linear`` over one
+    (no DoRA or other variants, no LoRA bias, not merged: see
+    :func:`~queryrl.rollout.peft_weights.lora_reason`), with a plain ``nn.Embedding`` and
+    ``lm_head`` (no quantized modules), SiLU MLPs, full attention in every layer (no sliding
+    window), unscaled RoPE (``rope_type="default"``), no forward hooks (but the one gradient
+    checkpointing adds, which changes no value), all parameters on one device.
     """
+    not_lora = peft_reason(model)
+    if not_lora is not None:
+        return not_lora
+    source, model = model, base_model(model)
     name = type(model).__name__
     if name not in SUPPORTED_ARCHITECTURES:
         return f"architecture {name} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
@@ -79,15 +102,19 @@ def unsupported_reason(model: nn.Module) -> str | None:
         embed = base.embed_tokens  # type: ignore[union-attr]
     except AttributeError as err:
         return f"unexpected module layout ({err})"
-    if type(embed) is not nn.Embedding or any(type(x) is not nn.Linear for x in linears):
-        return "wrapped or quantized layers (LoRA, peft, bitsandbytes)"
+    if type(embed) is not nn.Embedding or type(model.lm_head) is not nn.Linear:
+        return "wrapped or quantized embeddings or lm_head (peft, bitsandbytes)"
+    for linear in linears[1:]:
+        reason = lora_reason(linear)  # type: ignore[arg-type]
+        if reason is not None:
+            return reason
     if len(layers) != config.num_hidden_layers:  # type: ignore[union-attr]
         return "num_hidden_layers does not match the layers"
-    for module in model.modules():
+    for module in source.modules():
         hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
         if "_hf_hook" in module.__dict__ or any(getattr(h, "__qualname__", "") not in _INERT_HOOKS for h in hooks):
             return "forward hooks (user hooks, accelerate offloading): the fast path would skip them"
-    devices = {p.device for p in model.parameters()}
+    devices = {p.device for p in source.parameters()}
     if len(devices) != 1 or next(iter(devices)).type == "meta":
         return f"parameters on {len(devices)} devices or on meta ({', '.join(sorted(map(str, devices)))})"
     return None
@@ -115,14 +142,26 @@ class _Layer:
     down_t: Tensor  # (I, E), a transposed view
 
 
-def _projection(linears: list[nn.Linear], fuse: bool) -> Projection:
-    """`linears` as one matmul on their concatenated weights (a copy), or one each (no copy)."""
+@dataclass
+class _Weights:
+    """Every weight a decode reads, in the compute dtype."""
+
+    embed: Tensor  # (V, E)
+    layers: list[_Layer]
+    norm: Tensor  # (E,) the final RMSNorm
+    head: tuple[Tensor, Tensor | None]  # lm_head (V, E) and its bias
+
+
+def _projection(linears: list[nn.Module], fuse: bool, dtype: torch.dtype) -> Projection:
+    """`linears` as one matmul on their concatenated weights (a copy), or one each (no copy unless
+    LoRA or the dtype needs one)."""
+    pairs = [linear_weights(x, dtype) for x in linears]
     if not fuse:
-        return [(x.weight, x.bias) for x in linears]
+        return pairs
     bias = None
-    if any(x.bias is not None for x in linears):
-        bias = torch.cat([x.bias if x.bias is not None else x.weight.new_zeros(x.out_features) for x in linears])
-    return [(torch.cat([x.weight for x in linears]), bias)]
+    if any(b is not None for _, b in pairs):
+        bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
+    return [(torch.cat([w for w, _ in pairs]), bias)]
 
 
 def _project(h: Tensor, projection: Projection) -> Tensor:
@@ -136,16 +175,22 @@ class FastDecoder:
     """Sample from a Qwen2/Qwen3 ``*ForCausalLM`` without calling its forward.
 
     Args:
-        model: the Hugging Face module (see :func:`unsupported_reason`); kept by reference, its
-            weights are read afresh by every :meth:`generate`.
+        model: the Hugging Face module, or a peft LoRA model (see :func:`unsupported_reason`); kept
+            by reference, its weights are read afresh by every :meth:`generate` (derived copies:
+            refreshed when a parameter changed).
+        dtype: the compute dtype (mixed precision: bfloat16 over float32 parameters); default: the
+            embeddings' dtype.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
-        hf: Any = model  # transformers modules: attributes mypy cannot see
+        hf: Any = base_model(model)  # transformers modules: attributes mypy cannot see
+        self.source = model
         self.model = hf
+        self.dtype = dtype if dtype is not None else hf.model.embed_tokens.weight.dtype
+        self._cached: tuple[tuple[Any, ...], _Weights] | None = None
         config = hf.config
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(config.num_key_value_heads)
@@ -153,14 +198,48 @@ class FastDecoder:
         self.intermediate_size = int(config.intermediate_size)
         self.eps = float(config.rms_norm_eps)
 
+    def _weights(self) -> _Weights:
+        """The current weights; derived copies (LoRA merged, another dtype) are reused until a
+        parameter or the adapters' state changed."""
+        derived = self._derives()
+        if not derived:
+            return self._read_weights()
+        key = (
+            tuple((p.data_ptr(), p._version) for p in self.source.parameters()),
+            adapter_state(self.model),
+            self.dtype,
+        )
+        if self._cached is None or self._cached[0] != key:
+            self._cached = None  # free the old copies before making the new ones
+            self._cached = (key, self._read_weights())
+        return self._cached[1]
+
+    def _derives(self) -> bool:
+        """Whether any weight is a derived copy: a LoRA layer, or a parameter not in the compute dtype."""
+        return any(is_lora_linear(m) for m in self.model.modules()) or any(
+            p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point()
+        )
+
+    def _read_weights(self) -> _Weights:
+        base, dtype = self.model.model, self.dtype
+        head = self.model.lm_head
+        return _Weights(
+            embed=base.embed_tokens.weight.to(dtype),
+            layers=self._layers(),
+            norm=base.norm.weight.to(dtype),
+            head=(head.weight.to(dtype), head.bias.to(dtype) if head.bias is not None else None),
+        )
+
     def _layers(self) -> list[_Layer]:
         """The current weights of every layer (QKV and gate/up concatenated now, when small enough)."""
         fused = [
-            x.weight
+            (x.base_layer if is_lora_linear(x) else x).weight
             for layer in self.model.model.layers
             for x in (*self._qkv(layer), layer.mlp.gate_proj, layer.mlp.up_proj)
         ]
-        fuse = sum(w.numel() * w.element_size() for w in fused) <= FUSE_MAX_BYTES
+        size = torch.finfo(self.dtype).bits // 8
+        fuse = sum(w.numel() * size for w in fused) <= FUSE_MAX_BYTES
+        dtype = self.dtype
         layers = []
         for layer in self.model.model.layers:
             a, m = layer.self_attn, layer.mlp
@@ -168,23 +247,25 @@ class FastDecoder:
             if hasattr(a, "q_norm"):  # Qwen3: RMSNorm over D on every q and k head
                 qk_norm = torch.cat(
                     [a.q_norm.weight.expand(self.num_heads, -1), a.k_norm.weight.expand(self.num_kv_heads, -1)]
-                )
+                ).to(dtype)
+            o_weight, o_bias = linear_weights(a.o_proj, dtype)
+            down_weight, _ = linear_weights(m.down_proj, dtype)
             layers.append(
                 _Layer(
-                    input_norm=layer.input_layernorm.weight,
-                    qkv=_projection(self._qkv(layer), fuse),
+                    input_norm=layer.input_layernorm.weight.to(dtype),
+                    qkv=_projection(self._qkv(layer), fuse, dtype),
                     qk_norm=qk_norm,
-                    o_proj_t=a.o_proj.weight.t(),
-                    o_bias=a.o_proj.bias,
-                    post_norm=layer.post_attention_layernorm.weight,
-                    gate_up=_projection([m.gate_proj, m.up_proj], fuse),
-                    down_t=m.down_proj.weight.t(),
+                    o_proj_t=o_weight.t(),
+                    o_bias=o_bias,
+                    post_norm=layer.post_attention_layernorm.weight.to(dtype),
+                    gate_up=_projection([m.gate_proj, m.up_proj], fuse, dtype),
+                    down_t=down_weight.t(),
                 )
             )
         return layers
 
     @staticmethod
-    def _qkv(layer: Any) -> list[nn.Linear]:
+    def _qkv(layer: Any) -> list[nn.Module]:
         return [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]
 
     def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
@@ -196,10 +277,9 @@ class FastDecoder:
         h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
         return h if weight is None else weight * h
 
-    def _logits(self, h: Tensor) -> Tensor:
+    def _logits(self, h: Tensor, w: _Weights) -> Tensor:
         """Final norm and ``lm_head``: (..., E) hidden states -> (..., V) float32 logits."""
-        head = self.model.lm_head
-        return F.linear(self._norm(h, self.model.model.norm.weight), head.weight, head.bias).float()
+        return F.linear(self._norm(h, w.norm), *w.head).float()
 
     @torch.no_grad()
     def generate(
@@ -219,9 +299,9 @@ class FastDecoder:
             ``T <= max_new_tokens`` is the number of steps until every row had produced EOS;
             ``logprobs`` is ``log_softmax(logits / temperature)`` at each produced token.
         """
-        embed = self.model.model.embed_tokens.weight  # (V, E)
+        weights = self._weights()
+        embed, layers = weights.embed, weights.layers  # (V, E)
         device, dtype = embed.device, embed.dtype
-        layers = self._layers()
         ids, mask = prompt_ids.to(device), prompt_mask.to(device).bool()
         b, p = ids.shape
         t_max = params.max_new_tokens
@@ -231,7 +311,7 @@ class FastDecoder:
         # its prefill, so each distinct prompt runs once
         kv_cache = [torch.empty(b, 2 * hkv, p + t_max, d, dtype=dtype, device=device) for _ in layers]
         distinct, rows = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)  # (U, 2P), (B,)
-        logits = self._prefill(distinct[:, :p], distinct[:, p:].bool(), layers, rows, kv_cache)  # (B, V)
+        logits = self._prefill(distinct[:, :p], distinct[:, p:].bool(), weights, rows, kv_cache)  # (B, V)
 
         # generated token s sits at position (prompt length + s) and in cache slot p + s
         cos, sin = self._rope(mask.sum(-1)[:, None] + torch.arange(t_max, device=device), dtype)  # (B, T, D)
@@ -252,7 +332,8 @@ class FastDecoder:
                 cos_step[:, : hq + hkv] = cos[s - 1]
                 sin_step[:, : hq + hkv] = sin[s - 1]
                 x = F.embedding(out_ids[:, s - 1], embed)  # (B, E)
-                logits = self._logits(self._decode_step(x, layers, cos_step, sin_step, kv_cache, bias, p + s - 1))
+                h = self._decode_step(x, layers, cos_step, sin_step, kv_cache, bias, p + s - 1)
+                logits = self._logits(h, weights)
             tokens, scores, log_z = sample_step(logits, params)  # (B,), (B, V), (B, 1)
             tokens = torch.where(unfinished, tokens, pad)
             out_ids[:, s] = tokens
@@ -273,18 +354,18 @@ class FastDecoder:
         half = self.head_dim // 2
         return emb.cos().to(dtype), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).to(dtype)
 
-    def _prefill(self, ids: Tensor, mask: Tensor, layers: list[_Layer], rows: Tensor, kv_cache: list[Tensor]) -> Tensor:
+    def _prefill(self, ids: Tensor, mask: Tensor, weights: _Weights, rows: Tensor, kv_cache: list[Tensor]) -> Tensor:
         """Run the U distinct prompts `ids` (U, P) (`mask` (U, P) bool); fill cache slots ``[0, P)``
         of row r with prompt ``rows[r]``'s keys and values; return the (B, V) last-position logits."""
         u, p = ids.shape
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(ids, self.model.model.embed_tokens.weight).flatten(0, 1)  # (U P, E)
+        x = F.embedding(ids, weights.embed).flatten(0, 1)  # (U P, E)
         cos, sin = self._rope((mask.long().cumsum(-1) - 1).clamp(min=0).flatten(), x.dtype)  # (U P, D)
         cos, sin = cos[:, None], sin[:, None]  # (U P, 1, D)
         # causal over the real keys; each query also sees itself, so that padding rows stay finite
         allowed = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()[None] & mask[:, None, :]
         allowed = (allowed | torch.eye(p, dtype=torch.bool, device=ids.device))[:, None]  # (U, 1, P, P)
-        for i, w in enumerate(layers):
+        for i, w in enumerate(weights.layers):
             qkv = _project(self._norm(x, w.input_norm), w.qkv).view(u * p, hq + 2 * hkv, d)
             qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
             if w.qk_norm is not None:
@@ -296,7 +377,7 @@ class FastDecoder:
             kv_cache[i][:, hkv:, :p] = v[rows]
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=hq != hkv)  # (U, Hq, P, D)
             x = self._residual(x, attn.transpose(1, 2).reshape(u * p, hq * d), w)
-        return self._logits(x.view(u, p, -1)[:, -1])[rows]  # (B, V)
+        return self._logits(x.view(u, p, -1)[:, -1], weights)[rows]  # (B, V)
 
     def _decode_step(
         self, x: Tensor, layers: list[_Layer], cos: Tensor, sin: Tensor, kv_cache: list[Tensor], bias: Tensor, slot: int

@@ -10,9 +10,11 @@ log-prob of each sampled token is recorded while generating, from the raw logits
 (``log_softmax(logits / temperature)``, before top-k/top-p), by a logits processor that keeps
 only one step's (B, V) log-probs alive instead of all T steps' logits.
 
-Qwen2/Qwen3 models that :mod:`queryrl.rollout.fast_decode` supports skip ``generate`` by default
-(``fast_decode="auto"``): the same function, tokens and log-probs with a fraction of transformers'
-per-token overhead; ``fast_decode="off"``, or any other model, uses ``generate``.
+Qwen2/Qwen3 models that :mod:`queryrl.rollout.fast_decode` supports, LoRA policies included, skip
+``generate`` by default (``fast_decode="auto"``): the same function, tokens and log-probs with a
+fraction of transformers' per-token overhead; ``fast_decode="off"``, or any other model, uses
+``generate``. A model with a compute dtype (``model.compute_dtype``, mixed precision) generates in
+it: under ``torch.autocast`` on the ``generate`` path, from weights cast to it on the fast path.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from queryrl.models.loading import compute_autocast, compute_dtype
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
 
@@ -170,7 +173,7 @@ class HFRollout:
         if self.fallback_reason is not None:
             return None
         if self._fast is None:
-            self._fast = FastDecoder(self.model)
+            self._fast = FastDecoder(self.model, dtype=compute_dtype(self.model))
         return self._fast
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
@@ -211,7 +214,7 @@ class HFRollout:
     def _hf_generate(self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         """``model.generate`` on (B, P) left-padded prompts: ``(response_ids (B, T), logprobs (B, T))``."""
         recorder = _LogprobRecorder(prompt_ids.shape[1], params.logprob_temperature)
-        with _eval_mode(self.model):
+        with _eval_mode(self.model), compute_autocast(self.model):
             out = self.model.generate(  # type: ignore[operator]
                 input_ids=prompt_ids.to(self.device),
                 attention_mask=prompt_mask.to(self.device),
@@ -231,7 +234,8 @@ class HFRollout:
 
     def update_weights(self, source: nn.Module) -> None:
         """Copy ``source``'s weights in (strict); nothing to do when it is this backend's model (the
-        fast path, too, reads the module's weights afresh for every micro-batch)."""
+        fast path, too, reads the module's weights afresh for every micro-batch, and rebuilds its
+        merged LoRA / cast copies when a parameter changed)."""
         if source is self.model:
             return
         self.model.load_state_dict(source.state_dict(), strict=True)

@@ -16,9 +16,14 @@ AdamW keeps its two moments in the parameters' dtype):
 - LoRA: the frozen base ``P*b`` + adapters, their gradients and moments in float32 (peft keeps
   adapters in float32 over a bf16/fp16 base: ``16*A`` bytes); the reference is the base with the
   adapters off (no copy);
+- mixed precision (``model.dtype=float32 model.compute_dtype=bfloat16``): the parts above in float32
+  (master weights, gradients, AdamW moments, the reference: 16 bytes per trained parameter), plus a
+  bf16 compute copy ``2*P`` while a forward/backward runs (autocast's cast weights; under FSDP the
+  gathered bf16 parameters of the single FSDP unit: not sharded); LoRA over a float32 base adds the
+  same bf16 copy of the base;
 - under FSDP (``trainer.backend=ray`` on GPUs, ``ray.fsdp``) everything above is sharded over the
   pool's workers; the vLLM engine (``rollout.backend=vllm``) holds a full copy of the weights in
-  every worker (no tensor parallelism);
+  every worker (no tensor parallelism), in the parameters' dtype;
 - not included: activations (they grow with micro-batch size x sequence length), vLLM's KV cache
   (up to its ``gpu_memory_utilization`` share of the GPU), FSDP's gathered layer during forward,
   the CUDA context and allocator fragmentation.
@@ -134,6 +139,7 @@ def estimate_memory(
     params: int,
     dtype: str,
     *,
+    compute_dtype: str | None = None,
     shards: int = 1,
     lora_params: int = 0,
     need_ref: bool = False,
@@ -145,6 +151,7 @@ def estimate_memory(
     Args:
         params: the policy's parameter count ``P``.
         dtype: ``model.dtype`` (bytes ``b`` per parameter).
+        compute_dtype: ``model.compute_dtype``; another dtype than `dtype` = mixed precision (a compute copy).
         shards: FSDP ranks the trained (and reference) modules are sharded over; 1 = not sharded.
         lora_params: LoRA adapter parameters ``A`` (0 = full fine-tuning).
         need_ref: a frozen reference is kept (KL loss or KL in reward).
@@ -152,16 +159,21 @@ def estimate_memory(
         vllm: a vLLM engine holds its own full copy of the weights on the GPU.
     """
     b = DTYPE_BYTES[dtype]
+    mixed = compute_dtype is not None and compute_dtype != dtype
+    tag = f" ({dtype})" if mixed else ""  # which copy is which, when there are two dtypes
     parts: dict[str, int] = {}
     if lora_params:
-        parts["weights (frozen base)"] = params * b // shards
+        parts[f"weights (frozen base{', ' + dtype if mixed else ''})"] = params * b // shards
         parts["LoRA adapters + grads + AdamW (fp32)"] = 16 * lora_params // shards
     else:
-        parts["weights"] = params * b // shards
-        parts["gradients"] = params * b // shards
-        parts["AdamW moments"] = 2 * params * b // shards
+        parts[f"{'master ' if mixed else ''}weights{tag}"] = params * b // shards
+        parts[f"gradients{tag}"] = params * b // shards
+        parts[f"AdamW moments{tag}"] = 2 * params * b // shards
         if need_ref:
-            parts["reference"] = params * b // shards
+            parts[f"reference{tag}"] = params * b // shards
+    if mixed:
+        assert compute_dtype is not None
+        parts[f"{compute_dtype} compute copy (forward/backward)"] = params * DTYPE_BYTES[compute_dtype]
     if critic_params:
         parts["critic (weights + grads + AdamW)"] = 4 * critic_params * b // shards
     if vllm:
@@ -297,6 +309,8 @@ def _size(shape: ModelShape, m: Any) -> str:
         f"{count} parameters (estimate from the config: {shape.num_hidden_layers} layers, hidden "
         f"{shape.hidden_size}, vocab {shape.vocab_size}), dtype {m.dtype}"
     )
+    if m.compute_dtype and m.compute_dtype != m.dtype:
+        text += f", compute {m.compute_dtype} (mixed precision: {m.dtype} master weights and AdamW state)"
     if m.lora.rank:
         a = count_lora_parameters(shape, m.lora.rank, list(m.lora.target_modules))
         text += f"; LoRA rank {m.lora.rank}: {a / 1e6:.1f} M trainable"
@@ -317,6 +331,7 @@ def _memory(cfg: DictConfig, plan: Plan, shape: ModelShape, shards: int, command
     est = estimate_memory(
         p,
         m.dtype,
+        compute_dtype=m.compute_dtype,
         shards=shards,
         lora_params=lora,
         need_ref=need_ref and not own_ref,
@@ -330,7 +345,9 @@ def _memory(cfg: DictConfig, plan: Plan, shape: ModelShape, shards: int, command
         f"~{_gib(est.total)} {where} (estimate: {parts}"
         + (f"; sharded over {shards} FSDP ranks" if shards > 1 else "")
         + ")",
-        "excludes activations, vLLM's KV cache, FSDP's gathered layer, the CUDA context and fragmentation",
+        "excludes activations, vLLM's KV cache, "
+        + ("" if m.compute_dtype and m.compute_dtype != m.dtype else "FSDP's gathered layer, ")
+        + "the CUDA context and fragmentation",
     )
 
 

@@ -201,10 +201,11 @@ def test_update_weights_from_another_module(tiny_bundle: Any, prompts: list[list
     assert_same_greedy(fast.generate(prompts, GREEDY), paths(trained, tok)[1].generate(prompts, GREEDY))
 
 
-def _peft(model: nn.Module) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
+def _prompt_tuning(model: nn.Module) -> nn.Module:
+    """peft but not LoRA: virtual tokens added to every input (LoRA itself: test_fast_decode_lora.py)."""
+    from peft import PromptTuningConfig, get_peft_model
 
-    peft_model: nn.Module = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
+    peft_model: nn.Module = get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=2))
     return peft_model
 
 
@@ -216,13 +217,13 @@ def _hooked(model: nn.Module) -> nn.Module:
 def _lora_in_place(model: nn.Module) -> nn.Module:
     from peft import LoraConfig, inject_adapter_in_model
 
-    injected: nn.Module = inject_adapter_in_model(LoraConfig(r=2, target_modules=["v_proj"]), model)
+    injected: nn.Module = inject_adapter_in_model(LoraConfig(r=2, target_modules=["embed_tokens"]), model)
     return injected
 
 
 FALLBACKS = {
-    "peft": (lambda tok: _peft(build(tiny_config(tok))), "architecture PeftModelForCausalLM"),
-    "lora layers": (lambda tok: _lora_in_place(build(tiny_config(tok))), "wrapped or quantized"),
+    "peft prompt tuning": (lambda tok: _prompt_tuning(build(tiny_config(tok))), "type PROMPT_TUNING (only LoRA)"),
+    "lora on the embeddings": (lambda tok: _lora_in_place(build(tiny_config(tok))), "wrapped or quantized embed"),
     "llama": (lambda tok: build(tiny_config(tok, "llama")), "architecture LlamaForCausalLM"),
     "sliding window": (
         lambda tok: build(tiny_config(tok, use_sliding_window=True, sliding_window=4, max_window_layers=0)),
