@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-logits
+	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-logits
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -42,6 +42,11 @@ demo-toy: $(STAMP)
 
 bench-step: $(STAMP)
 	$(BIN)/python benchmarks/step_phases.py
+
+# make demo for seeds 1,2,3 x OMP_NUM_THREADS 1,2 (about 50 minutes): GRPO's gain over SFT with paired
+# intervals in every run -> benchmarks/results/demo_seeds.json
+bench-demo-seeds: $(STAMP)
+	$(BIN)/python benchmarks/demo_seeds.py
 
 # KdConv travel (../shared/data/kdconv/travel; KDCONV_DIR to change): SFT + GRPO on dev.json's training
 # conversations, evaluation on the held-out ones (or on the KdConv file $KDCONV_TEST) against the

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf, StringNode, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 
@@ -57,7 +58,10 @@ class ModelConfig:
     path: str | None = None  # a Hugging Face causal-LM folder; empty = the built-in tiny model
     tokenizer_path: str | None = None  # default: path
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the parameters (the master weights when trained)
+    # null = dtype; bfloat16 over float32 parameters = mixed precision: bf16 forward/backward (autocast,
+    # FSDP param_dtype), fp32 master weights, gradients and AdamW state (verl's mixed_precision.param_dtype)
+    compute_dtype: str | None = None
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
     trust_remote_code: bool = False
@@ -345,6 +349,7 @@ class TrainerConfig:
     eval_before_train: bool = False
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2
+    save_last: bool = True  # a checkpoint at the last step (whatever save_every says); false = only every save_every
     resume: str = "auto"  # auto | disable | a checkpoint folder
     save_samples: int = 8  # rows of samples/step_N.jsonl
     plot: bool = True
@@ -533,7 +538,42 @@ def _unknown_key_message(given: str, key: str) -> str:
     return f"unknown key {given.lstrip('+')!r}{hint}"
 
 
+@dataclass(frozen=True)
+class _Plain:
+    """A plain (unquoted) YAML scalar that YAML read as a bool, a number or null, with the text as written.
+
+    YAML 1.1 reads ``off``/``no``/``on``/``yes`` as booleans: ``rollout.fast_decode=off`` would reach a
+    str field as ``"False"``. A str field takes the text instead (see :func:`_as_written`).
+    """
+
+    value: Any
+    text: str
+
+
+def _plain(value: Any, text: str) -> Any:
+    """`value`, wrapped with its `text` when YAML resolved a plain scalar to something other than a string."""
+    return _Plain(value, text.strip()) if value is None or isinstance(value, bool | int | float) else value
+
+
+def _as_written(cfg: DictConfig, key: str, value: Any) -> Any:
+    """A :class:`_Plain` -> its text for a str field (null stays None where the field is optional), else its value."""
+    if not isinstance(value, _Plain):
+        return value
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+    try:
+        node = parent._get_node(leaf) if isinstance(parent, DictConfig) else None
+    except OmegaConfBaseException:  # an unknown key: _set names it
+        node = None
+    if not isinstance(node, StringNode):  # bool, number, Any, free-form mapping: YAML's reading is meant
+        return value.value
+    if value.value is None and node._is_optional():
+        return None
+    return value.text
+
+
 def _set(cfg: DictConfig, key: str, value: Any, where: str, given: str | None = None) -> None:
+    value = _as_written(cfg, key, value)
     is_list = isinstance(OmegaConf.select(cfg, key, default=None, throw_on_missing=False), ListConfig)
     if isinstance(value, str) and value != "???" and is_list:
         value = [value]  # verl scripts give one file (or one logger) as a plain string
@@ -574,11 +614,25 @@ def _file_items(path: Path) -> list[tuple[str, Any, str]]:
         raise ConfigError(f"config file {path} does not exist")
     try:
         raw = OmegaConf.to_container(OmegaConf.load(path))
+        # the text of each plain scalar, from the same nodes OmegaConf read
+        texts = _plain_texts(yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
     except Exception as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return [(key, value, str(path)) for key, value in _flatten(raw)]
+    return [(key, _plain(value, texts[key]) if key in texts else value, str(path)) for key, value in _flatten(raw)]
+
+
+def _plain_texts(node: yaml.Node | None, prefix: str = "") -> dict[str, str]:
+    """Dotted key -> the text of each plain (unquoted) scalar of a YAML mapping, as written."""
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, str] = {}
+        for k, v in node.value:
+            out |= _plain_texts(v, f"{prefix}.{k.value}" if prefix else str(k.value))
+        return out
+    if isinstance(node, yaml.ScalarNode) and node.style is None and prefix:
+        return {prefix: str(node.value)}
+    return {}
 
 
 def _override_items(overrides: list[str]) -> tuple[list[tuple[str, Any, str]], list[str]]:
@@ -595,7 +649,7 @@ def _override_items(overrides: list[str]) -> tuple[list[tuple[str, Any, str]], l
             problems.append(f"override {item!r}: bad value: {' '.join(str(exc).split())}")
             continue
         assert isinstance(parsed, dict)
-        items.append((key.strip(), parsed["v"], f"override {item!r}"))
+        items.append((key.strip(), _plain(parsed["v"], raw), f"override {item!r}"))
     return items, problems
 
 
@@ -685,6 +739,19 @@ def _choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
         raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
 
 
+def check_precision(dtype: str, compute_dtype: str | None) -> None:
+    """``model.compute_dtype`` is the parameters' dtype, or bfloat16 over float32 parameters (mixed)."""
+    if compute_dtype is None or compute_dtype == dtype:
+        return
+    _choice(compute_dtype, ["float32", "bfloat16", "float16"], "model.compute_dtype")
+    if (dtype, compute_dtype) != ("float32", "bfloat16"):
+        raise ConfigError(
+            f"model.compute_dtype={compute_dtype} over model.dtype={dtype} is not supported: mixed precision is "
+            "model.dtype=float32 model.compute_dtype=bfloat16 (fp32 master weights and AdamW state, bf16 compute; "
+            "float16 would need loss scaling); otherwise leave model.compute_dtype unset"
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks the types alone cannot express."""
     from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
@@ -698,6 +765,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg.algo.kl_ctrl.type, ["fixed", "adaptive"], "algo.kl_ctrl.type")
     _choice(cfg.actor.lr_schedule, ["constant", "cosine", "linear"], "actor.lr_schedule")
     _choice(cfg.model.dtype, ["float32", "bfloat16", "float16"], "model.dtype")
+    check_precision(cfg.model.dtype, cfg.model.compute_dtype)
     _choice(cfg.rollout.backend, ["hf", "vllm"], "rollout.backend")
     _choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     _choice(cfg.reward.manager, ["naive", "batch", "parallel", "dapo", "async"], "reward.manager")

@@ -5,6 +5,11 @@ adapter), ``critic/`` when there is one, ``optim.pt`` (optimizers and schedulers
 ``rng.pt`` (python, numpy, torch and CUDA generator states) and ``state.json`` (step, data-loader
 position, KL coefficient). It is written to a temporary folder and renamed, so a crash never
 leaves a half checkpoint; the oldest are deleted beyond ``keep_last``.
+
+With LoRA, ``actor/`` holds the adapters only (peft's ``save_pretrained``) and ``optim.pt`` the
+AdamW state of the adapters only (the optimizer is built over the trainable parameters): the
+frozen base is the ``model.path`` the saved config names, which resume and ``queryrl export``
+load again. Each checkpoint's size is reported (:func:`report_size`).
 """
 
 from __future__ import annotations
@@ -123,6 +128,25 @@ def save_checkpoint(
         for old in checkpoint_dirs(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def folder_sizes_mb(folder: Path) -> dict[str, float]:
+    """Megabytes (10^6 bytes) of each top-level entry of `folder` (``actor``, ``optim.pt``, ...)."""
+    sizes: dict[str, float] = {}
+    for entry in sorted(folder.iterdir()):
+        files = [entry] if entry.is_file() else [f for f in entry.rglob("*") if f.is_file()]
+        sizes[entry.name] = sum(f.stat().st_size for f in files) / 1e6
+    return sizes
+
+
+def report_size(folder: Path, echo: bool = True) -> float:
+    """The size of checkpoint `folder` in MB; with `echo`, one line on stdout with its parts."""
+    sizes = folder_sizes_mb(folder)
+    total = sum(sizes.values())
+    if echo:
+        parts = ", ".join(f"{name} {mb:.1f}" for name, mb in sizes.items() if mb >= 0.05)
+        print(f"checkpoint {folder}: {total:.1f} MB ({parts})", flush=True)
+    return total
 
 
 def read_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

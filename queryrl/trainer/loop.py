@@ -12,6 +12,7 @@ One step, each phase timed as ``timing_s/<phase>`` (verl's phase names):
 7. ``update_critic`` / ``update_actor``  ppo_epochs x mini-batches x micro-batches, with one loss
                      normaliser per mini-batch so the micro-batch size never changes the update
 8. ``testing`` every ``trainer.eval_every`` steps, ``save_checkpoint`` every ``trainer.save_every``
+   and at the last step (``trainer.save_last``), its size logged (``checkpoint/size_mb``)
 """
 
 from __future__ import annotations
@@ -124,9 +125,12 @@ class Trainer:
                     if self.c.val_datasets and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
                         with timer("testing"):
                             metrics |= self.validate()
-                    if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == stop_at:
+                    # the run's last step obeys trainer.save_last; an early stop (max_steps) always saves, to resume
+                    if (cfg.save_every and self.step % cfg.save_every == 0) or (
+                        self.step == stop_at and (cfg.save_last or not last)
+                    ):
                         with timer("save_checkpoint"):
-                            self.save()
+                            metrics["checkpoint/size_mb"] = ckpt.report_size(self.save(), "console" in cfg.logger)
                 metrics |= timer.metrics()
                 metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / max(
                     metrics["timing_s/step"], 1e-9

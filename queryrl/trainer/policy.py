@@ -7,10 +7,14 @@ same), so ``old_logprobs`` and ``rollout_logprobs`` measure the same distributio
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from queryrl.algos import entropy_from_logits
+from queryrl.models.loading import compute_autocast
 from queryrl.trainer.batch import Batch
 
 
@@ -20,13 +24,63 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def response_logits(model: nn.Module, batch: Batch, temperature: float) -> Tensor:
-    """(n, t, V) logits that scored each response token, divided by `temperature`."""
-    input_ids, attention_mask, position_ids = batch.model_inputs()
-    p = batch.prompt_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    logits: Tensor = out.logits[:, p - 1 : -1] / temperature  # position i predicts i + 1
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The Hugging Face model under peft, FSDP and ``torch.compile`` wrappers."""
+    while True:
+        inner: Any = None
+        if hasattr(model, "get_base_model"):  # peft
+            inner = getattr(model, "get_base_model")()  # noqa: B009 - nn.Module's __getattr__ types it a Tensor
+        elif hasattr(model, "_orig_mod"):  # torch.compile
+            inner = model._orig_mod
+        elif type(model).__name__ == "FullyShardedDataParallel":
+            inner = model.module
+        if not isinstance(inner, nn.Module) or inner is model:
+            return model
+        model = inner
+
+
+def keeps_logits(model: nn.Module) -> bool:
+    """Whether `model`'s forward takes ``logits_to_keep`` (every transformers causal LM since 4.50).
+
+    peft and FSDP pass unknown keyword arguments through to the wrapped model, so the wrapped
+    model's signature decides. A model whose forward only swallows ``**kwargs`` is not trusted.
+    """
+    forward = _unwrapped(model).forward
+    try:
+        return "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def causal_lm_logits(model: nn.Module, keep: int, **inputs: Tensor) -> Tensor:
+    """(n, keep, V) logits of the last `keep` positions of a causal-LM forward pass.
+
+    The LM head runs on those positions only when the model takes ``logits_to_keep``: with a
+    152k vocabulary, projecting the prompt positions costs about a quarter of an update's
+    compute and memory for nothing. Other models project every position and are sliced after.
+    """
+    if keeps_logits(model):
+        inputs_kw: dict[str, Tensor | int | bool] = {**inputs, "logits_to_keep": keep}
+    else:
+        inputs_kw = dict(inputs)
+    with compute_autocast(model):  # mixed precision: bf16 compute over fp32 weights (model.compute_dtype)
+        out = model(**inputs_kw, use_cache=False)
+    logits: Tensor = out.logits[:, -keep:]
     return logits
+
+
+def response_logits(model: nn.Module, batch: Batch, temperature: float) -> Tensor:
+    """(n, t, V) logits that scored each response token, divided by `temperature`.
+
+    Position ``i`` predicts token ``i + 1``: the response's ``t`` tokens are scored by the last
+    ``t + 1`` positions but the final one, so only those ``t + 1`` rows reach the LM head.
+    """
+    input_ids, attention_mask, position_ids = batch.model_inputs()
+    t = batch.response_ids.shape[1]
+    logits = causal_lm_logits(
+        model, t + 1, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    )
+    return logits[:, :-1] / temperature
 
 
 def forward_logprobs(
@@ -74,7 +128,8 @@ def forward_values(critic: nn.Module, batch: Batch) -> Tensor:
     """(n, t) values of the states before each response token; with grad."""
     input_ids, attention_mask, position_ids = batch.model_inputs()
     p = batch.prompt_ids.shape[1]
-    values: Tensor = critic(input_ids, attention_mask, position_ids)[:, p - 1 : -1]
+    with compute_autocast(critic):
+        values: Tensor = critic(input_ids, attention_mask, position_ids)[:, p - 1 : -1]
     return values.float()
 
 

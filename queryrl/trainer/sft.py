@@ -39,6 +39,7 @@ from queryrl.data.records import DataError
 from queryrl.models import load_policy
 from queryrl.trainer.components import resolve_device, seed_everything
 from queryrl.trainer.optim import make_optimizer
+from queryrl.trainer.policy import causal_lm_logits
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
@@ -181,11 +182,22 @@ def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, Tensor]:
 
 
 def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.device) -> tuple[Tensor, int]:
-    """The summed cross-entropy of the target tokens of `batch` and how many there are."""
+    """The summed cross-entropy of the target tokens of `batch` and how many there are.
+
+    Only the positions from the earliest target token on reach the LM head (the prompts'
+    logits would be masked out anyway).
+    """
     input_ids = batch["input_ids"].to(device)
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"].to(device), use_cache=False).logits
-    labels = batch["labels"].to(device)[:, 1:]  # position t predicts token t + 1
+    labels = batch["labels"].to(device)
+    length = labels.shape[1]
+    targets = (labels != IGNORE_INDEX).any(dim=0).nonzero()
+    first = max(int(targets[0]) if len(targets) else length - 1, 1)  # the first target column
+    # position t predicts token t + 1: columns first - 1 .. L - 2 score the tokens first .. L - 1
+    logits = causal_lm_logits(
+        model, length - first + 1, input_ids=input_ids, attention_mask=batch["attention_mask"].to(device)
+    )
     logits = logits[:, :-1].float()
+    labels = labels[:, first:]
     loss = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
