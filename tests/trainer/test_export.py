@@ -32,5 +32,5 @@ def test_a_run_folder_or_its_checkpoints_give_the_latest_step(tmp_path: Path) ->
 
 def test_a_folder_without_checkpoints_is_named_in_the_error(tmp_path: Path) -> None:
     (tmp_path / "sft").mkdir()
-    with pytest.raises(FileNotFoundError, match="no state.json"):
+    with pytest.raises(FileNotFoundError, match=r"no state\.json"):
         resolve_checkpoint(tmp_path / "sft")
