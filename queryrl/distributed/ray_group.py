@@ -197,20 +197,46 @@ class RayWorkerGroup:
                     try:
                         results[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                     except RayActorError as e:
-                        pool = "" if self.pool.name == "actor" else f"{self.pool.name} "
-                        who = (
-                            f"a {pool}worker"
-                            if rank is None
-                            else f"{pool}worker {rank} (pid {self.info[rank].get('pid', '?')})"
-                        )
-                        first_line = str(e).splitlines()[0] if str(e) else ""
-                        raise WorkerDiedError(f"{who} died during {what!r}: {type(e).__name__}: {first_line}") from e
+                        raise self._died(rank, what, e) from e
                     except GetTimeoutError as e:
                         raise WorkerTimeoutError(f"{what}: no result within ray.call_timeout_s") from e
+                    except Exception as e:
+                        # a live rank's collective fails when its peer died (gloo: "connection reset by peer"):
+                        # the dead peer is the cause to report, when one died
+                        died = self._dead_peer([r for r in pending if r is not ref], index, ranks, what)
+                        if died is not None:
+                            raise died from e
+                        raise
         except BaseException:
             self.shutdown()  # the other ranks may be blocked in a collective with the lost one
             raise
         return results
+
+    def _died(self, rank: int | None, what: str, error: BaseException) -> WorkerDiedError:
+        pool = "" if self.pool.name == "actor" else f"{self.pool.name} "
+        who = f"a {pool}worker" if rank is None else f"{pool}worker {rank} (pid {self.info[rank].get('pid', '?')})"
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        return WorkerDiedError(f"{who} died during {what!r}: {type(error).__name__}: {first_line}")
+
+    def _dead_peer(
+        self, others: list[Any], index: dict[Any, int], ranks: list[int] | None, what: str, wait_s: float = 10.0
+    ) -> WorkerDiedError | None:
+        """A :class:`WorkerDiedError` for the first of `others` whose actor died (waiting up to `wait_s`
+        for Ray to notice), else None."""
+        from ray.exceptions import RayActorError
+
+        if not others:
+            return None
+        ready, _ = self._ray.wait(others, num_returns=len(others), timeout=wait_s)
+        for ref in ready:
+            try:
+                self._ray.get(ref, timeout=1.0)
+            except RayActorError as e:
+                i = index[ref]
+                return self._died(ranks[i] if ranks is not None else None, what, e)
+            except Exception:  # another rank's own error: not a death
+                continue
+        return None
 
     def shutdown(self) -> None:
         """Kill the actors and free the placement group (safe to call twice)."""
