@@ -26,13 +26,10 @@ from typing import Any
 import pytest
 
 import queryrl.apps  # noqa: F401  registers builtin://sales_demo
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
+from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
 from queryrl.config import load_config
 from queryrl.models import resolve_model_path
-from queryrl.rag import BM25Index, Document, HeuristicRewriter
-from queryrl.rag import make_app as make_rag_app
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
+from tests.loopback import Services, rag_and_judge
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-recipe-0123456789abcdef"
@@ -101,26 +98,14 @@ def crm_export(path: Path, n_conversations: int = 20) -> Path:
 
 
 @pytest.fixture
-def services() -> Iterator[tuple[str, str, dict[str, int], list[str], Any]]:
-    """(RAG URL, judge URL, RAG request counts, judge prompts seen, judge server stats) on 127.0.0.1."""
-    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
-    rag = make_rag_app(BM25Index(docs), HeuristicRewriter(), top_k=5)
-    judged: list[str] = []
-
-    def judge(messages: list[dict[str, Any]]) -> str:
-        judged.append(messages[-1]["content"])
-        side = {"quality": 10, "relevance": 5, "completeness": 5, "retrieval": 5, "sum": 25}
-        return json.dumps({"better": "same", "score": {"8b": side, "32b": side}})
-
-    judge_app = make_judge_app(judge, strict=True, api_key=SECRET)
-    with running_server(rag) as rag_url, running_server(judge_app) as judge_url:
-        yield rag_url.removesuffix("/v1"), judge_url, rag.state.requests, judged, judge_app.state.stats
+def services() -> Iterator[Services]:
+    with rag_and_judge(SECRET) as found:
+        yield found
 
 
-def test_the_recipe_runs_as_written(
-    tmp_path: Path, model_cache: Path, services: tuple[str, str, dict[str, int], list[str], Any]
-) -> None:
-    rag_url, judge_url, rag_requests, judged, judge_stats = services
+def test_the_recipe_runs_as_written(tmp_path: Path, model_cache: Path, services: Services) -> None:
+    rag_url, judge_url = services.rag_url, services.judge_url
+    rag_requests, judged, judge_stats = services.rag_requests, services.judged, services.judge_stats
     demo = load_config(REPO / "configs" / "query_rewrite_demo.yaml", [f"model.cache_dir={model_cache}"])
     model = resolve_model_path(demo.model)  # the demo's tiny model, built into the test session's cache
     work = tmp_path / "work"

@@ -18,48 +18,27 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 import queryrl.apps  # noqa: F401  registers builtin://sales_demo
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
+from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
 from queryrl.cli import app as cli
 from queryrl.config import load_config
-from queryrl.rag import BM25Index, Document, HeuristicRewriter
-from queryrl.rag import make_app as make_rag_app
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
 from queryrl.trainer.sft import run_sft
+from tests.loopback import Services, rag_and_judge
+from tests.test_config import SEED_LAUNCH
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "query_rewrite_demo.yaml"
 SECRET = "sk-seed-launch-0123456789abcdef"
 
-# scripts/run_hybrid_grpo_query_RL.sh of seed 000, entry point swapped; DATA and MODEL are filled in below
-SEED_SCRIPT = r"""
-queryrl train \
-    algorithm.adv_estimator=grpo \
-    algorithm.norm_adv_by_std_in_grpo=true \
-    algorithm.use_kl_in_reward=false \
-    +algorithm.hybrid_grpo_gpt5.enable=true \
-    +algorithm.hybrid_grpo_gpt5.group_size=5 \
-    +algorithm.hybrid_grpo_gpt5.gpt5_weight=0.85 \
-    +algorithm.hybrid_grpo_gpt5.grpo_weight=0.15 \
-    +algorithm.hybrid_grpo_gpt5.selection_method=max_log_prob \
-    data.train_files=DATA/train.parquet \
-    data.val_files=DATA/val.parquet \
-    data.train_batch_size=8 \
-    actor_rollout_ref.model.path=MODEL \
-    actor_rollout_ref.rollout.n=5 \
-    actor_rollout_ref.rollout.temperature=0.7 \
-    trainer.project_name='sales_rag_grpo_gpt5_v4' \
-    trainer.experiment_name='qwen3_8b_grpo_gpt5_hybrid' \
-    trainer.n_gpus_per_node=2 \
-    trainer.total_epochs=20 \
-    +seed=42
-"""
+# scripts/run_hybrid_grpo_query_RL.sh of seed 000, entry point swapped (tests/test_config.py holds it as
+# written); DATA and MODEL are filled in below
+SEED_SCRIPT = SEED_LAUNCH.replace("/home/jovyan2/query_rl/data/sales_rag", "DATA").replace(
+    "/home/jovyan2/query_rl/model/Qwen3-8B", "MODEL"
+)
 
 
 def seed_args(data: Path, model: Path) -> list[str]:
@@ -118,33 +97,11 @@ def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path, user
     return run_sft(load_config(DEMO, overrides))
 
 
-def _rewrite_paths(app: Any) -> Any:
-    """The user's RAG service at the seed's paths (``/chat_8b``, ``/chat``, no ``/rag`` prefix)."""
-
-    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in ("/chat_8b", "/chat"):
-            scope = {**scope, "path": "/rag" + scope["path"], "raw_path": ("/rag" + scope["path"]).encode()}
-        await app(scope, receive, send)
-
-    return asgi
-
-
 @pytest.fixture
-def services() -> Iterator[tuple[str, str, dict[str, int], list[str], Any]]:
-    """(RAG base, judge base URL, RAG request counts, judge prompts seen, judge server stats) on loopback."""
-    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
-    rag = make_rag_app(BM25Index(docs), HeuristicRewriter(), top_k=5)
-    judged: list[str] = []
-
-    def judge(messages: list[dict[str, Any]]) -> str:
-        judged.append(messages[-1]["content"])
-        side = {"quality": 12, "relevance": 6, "completeness": 6, "retrieval": 6, "sum": 30}
-        return json.dumps({"better": "8b", "score": {"8b": side, "32b": {**side, "sum": 24}}})
-
-    # strict: answers as OpenAI's API does (a GPT-5 request with a temperature is a 400); the key is checked
-    judge_app = make_judge_app(judge, strict=True, api_key=SECRET)
-    with running_server(_rewrite_paths(rag)) as rag_url, running_server(judge_app) as judge_url:
-        yield rag_url.removesuffix("/v1"), judge_url, rag.state.requests, judged, judge_app.state.stats
+def services() -> Iterator[Services]:
+    """The user's RAG service at the seed's paths and a strict GPT-5 stand-in that checks the key."""
+    with rag_and_judge(SECRET, better="8b", seed_paths=True) as found:
+        yield found
 
 
 def test_seed_script_as_written_names_what_to_change(tmp_path: Path, user_data: Path) -> None:
@@ -162,9 +119,10 @@ def test_seed_script_as_written_names_what_to_change(tmp_path: Path, user_data: 
 
 
 def test_seed_script_trains_against_the_users_rag_and_judge(
-    tmp_path: Path, user_data: Path, json_model: Path, services: tuple[str, str, dict[str, int], list[str], Any]
+    tmp_path: Path, user_data: Path, json_model: Path, services: Services
 ) -> None:
-    rag_base, judge_url, rag_requests, judged, judge_stats = services
+    rag_base, judge_url = services.rag_url, services.judge_url
+    rag_requests, judged, judge_stats = services.rag_requests, services.judged, services.judge_stats
     out = tmp_path / "runs"
     args = seed_args(user_data, json_model)
     args = _replace(args, "trainer.n_gpus_per_node", "1")

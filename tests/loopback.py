@@ -1,0 +1,57 @@
+"""A RAG service over the sales demo's catalogue and a strict OpenAI-compatible judge, both on 127.0.0.1,
+for the tests that run the users' own path end to end (README's recipe, seed 000's launch script)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
+from queryrl.rag import BM25Index, Document, HeuristicRewriter
+from queryrl.rag import make_app as make_rag_app
+from queryrl.rewards.judge_server import make_app as make_judge_app
+from queryrl.rewards.judge_server import running_server
+
+SIDE = {"quality": 10, "relevance": 5, "completeness": 5, "retrieval": 5, "sum": 25}
+
+
+@dataclass
+class Services:
+    rag_url: str  # the service's root: POST /rag/chat_8b, POST /rag/chat (or /chat_8b, /chat with seed_paths)
+    judge_url: str  # the OpenAI-compatible base URL (.../v1)
+    rag_requests: dict[str, int]  # requests per endpoint: "chat_8b", "chat"
+    judged: list[str]  # the last message of every judge request
+    judge_stats: Any  # the judge server's counters (refused, last_body, ...)
+
+
+def _seed_paths(app: Any) -> Any:
+    """The RAG service also at seed 000's paths (``/chat_8b``, ``/chat``, no ``/rag`` prefix)."""
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in ("/chat_8b", "/chat"):
+            scope = {**scope, "path": "/rag" + scope["path"], "raw_path": ("/rag" + scope["path"]).encode()}
+        await app(scope, receive, send)
+
+    return asgi
+
+
+@contextmanager
+def rag_and_judge(api_key: str, better: str = "same", seed_paths: bool = False) -> Iterator[Services]:
+    """Both services for the block's duration; the judge answers `better` with seed 000's verdict schema,
+    refuses what OpenAI's API refuses for GPT-5 (strict) and checks `api_key`."""
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
+    rag = make_rag_app(BM25Index(docs), HeuristicRewriter(), top_k=5)
+    judged: list[str] = []
+
+    def judge(messages: list[dict[str, Any]]) -> str:
+        judged.append(messages[-1]["content"])
+        other = {**SIDE, "sum": SIDE["sum"] - 5} if better == "8b" else SIDE
+        return json.dumps({"better": better, "score": {"8b": SIDE, "32b": other}})
+
+    judge_app = make_judge_app(judge, strict=True, api_key=api_key)
+    served = _seed_paths(rag) if seed_paths else rag
+    with running_server(served) as rag_url, running_server(judge_app) as judge_url:
+        yield Services(rag_url.removesuffix("/v1"), judge_url, rag.state.requests, judged, judge_app.state.stats)
