@@ -2,19 +2,65 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Post-train language models with RL.")
+# no locals in a --debug traceback: they may hold a secret read from the environment
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Post-train language models with RL.",
+    pretty_exceptions_show_locals=False,
+)
 prepare_app = typer.Typer(no_args_is_help=True, help="Turn raw data into verl-format parquet.")
 app.add_typer(prepare_app, name="prepare")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
+
+
+Debug = Annotated[
+    bool,
+    typer.Option("--debug", help="Show an error's traceback instead of its one-line message (or QUERYRL_DEBUG=1)."),
+]
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+def _one_line_errors(command: Command) -> Command:
+    """A known error (queryrl.errors: data, config, reward, model, checkpoint) is one line and exit 2 (a run
+    whose rewards keep failing: exit 3); --debug / QUERYRL_DEBUG=1 re-raises it for the traceback. Every
+    line the command prints has the secrets' values redacted (queryrl.redaction)."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        from queryrl.errors import debug_requested, user_error
+        from queryrl.redaction import install_console, redact
+
+        install_console()
+        try:
+            command(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except Exception as exc:
+            known = user_error(exc)
+            if known is None or kwargs.get("debug") or debug_requested():
+                raise
+            _fail(redact(known[0]), known[1])
+
+    return run  # type: ignore[return-value]
+
+
+def _secrets_of(cfg: Any) -> None:
+    """The values of the secret variables the config names are redacted from now on."""
+    from queryrl.redaction import register_config_secrets
+
+    register_config_secrets(cfg)
 
 
 DryRun = Annotated[
@@ -41,10 +87,12 @@ def _check_plan(cfg: Any, command: str, dry_run: bool) -> None:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
 def train(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
     dry_run: DryRun = False,
+    debug: Debug = False,
 ) -> None:
     """Train: ``queryrl train --config FILE key.sub=value ...`` (verl keys accepted)."""
     import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
@@ -57,6 +105,9 @@ def train(
         _fail(str(exc))
         return
     _check_plan(cfg, "train", dry_run)
+    _secrets_of(cfg)
+    if cfg.trainer.preflight:
+        _preflight(cfg)
     from queryrl.trainer.loop import Trainer
 
     try:
@@ -73,10 +124,12 @@ def train(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
 def sft(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
     dry_run: DryRun = False,
+    debug: Debug = False,
 ) -> None:
     """Supervised fine-tuning (a warm start before RL): ``queryrl sft --config FILE key.sub=value ...``."""
     import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
@@ -86,6 +139,7 @@ def sft(
     try:
         cfg = load_config(config, list(ctx.args))
         _check_plan(cfg, "sft", dry_run)
+        _secrets_of(cfg)
         from queryrl.trainer.sft import train_sft
 
         result = train_sft(cfg)
@@ -247,11 +301,13 @@ def prepare_kdconv(
 
 
 @app.command()
+@_one_line_errors
 def export(
     checkpoint: Annotated[
         Path, typer.Argument(help="A checkpoints/step_N folder, or a run folder (its latest checkpoint).")
     ],
     out: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model folder.")],
+    debug: Debug = False,
 ) -> None:
     """A checkpoint's policy -> a plain Hugging Face model folder (LoRA merged)."""
     from queryrl.trainer.export import export_checkpoint
@@ -262,6 +318,29 @@ def export(
         _fail(str(exc))
         return
     typer.echo(f"wrote {path}")
+
+
+@app.command("convert-gguf")
+def convert_gguf(
+    src: Annotated[
+        str, typer.Argument(help="A .gguf file, a folder holding one, or an installed package holding one.")
+    ],
+    out: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model folder (must not exist).")],
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16 (weights are dequantised to it).")] = (
+        "float32"
+    ),
+) -> None:
+    """A GGUF model (llama.cpp's format, quantised or not) -> a plain Hugging Face model folder."""
+    from queryrl.models.gguf import GGUFError
+    from queryrl.models.gguf import convert_gguf as convert
+
+    try:
+        info = convert(src, out, dtype)
+    except GGUFError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"read {info.source}: {info.summary()}")
+    typer.echo(f"wrote {info.out}")
 
 
 @app.command()
@@ -357,6 +436,7 @@ def serve_rag(
 
 
 @app.command("eval")
+@_one_line_errors
 def eval_(
     data: Annotated[str, typer.Option("--data", help="builtin://sales_demo/test, a .parquet or a .jsonl file.")],
     systems: Annotated[
@@ -409,6 +489,7 @@ def eval_(
         str | None,
         typer.Option(help="float32, bfloat16 or float16 for each model (default: its config.json's, or float32)."),
     ] = None,
+    debug: Debug = False,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
     from queryrl.apps.query_rewrite.eval_run import EvalError, evaluate, judge_settings
@@ -427,6 +508,7 @@ def eval_(
         except ConfigError as exc:
             _fail(str(exc))
             return
+        _secrets_of(cfg)
         rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
         if OmegaConf.is_missing(rag, "url"):
             if not (rag_url or corpus):
@@ -477,6 +559,20 @@ def eval_(
         )
     except EvalError as exc:
         _fail(str(exc))
+
+
+def _preflight(cfg: Any) -> None:
+    """Call the judge, the RAG service and the reward function once, before the model loads
+    (queryrl.trainer.preflight); a failure is one message and exit 2."""
+    from queryrl.trainer.preflight import run_preflight
+
+    checks: list[Any] = []
+    reward = None
+    if cfg.app.query_rewrite.enable:  # the application brings its reward and its services
+        from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
+
+        checks, reward = service_checks(cfg), reward_spec(cfg)
+    run_preflight(cfg, typer.echo, checks, reward)
 
 
 def main() -> None:

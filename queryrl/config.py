@@ -211,8 +211,10 @@ class RewardConfig:
     max_retries: int = 2  # async: retries after an exception or a timeout
     overlong_buffer_len: int = 0  # dapo: soft-penalty zone before max_response_length (tokens)
     overlong_penalty_factor: float = 1.0  # dapo: penalty at max_response_length
-    # a step whose failed fraction of samples exceeds this is skipped (no update), with a warning
+    # a step whose failed fraction of samples exceeds this (strictly: > ) is skipped (no update), with a warning
     max_failed_frac: float = 0.5
+    # this many skipped steps in a row stop the run (exit 3) with the first failed sample's error; 0 = never
+    max_skipped_steps: int = 3
 
 
 @dataclass
@@ -351,6 +353,8 @@ class TrainerConfig:
     keep_last: int = 2
     save_last: bool = True  # a checkpoint at the last step (whatever save_every says); false = only every save_every
     resume: str = "auto"  # auto | disable | a checkpoint folder
+    # `queryrl train` calls the judge, the RAG service and the reward function once before loading the model
+    preflight: bool = True
     save_samples: int = 8  # rows of samples/step_N.jsonl
     plot: bool = True
     backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
@@ -855,6 +859,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("app.query_rewrite.judge.backend=openai needs app.query_rewrite.judge.base_url")
     if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
         raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
+    if cfg.reward.max_skipped_steps < 0:
+        raise ConfigError(f"reward.max_skipped_steps must be >= 0 (0 = never stop), got {cfg.reward.max_skipped_steps}")
     hybrid = cfg.app.query_rewrite.seed_hybrid
     if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.filter_groups.enable:
         raise ConfigError("algo.filter_groups needs whole groups; seed_hybrid trains on one candidate per group")

@@ -81,6 +81,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from queryrl.redaction import add_secret, redact
 from queryrl.rewards.json_extract import json_objects, validate
 from queryrl.rewards.judge_policy import (
     JudgeConfigError,
@@ -174,6 +175,7 @@ def _read_key(env: str | None) -> str:
             f"judge API key: environment variable {env} is not set or empty; export it (for a server that "
             "needs no key: api_key_env null in the config, --judge-api-key-env '' on the command line)"
         )
+    add_secret(key)  # whatever echoes it from now on (a reply, an error, a log line) shows <redacted>
     return key
 
 
@@ -479,7 +481,7 @@ class JudgeClient:
             text = f"connection error: {error.__cause__ or error}"
         else:
             text = f"{type(error).__name__}: {error}"
-        return self._scrub(text[:600])
+        return self._scrub(text)[:600]  # scrubbed before the cut: a key cut in half would not be found
 
     def _scrub(self, text: str) -> str:
         """`text` without the key: a server echoing it (or, as OpenAI does, a masked piece of it) is cut."""
@@ -593,7 +595,8 @@ def parse_verdict(raw: str, schema: dict[str, Any] | None = None) -> tuple[dict[
     """(verdict, None) or (None, why): the first JSON object in `raw` that passes `schema`."""
     objects = json_objects(raw)
     if not objects:
-        return None, f"unparseable verdict: no JSON object in the reply ({raw[:120]!r})"
+        # redacted before the cut: a server echoing the key must not leave its first characters here
+        return None, f"unparseable verdict: no JSON object in the reply ({redact(raw)[:120]!r})"
     if schema is None:
         return objects[0], None
     for obj in objects:

@@ -31,14 +31,19 @@ one gets 401 "You didn't provide an API key. ...", a wrong one 401 ``invalid_api
 provided: sk-ab***...wxyz. ..." (masked as OpenAI masks it). ``list_models=False`` serves no
 ``/v1/models`` (404), like some servers.
 
-Built-in judges (:func:`load_judge_function`):
+Built-in judges (:func:`load_judge_function`). ``constant`` and ``length`` answer the query-rewrite
+application's full rubric (``RUBRIC_VERDICT_SCHEMA``: every side has ``quality`` 0-16, ``relevance``,
+``completeness``, ``retrieval`` 0-8 and their ``sum`` 0-40), so ``judge.backend=openai`` pointed at
+them accepts every verdict (and so does :data:`~queryrl.rewards.judge.PAIRWISE_VERDICT_SCHEMA`, which
+needs only the sums):
 
-- ``constant``: always ``{"better": "same", "score": {"8b": {"sum": 20}, "32b": {"sum": 20}}}``;
-- ``echo``: the last user message's text;
+- ``constant``: always a tie, 20 of 40 each (:data:`CONSTANT_VERDICT`);
+- ``echo``: the last user message's text (no schema: for tests of the transport);
 - ``length``: prefers the longer of two candidates found in the last user message -- the values of
   keys ``"8b"`` and ``"32b"`` of a JSON object in it, else the text after lines starting ``8b:`` and
   ``32b:`` (case-insensitive). Sums split 40 in proportion to the lengths (characters; a non-string
-  value counts as its JSON text); equal lengths, or no candidates, give ``"same"`` with 20 each.
+  value counts as its JSON text), each sum split 40/20/20/20 % over the four dimensions; equal
+  lengths, or no candidates, give the constant tie.
 """
 
 from __future__ import annotations
@@ -74,7 +79,18 @@ JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
 
 FAULTS = ("ok", "500", "429", "408", "409", "400", "garbage", "truncated", "slow")
 GARBAGE_REPLY = "Both rewrites look reasonable to me; I would lean slightly towards the first one."
-CONSTANT_VERDICT: dict[str, Any] = {"better": "same", "score": {"8b": {"sum": 20}, "32b": {"sum": 20}}}
+# the rubric's weights: quality 40 %, relevance, completeness, retrieval 20 % each, of a sum out of 40
+RUBRIC_SHARES = {"quality": 0.4, "relevance": 0.2, "completeness": 0.2, "retrieval": 0.2}
+
+
+def rubric_side(total: float) -> dict[str, float]:
+    """One side of a rubric verdict whose dimensions split `total` (0-40) by the rubric's weights."""
+    side = {name: round(total * share, 2) for name, share in RUBRIC_SHARES.items()}
+    side["retrieval"] = round(total - side["quality"] - side["relevance"] - side["completeness"], 2)
+    return side | {"sum": total}
+
+
+CONSTANT_VERDICT: dict[str, Any] = {"better": "same", "score": {"8b": rubric_side(20), "32b": rubric_side(20)}}
 
 
 @dataclass
@@ -478,7 +494,8 @@ def length_judge(messages: list[dict[str, Any]]) -> str:
         return json.dumps(CONSTANT_VERDICT)
     a, b = lengths
     sum_8b = round(40 * a / (a + b))
-    verdict = {"better": "8b" if a > b else "32b", "score": {"8b": {"sum": sum_8b}, "32b": {"sum": 40 - sum_8b}}}
+    sides = {"8b": rubric_side(sum_8b), "32b": rubric_side(40 - sum_8b)}
+    verdict = {"better": "8b" if a > b else "32b", "score": sides}
     return json.dumps(verdict)
 
 

@@ -13,6 +13,10 @@ One step, each phase timed as ``timing_s/<phase>`` (verl's phase names):
                      normaliser per mini-batch so the micro-batch size never changes the update
 8. ``testing`` every ``trainer.eval_every`` steps, ``save_checkpoint`` every ``trainer.save_every``
    and at the last step (``trainer.save_last``), its size logged (``checkpoint/size_mb``)
+
+A step where more than ``reward.max_failed_frac`` of the samples failed (strictly more) is skipped;
+``reward.max_skipped_steps`` of them in a row stop the run with
+:class:`~queryrl.trainer.skips.RewardsFailing`, naming the first failed sample's error.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from torch import Tensor, nn
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
 from queryrl.config import save_config
+from queryrl.redaction import redact, register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.batch import Batch
@@ -37,6 +42,7 @@ from queryrl.trainer.components import Components, build_components, seed_everyt
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
 from queryrl.trainer.policy import compute_logprobs, compute_values
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
+from queryrl.trainer.skips import RewardsFailing, SkipWatch
 from queryrl.trainer.update import add_metrics, micro_step_for, optimizer_step, role_settings
 
 
@@ -49,6 +55,7 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
+        register_config_secrets(cfg)  # their values are redacted from every message, log line and sample
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
         # the run folder is written only once the model, data and reward have loaded: a bad setting
@@ -60,6 +67,7 @@ class Trainer:
             cfg.algo.kl_ctrl.type, cfg.algo.kl_ctrl.kl_coef, cfg.algo.kl_ctrl.target_kl, cfg.algo.kl_ctrl.horizon
         )
         self.step = 0
+        self.skips = SkipWatch(cfg.reward.max_skipped_steps)
         self._resume()
         self.train_sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
@@ -136,8 +144,11 @@ class Trainer:
                     metrics["timing_s/step"], 1e-9
                 )
                 metrics["training/epoch"] = float(self.c.loader.epoch)
-                if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at:
+                stop = self.skips.stop_message()
+                if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop:
                     tracker.log(metrics, step=self.step)
+                if stop:
+                    self._stop(stop, saved="checkpoint/size_mb" in metrics)
         if cfg.plot and self.step == self.c.total_steps:
             from queryrl.trainer.plot import plot_run
 
@@ -222,7 +233,8 @@ class Trainer:
             metrics |= reward_metrics | reward_side_metrics(c.reward)
             if baselines is not None:
                 baselines = baselines[keep]
-        failed_frac = 1.0 - len(batch) / max(len(results), 1)
+        # failed / total, not 1 - kept / total: 3 of 10 must be exactly 0.3 (not 0.30000000000000004 > 0.3)
+        failed_frac = (len(results) - len(batch)) / max(len(results), 1)
         metrics["reward/failed_frac"] = failed_frac
         if len(batch) == 0 or failed_frac > cfg.reward.max_failed_frac:
             warnings.warn(
@@ -231,7 +243,9 @@ class Trainer:
                 stacklevel=2,
             )
             metrics |= {"reward/step_skipped": 1.0, "reward/all_failed": float(len(batch) == 0)}
+            self.skips.skipped(self.step, results)
             return None
+        self.skips.trained(self.step)
         return batch, baselines
 
     def _informative_groups(
@@ -446,8 +460,14 @@ class Trainer:
                 )
             )
         tmp = folder / f".step_{self.step}.jsonl.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
+        tmp.write_text(redact("\n".join(lines) + "\n"))  # a secret pasted in a prompt, echoed in a reply
         tmp.replace(folder / f"step_{self.step}.jsonl")
+
+    def _stop(self, message: str, saved: bool) -> None:
+        """End a run whose rewards keep failing; what it learned before is checkpointed, to resume once fixed."""
+        if self.skips.trained_any and not saved:
+            self.save()
+        raise RewardsFailing(message)
 
     def save(self) -> Path:
         """Checkpoint the run at the current step."""

@@ -24,6 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from queryrl.redaction import redact, redact_data
+
 DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
     "critic/score/mean",
     "actor/pg_loss",
@@ -268,6 +270,7 @@ class Tracker:
         start_step: int = 0,
         console_keys: tuple[str, ...] = DEFAULT_CONSOLE_KEYS,
     ) -> None:
+        config = redact_data(config)  # sent to wandb / mlflow: no secret value, whatever its field
         unknown = [name for name in loggers if name not in VALID_LOGGERS]
         if unknown:
             raise ValueError(f"unknown logger(s) {unknown}; valid: {', '.join(VALID_LOGGERS)}")
@@ -291,7 +294,8 @@ class Tracker:
             raise
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        """Record one step's metrics in every backend."""
+        """Record one step's metrics in every backend (a secret in a metric's name is redacted)."""
+        metrics = {redact(k): v for k, v in metrics.items()}
         for backend in self.backends:
             backend.log(metrics, step)
 

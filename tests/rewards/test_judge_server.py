@@ -23,6 +23,7 @@ from queryrl.rewards.judge_server import (
     load_judge_function,
     make_app,
     message_text,
+    rubric_side,
     running_server,
 )
 
@@ -178,10 +179,11 @@ def test_builtin_judges() -> None:
 
     # labelled lines: 8b has 30 characters, 32b 10 -> 8b wins, 40 split 30:10
     verdict = json.loads(length_judge(user("Compare.\n8b: " + "x" * 30 + "\n32B： " + "y" * 10 + "\n")))
-    assert verdict == {"better": "8b", "score": {"8b": {"sum": 30}, "32b": {"sum": 10}}}
+    assert verdict == {"better": "8b", "score": {"8b": rubric_side(30), "32b": rubric_side(10)}}
+    assert verdict["score"]["8b"] == {"quality": 12, "relevance": 6, "completeness": 6, "retrieval": 6, "sum": 30}
     # a JSON object with both keys
     verdict = json.loads(length_judge(user('results: {"8b": "abc", "32b": "abcdefghi"}')))
-    assert verdict == {"better": "32b", "score": {"8b": {"sum": 10}, "32b": {"sum": 30}}}
+    assert verdict == {"better": "32b", "score": {"8b": rubric_side(10), "32b": rubric_side(30)}}
     # a tie, and no candidates at all
     assert json.loads(length_judge(user("8b: same\n32b: same"))) == CONSTANT_VERDICT
     assert json.loads(length_judge(user("nothing to compare"))) == CONSTANT_VERDICT

@@ -185,8 +185,14 @@ def test_dapo_warns_when_lengths_are_missing(caplog: pytest.LogCaptureFixture) -
 
 def all_options() -> dict[str, Any]:
     """RewardConfig's manager settings, as the trainer passes them."""
-    # max_failed_frac is the trainer's step policy, not a manager setting
-    fields = {f.name for f in dataclasses.fields(RewardConfig)} - {"manager", "function", "kwargs", "max_failed_frac"}
+    # max_failed_frac and max_skipped_steps are the trainer's step policy, not manager settings
+    fields = {f.name for f in dataclasses.fields(RewardConfig)} - {
+        "manager",
+        "function",
+        "kwargs",
+        "max_failed_frac",
+        "max_skipped_steps",
+    }
     options = {name: getattr(RewardConfig(), name) for name in fields}
     options |= {"max_response_length": 64, "overlong_buffer_len": 8}
     return options

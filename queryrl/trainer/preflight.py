@@ -1,0 +1,121 @@
+"""``queryrl train``'s preflight: before any model is loaded, call what the rewards depend on, once.
+
+A judge whose key is wrong, a RAG service that is down, or a reward file that raises on every sample
+would otherwise cost the model load and a few skipped steps before the run stops
+(``reward.max_skipped_steps``). The checks, in order, each printing one line on success and raising
+:class:`PreflightError` with one message on failure:
+
+1. the service checks the application contributes (the query-rewrite app: the judge's key variable,
+   ``GET /models`` and one tiny request with its settings; the RAG service's ``GET /health``);
+2. the reward function loads (a file that is missing or fails to import is a ``RewardError``) and
+   scores the first row of the first training file. The response it scores is the row's own ground
+   truth when that is a string (e.g. a GSM8K answer), else the empty string: the check is that the
+   function returns a number (or a dict with ``score``) without raising and within
+   ``reward.timeout_s``, not what it returns. ``extra_info`` is the row's (no rollout extras such as
+   ``num_tool_calls``).
+
+``trainer.preflight=false`` skips all of it (``queryrl train --dry-run`` checks files and key
+variables without calling anything).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from queryrl.data import load_records
+from queryrl.data.builtin import resolve_data_path
+from queryrl.rewards import RewardInput, RewardResult, load_reward_function
+from queryrl.rewards.manager import LoopRunner, score_sample
+
+Check = Callable[[], str]  # returns the line to print; raises PreflightError
+
+
+class PreflightError(RuntimeError):
+    """A service or the reward function failed its check before training (the message says which)."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """The reward function the run will call: ``reward.function`` unless an application supplies its own."""
+
+    path: str | None
+    name: str
+    kwargs: Mapping[str, Any]
+
+
+def config_reward_spec(cfg: DictConfig) -> RewardSpec:
+    kwargs = OmegaConf.to_container(cfg.reward.kwargs, resolve=True) if cfg.reward.kwargs else {}
+    assert isinstance(kwargs, dict)
+    return RewardSpec(cfg.reward.function.path, cfg.reward.function.name, {str(k): v for k, v in kwargs.items()})
+
+
+def run_preflight(
+    cfg: DictConfig, say: Callable[[str], None], checks: Sequence[Check] = (), reward: RewardSpec | None = None
+) -> None:
+    """The checks of the module doc; `reward` defaults to ``reward.function``. Raises :class:`PreflightError`."""
+    for check in checks:
+        say(f"preflight: {check()}")
+    say(f"preflight: {check_reward(cfg, reward or config_reward_spec(cfg))}")
+
+
+def first_row(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
+    """(the first training file, its first row)."""
+    path = str(cfg.data.train_files[0])
+    rows = load_records(resolve_data_path(path, cfg.model.cache_dir), prompt_key=cfg.data.prompt_key)
+    if not rows:
+        raise PreflightError(f"data.train_files: {path} has no rows")
+    return path, rows[0]
+
+
+def probe_input(row: Mapping[str, Any]) -> RewardInput:
+    """The reward input of the check: the row's ground truth (a string) as the response, else ''."""
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    return RewardInput(
+        data_source=str(row.get("data_source", "")),
+        solution_str=truth if isinstance(truth, str) else "",
+        ground_truth=truth,
+        extra_info=dict(row.get("extra_info") or {}),
+    )
+
+
+def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
+    """The reward function loads and scores the first training row (see the module doc)."""
+    fn = load_reward_function(spec.path, spec.name)  # RewardError: missing file, failed import, no such name
+    what = f"reward function {spec.name!r} of {spec.path}" if spec.path else "the built-in reward"
+    path, row = first_row(cfg)
+    timeout_s = float(cfg.reward.timeout_s)
+    result = _score_with_timeout(fn, probe_input(row), spec.kwargs, timeout_s)
+    if result is None:
+        raise PreflightError(
+            f"{what} did not return within reward.timeout_s={timeout_s:g} s on the first row of {path} "
+            "(trainer.preflight=false skips this check)"
+        )
+    if result.failed:
+        raise PreflightError(
+            f"{what} failed on the first row of {path}: {result.error} (trainer.preflight=false skips this check)"
+        )
+    return f"{what} scored the first row of {path}: {result.score:.4g}"
+
+
+def _score_with_timeout(
+    fn: Callable[..., Any], x: RewardInput, kwargs: Mapping[str, Any], timeout_s: float
+) -> RewardResult | None:
+    """``score_sample`` in a daemon thread (a function that hangs must not hang the CLI); None on timeout."""
+    out: list[RewardResult] = []
+
+    def run() -> None:
+        loop = LoopRunner()
+        try:
+            out.append(score_sample(fn, x, kwargs, loop))
+        finally:
+            loop.close()
+
+    worker = threading.Thread(target=run, name="queryrl-preflight-reward", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return out[0] if out else None

@@ -1,0 +1,168 @@
+"""A run that cannot learn stops (reward.max_skipped_steps), and the reward.max_failed_frac boundary.
+
+The reward files fail by call count (the ``naive`` manager scores one sample after another), so
+which steps fail is exact: the toy preset below has 4 prompts x 4 responses = 16 samples a step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+from queryrl.config import ConfigError, load_config
+from queryrl.trainer.loop import Trainer
+from queryrl.trainer.skips import RewardsFailing, SkipWatch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def reward_file(tmp_path: Path, fails: str) -> Path:
+    """A reward file whose call number k (0-based) raises when the expression `fails` is true."""
+    path = tmp_path / "flaky_reward.py"
+    path.write_text(
+        "import itertools\n"
+        "_calls = itertools.count()\n\n\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    k = next(_calls)\n"
+        f"    if {fails}:\n"
+        "        raise RuntimeError(f'judge unreachable (call {k})')\n"
+        "    return float(len(solution_str) % 3)\n"
+    )
+    return path
+
+
+def make_cfg(tmp_path: Path, model_cache: Path, reward: Path, *overrides: str) -> DictConfig:
+    return load_config(
+        REPO / "configs" / "toy_grpo.yaml",
+        [
+            f"trainer.output_dir={tmp_path / 'runs'}",
+            f"model.cache_dir={model_cache}",
+            "trainer.logger=[jsonl]",
+            "trainer.plot=false",
+            "trainer.eval_every=0",
+            "trainer.save_every=0",
+            "data.val_files=[]",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            f"reward.function.path={reward}",
+            *overrides,
+        ],
+    )
+
+
+def rows(tmp_path: Path) -> list[dict[str, Any]]:
+    lines = (tmp_path / "runs" / "toy_grpo" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def params(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
+
+
+def test_a_run_whose_every_reward_fails_stops_naming_the_first_failure(tmp_path: Path, model_cache: Path) -> None:
+    cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=10")
+    with Trainer(cfg) as trainer, pytest.raises(RewardsFailing) as stopped:
+        trainer.fit()
+    message = str(stopped.value)
+    assert "3 steps in a row (steps 1-3; reward.max_skipped_steps=3)" in message
+    first = "reward for data_source='toy/target_string' failed: RuntimeError: judge unreachable (call 0)"
+    assert message.endswith(f"first failure: {first}")
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]  # the steps before the stop are logged
+    assert all(r["reward/step_skipped"] == 1.0 for r in rows(tmp_path))
+    assert not (tmp_path / "runs" / "toy_grpo" / "checkpoints").exists()  # nothing learned: nothing to save
+
+
+def test_a_step_that_trains_ends_the_streak_and_the_stop_keeps_what_was_learned(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    # step 1 trains, step 2 fails, step 3 trains, steps 4-5 fail (16 samples a step)
+    fails = "16 <= k < 32 or 48 <= k < 80"
+    cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, fails), "trainer.total_steps=5")
+    with Trainer(cfg) as trainer:
+        trainer.fit()  # never 3 in a row: the run completes
+    assert [r.get("reward/step_skipped", 0.0) for r in rows(tmp_path)] == [0.0, 1.0, 0.0, 1.0, 1.0]
+
+    other = tmp_path / "again"
+    other.mkdir()
+    cfg = make_cfg(other, model_cache, reward_file(other, fails), "trainer.total_steps=8", "reward.max_skipped_steps=2")
+    with Trainer(cfg) as trainer, pytest.raises(RewardsFailing, match=r"2 steps in a row \(steps 4-5;.*call 48\)"):
+        trainer.fit()
+    # steps 1 and 3 trained: the stop checkpoints them, so a resume (once the reward is fixed) keeps them
+    assert (other / "runs" / "toy_grpo" / "checkpoints" / "step_5" / "state.json").is_file()
+
+
+def test_max_skipped_steps_0_never_stops(tmp_path: Path, model_cache: Path) -> None:
+    cfg = make_cfg(
+        tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=4", "reward.max_skipped_steps=0"
+    )
+    with Trainer(cfg) as trainer:
+        trainer.fit()
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_max_skipped_steps_must_not_be_negative(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"reward\.max_skipped_steps must be >= 0"):
+        load_config(None, ["reward.max_skipped_steps=-1"])
+
+
+def test_skip_watch_counts_each_step_once() -> None:
+    watch = SkipWatch(limit=2)
+    watch.skipped(1, [])
+    watch.skipped(1, [])  # filter_groups: a second generation batch of the same step
+    assert watch.stop_message() is None
+    watch.skipped(2, [])
+    assert watch.stop_message() is not None
+    assert "no sample was scored" in str(watch.stop_message())
+    watch.trained(3)
+    watch.skipped(3, [])  # filter_groups: a later batch of a step that trained does not count
+    assert watch.streak == 0
+
+
+# --- reward.max_failed_frac: a step is skipped when MORE than that fraction failed ----------------
+
+
+@pytest.mark.parametrize(("max_failed_frac", "skipped"), [(0.5, False), (0.45, True)])
+def test_exactly_max_failed_frac_failed_trains_on_the_rest(
+    tmp_path: Path, model_cache: Path, max_failed_frac: float, skipped: bool
+) -> None:
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        reward_file(tmp_path, "k % 2 == 0"),  # exactly half of every step fails
+        "trainer.total_steps=1",
+        f"reward.max_failed_frac={max_failed_frac}",
+    )
+    with Trainer(cfg) as trainer:
+        before = params(trainer)
+        trainer.fit()
+        changed = any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+    (row,) = rows(tmp_path)
+    assert row["reward/failed_frac"] == 0.5
+    assert row["reward/failed"] == 8.0
+    assert row.get("reward/step_skipped", 0.0) == float(skipped)
+    assert changed is not skipped  # at the boundary the step trains on the 8 samples that were scored
+
+
+def test_the_boundary_is_exact_for_fractions_that_floats_round(tmp_path: Path, model_cache: Path) -> None:
+    # 5 prompts x 2 responses: 3 of 10 fail, and 3/10 must not read as 0.30000000000000004 > 0.3
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        reward_file(tmp_path, "k % 10 < 3"),
+        "trainer.total_steps=1",
+        "data.train_batch_size=5",
+        "actor.ppo_mini_batch_size=5",
+        "rollout.n=2",
+        "reward.max_failed_frac=0.3",
+    )
+    with Trainer(cfg) as trainer:
+        trainer.fit()
+    (row,) = rows(tmp_path)
+    assert row["reward/failed"] == 3.0
+    assert "reward/step_skipped" not in row
