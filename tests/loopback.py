@@ -55,3 +55,54 @@ def rag_and_judge(api_key: str, better: str = "same", seed_paths: bool = False) 
     served = _seed_paths(rag) if seed_paths else rag
     with running_server(served) as rag_url, running_server(judge_app) as judge_url:
         yield Services(rag_url.removesuffix("/v1"), judge_url, rag.state.requests, judged, judge_app.state.stats)
+
+
+@contextmanager
+def serve_judge_process(judge: str = "constant", startup_s: float = 60.0) -> Iterator[str]:
+    """``queryrl serve-judge --judge JUDGE`` as a real process on 127.0.0.1; yields its base URL (``.../v1``)
+    once ``GET /v1/models`` answers."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", judge, "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).raise_for_status()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "serve-judge did not come up"
+                assert proc.poll() is None, "serve-judge exited"
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def load_benchmark(script: str, name: str) -> Any:
+    """``benchmarks/SCRIPT`` imported as module `name` (its siblings, e.g. ``common``, importable)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(name, folder / script)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -116,39 +116,18 @@ def test_prepare_gsm8k_reports_a_bad_line(tmp_path: Path) -> None:
 
 
 def test_serve_judge_runs_as_a_real_process_and_answers_the_official_sdk() -> None:
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
     from queryrl.rewards.judge import JudgeClient
+    from tests.loopback import serve_judge_process
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", "constant", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).json()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve-judge did not come up"
-                assert proc.poll() is None, "serve-judge exited"
-                time.sleep(0.2)
+    with serve_judge_process("constant", startup_s=30) as url:
+        models = httpx.get(f"{url}/models", timeout=5).json()
         assert models["data"]
-        client = JudgeClient(f"http://127.0.0.1:{port}/v1", model="judge", api_key_env=None, max_retries=0)
+        client = JudgeClient(url, model="judge", api_key_env=None, max_retries=0)
         result = client.judge_sync([{"role": "user", "content": "compare A and B"}])
         assert result.verdict is not None
         assert result.verdict["better"] == "same"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_train_dry_run_prints_the_plan_and_writes_nothing(tmp_path: Path, model_cache: Path) -> None:

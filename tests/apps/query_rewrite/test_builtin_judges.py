@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from queryrl.apps.query_rewrite.demo_data import make_catalogue, sales_demo_rows
@@ -21,6 +15,7 @@ from queryrl.apps.query_rewrite.judging import RUBRIC_VERDICT_SCHEMA
 from queryrl.apps.query_rewrite.reward import compute_score
 from queryrl.rewards.json_extract import validate
 from queryrl.rewards.judge_server import BUILTIN_JUDGES, load_judge_function, make_app, running_server
+from tests.loopback import serve_judge_process
 
 JUDGE = {"judge": "openai", "judge_model": "demo-judge", "judge_api_key_env": None, "judge_max_retries": 0}
 
@@ -45,25 +40,8 @@ def _score(url: str) -> dict[str, float]:
 @pytest.fixture
 def serve_judge_constant() -> Iterator[str]:
     """`queryrl serve-judge --judge constant` as a real process on 127.0.0.1; yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", "constant", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve-judge did not come up"
-                assert proc.poll() is None, "serve-judge exited"
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with serve_judge_process("constant") as url:
+        yield url
 
 
 def test_serve_judge_constant_is_accepted_by_the_query_rewrite_reward(serve_judge_constant: str) -> None:

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pandas as pd
 import pytest
+
+from tests.loopback import load_benchmark
 
 REPO = Path(__file__).resolve().parents[3]
 KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kdconv_bench", REPO / "benchmarks" / "kdconv.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_benchmark("kdconv.py", "kdconv_bench")
 
 
 def test_split_ids_is_seeded_disjoint_and_complete() -> None:

@@ -3,29 +3,18 @@ and its exits without a model or without KdConv (the run itself is the benchmark
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.loopback import load_benchmark
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _bench() -> ModuleType:
-    sys.path.insert(0, str(REPO / "benchmarks"))  # the script imports its siblings (common, kdconv)
-    spec = importlib.util.spec_from_file_location("real_model_bench", REPO / "benchmarks" / "real_model.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_benchmark("real_model.py", "real_model_bench")
 
 
 def test_run_measured_reports_that_process_peak_rss(tmp_path: Path) -> None:
