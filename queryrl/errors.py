@@ -16,6 +16,9 @@ Known errors, by class:
   ``queryrl.trainer.checkpoint`` / ``queryrl.trainer.export`` reads a checkpoint: prefixed with
   ``model:`` / ``checkpoint:`` and the exception's type, followed by the file or folder it was
   reading when the message does not name it;
+- checkpoint: :class:`CheckpointError` (no intact checkpoint to resume from, naming each damaged one;
+  a checkpoint file that holds Python objects other than tensors and plain data); a run folder saved with
+  another config is a :class:`ResumeConfigMismatch`, a config error;
 - a missing file anywhere (``FileNotFoundError`` names it).
 """
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import TracebackType
+
+from queryrl.config import ConfigError
 
 # the part of the package a model or checkpoint error comes from -> the word that names it
 _AREAS = (
@@ -38,6 +43,14 @@ _PATH_NAMES = ("path", "folder", "checkpoint", "src", "f")  # the locals that ho
 STOPPED_EXIT_CODE = 3  # the run stopped because its rewards failed reward.max_skipped_steps steps in a row
 
 
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: none intact to resume from, or one holding code (its message names it)."""
+
+
+class ResumeConfigMismatch(ConfigError):
+    """``trainer.resume=auto`` found a run folder saved with a config that differs on what training depends on."""
+
+
 def debug_requested() -> bool:
     """``QUERYRL_DEBUG`` is set to something other than ``''``, ``0``, ``false`` or ``no``."""
     return os.environ.get("QUERYRL_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
@@ -46,12 +59,20 @@ def debug_requested() -> bool:
 def _known_classes() -> tuple[type[BaseException], ...]:
     from queryrl.agent.tools import ToolConfigError
     from queryrl.algos import RegistryError
-    from queryrl.config import ConfigError
     from queryrl.data import DataError
     from queryrl.rewards import JudgeConfigError, RewardError
     from queryrl.trainer.preflight import PreflightError
 
-    return (ConfigError, DataError, RewardError, RegistryError, ToolConfigError, JudgeConfigError, PreflightError)
+    return (
+        ConfigError,
+        DataError,
+        RewardError,
+        RegistryError,
+        ToolConfigError,
+        JudgeConfigError,
+        PreflightError,
+        CheckpointError,
+    )
 
 
 def _area(tb: TracebackType | None) -> tuple[str | None, str | None]:

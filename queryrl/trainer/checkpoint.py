@@ -1,10 +1,23 @@
-"""Checkpoints: everything needed to continue a run exactly, written atomically.
+"""Checkpoints: everything needed to continue a run exactly, written so that a crash loses none.
 
 ``checkpoints/step_N/`` holds ``actor/`` (a Hugging Face folder: full weights, or the LoRA
 adapter), ``critic/`` when there is one, ``optim.pt`` (optimizers and schedulers),
-``rng.pt`` (python, numpy, torch and CUDA generator states) and ``state.json`` (step, data-loader
-position, KL coefficient). It is written to a temporary folder and renamed, so a crash never
-leaves a half checkpoint; the oldest are deleted beyond ``keep_last``.
+``rng.pt`` (python, numpy, torch and CUDA generator states), ``state.json`` (step, data-loader
+position, KL coefficient) and, written last, ``manifest.json`` (each file's size and sha256).
+
+Crash safety, step by step:
+
+- a checkpoint is written into ``.tmp-step_N``; every file and folder in it is fsynced, then the
+  manifest, then it is renamed to ``step_N`` and the parent folder fsynced: a kill at any point
+  leaves either no ``step_N`` or a complete one;
+- the trainer writes the step's metrics row between writing and renaming (:class:`Pending`), so
+  a kill right after the rename cannot lose that row;
+- pruning beyond ``keep_last`` first renames ``step_N`` to ``.trash-step_N-<pid>``, then deletes
+  it: a kill mid-delete leaves a trash folder, never a half ``step_N``. Trash and temporary folders
+  are never counted as checkpoints and are removed when a run starts (:func:`clean_leftovers`);
+- resume verifies the manifest (:func:`verify`) and falls back to the newest intact checkpoint;
+- ``optim.pt`` and ``rng.pt`` are read with ``torch.load(weights_only=True)``: a checkpoint from
+  elsewhere can hold tensors and plain data, never code that runs on load.
 
 With LoRA, ``actor/`` holds the adapters only (peft's ``save_pretrained``) and ``optim.pt`` the
 AdamW state of the adapters only (the optimizer is built over the trainable parameters): the
@@ -14,10 +27,16 @@ load again. Each checkpoint's size is reported (:func:`report_size`).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import pickle
 import random
 import re
 import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +44,58 @@ import numpy as np
 import torch
 from torch import nn
 
+from queryrl.errors import CheckpointError
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+MANIFEST = "manifest.json"
+TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"
+_REQUIRED = ("state.json", "optim.pt", "rng.pt")  # what a checkpoint without a manifest must still hold
+
+
+def crash_point(name: str, step: int) -> None:
+    """A test hook: ``QUERYRL_CRASH_AT=<name>@<step>`` kills this process (SIGKILL) here.
+
+    The crash tests use it to kill a real run at an exact point (between the checkpoint's rename
+    and the next write, mid-prune, ...); in a normal run the variable is unset and this does nothing.
+    """
+    if os.environ.get("QUERYRL_CRASH_AT") == f"{name}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- durable writes ------------------------------------------------------------------------------
+
+
+def fsync_path(path: Path) -> None:
+    """Flush `path` (a file or a folder's entries) to disk: a rename is only as durable as what it names."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then every folder, deepest first."""
+    dirs = [folder]
+    for path in folder.rglob("*"):
+        if path.is_dir():
+            dirs.append(path)
+        else:
+            fsync_path(path)
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        fsync_path(d)
+
+
+# --- RNG and weights -------------------------------------------------------------------------------
 
 
 def rng_state() -> dict[str, Any]:
+    """The global generators' states as tensors and plain data (loadable with ``weights_only=True``)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002 - the global state user code draws from
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 - the global state user code may draw from
+        # numpy's key array as an int64 tensor: a numpy array would need numpy's unpickler on load
+        "numpy": (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, gauss),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -40,8 +104,10 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    keys = np.asarray(keys.numpy() if isinstance(keys, torch.Tensor) else keys, dtype=np.uint32)
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002
+    np.random.set_state((kind, keys, pos, has_gauss, gauss))  # noqa: NPY002
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -80,8 +146,37 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
         raise RuntimeError(f"{folder}: missing weights {really_missing[:5]}, unexpected {unexpected[:5]}")
 
 
+def safe_load(path: Path) -> Any:
+    """``torch.load`` that accepts tensors and plain data only (``weights_only=True``).
+
+    Checkpoints written before rng.pt held plain data have numpy's MT19937 key array in it; the
+    numpy globals that rebuild an array (data, never code) are allowed for that.
+    """
+    allowed: list[Any] = [np.ndarray, np.dtype, np.dtypes.UInt32DType]
+    allowed.append(np._core.multiarray._reconstruct)  # type: ignore[attr-defined]
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        what = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise CheckpointError(
+            f"{path}: refused to load: it holds Python objects, not only tensors and plain data ({what}); "
+            "a checkpoint from an untrusted source could run code when loaded"
+        ) from None
+
+
+# --- folders -----------------------------------------------------------------------------------------
+
+
+def step_of(folder: Path) -> int:
+    m = _STEP_DIR.match(folder.name)
+    if m is None:
+        raise ValueError(f"{folder} is not a step_N folder")
+    return int(m.group(1))
+
+
 def checkpoint_dirs(root: Path) -> list[Path]:
-    """``root/step_N`` folders, oldest first."""
+    """``root/step_N`` folders, oldest first (temporary and trash folders never count)."""
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
@@ -93,6 +188,180 @@ def latest_checkpoint(root: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
+def _trash(folder: Path) -> Path:
+    """Rename `folder` to a trash name in the same place (atomic), fsync the parent, return the new name."""
+    trash = folder.with_name(f"{TRASH_PREFIX}{folder.name}-{os.getpid()}")
+    shutil.rmtree(trash, ignore_errors=True)
+    folder.rename(trash)
+    fsync_path(folder.parent)
+    return trash
+
+
+def clean_leftovers(root: Path) -> list[str]:
+    """Delete what a killed run left in `root` (temporary and trash folders); returns their names."""
+    if not root.is_dir():
+        return []
+    left = [p for p in root.iterdir() if p.name.startswith((TMP_PREFIX, TRASH_PREFIX))]
+    for p in left:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return sorted(p.name for p in left)
+
+
+def prune(root: Path, newest: int, keep_last: int) -> None:
+    """Keep `keep_last` checkpoints up to step `newest` (0 = all); each pruned one goes to trash first.
+
+    Only checkpoints older than `newest` are candidates, so the one just written is never pruned.
+    """
+    if keep_last <= 0:
+        return
+    older = [d for d in checkpoint_dirs(root) if step_of(d) < newest]
+    for old in older[: max(len(older) - (keep_last - 1), 0)]:
+        trash = _trash(old)
+        crash_point("prune", newest)
+        shutil.rmtree(trash)
+
+
+# --- manifest ------------------------------------------------------------------------------------------
+
+
+def _files(folder: Path) -> Iterator[Path]:
+    return (p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
+
+
+def sha256_of(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``folder/manifest.json``: each file's size and sha256, by path relative to `folder`."""
+    files = {
+        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in _files(folder)
+    }
+    with (folder / MANIFEST).open("w", encoding="utf-8") as f:
+        json.dump({"version": 1, "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def verify(folder: Path) -> str | None:
+    """What is wrong with checkpoint `folder` (None: intact).
+
+    With a manifest: every listed file exists with its size and sha256. Without one (a checkpoint
+    written before manifests): state.json, optim.pt, rng.pt and the weights exist and are not empty;
+    such a checkpoint is accepted, and :func:`select_checkpoint` warns that it was not hashed.
+    """
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        weights = list(folder.glob("actor/*.safetensors"))
+        for path in [folder / name for name in _REQUIRED] + (weights or [folder / "actor" / "*.safetensors"]):
+            if not path.is_file():
+                return f"{path.relative_to(folder)} is missing"
+            if path.stat().st_size == 0:
+                return f"{path.relative_to(folder)} is empty (0 bytes)"
+        return None
+    try:
+        listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return f"{MANIFEST} is unreadable"
+    for name, entry in listed.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']}"
+        if sha256_of(path) != entry["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def select_checkpoint(root: Path, warn: Any) -> tuple[Path | None, list[Path]]:
+    """The newest intact checkpoint under `root` and the damaged ones newer than it.
+
+    Each damaged checkpoint gets one `warn` line naming it and what is wrong.
+
+    Raises:
+        CheckpointError: there are checkpoints and none is intact (the message names each).
+    """
+    dirs = checkpoint_dirs(root)
+    damaged: list[tuple[Path, str]] = []
+    for folder in reversed(dirs):
+        problem = verify(folder)
+        if problem is None:
+            if not (folder / MANIFEST).is_file():
+                warn(f"checkpoint {folder} has no {MANIFEST} (written by an older queryrl): not hashed, only checked")
+            return folder, [d for d, _ in damaged]
+        warn(f"checkpoint {folder} is damaged ({problem}); trying an older one")
+        damaged.append((folder, problem))
+    if damaged:
+        listed = "; ".join(f"{d.name}: {p}" for d, p in damaged)
+        raise CheckpointError(
+            f"{root}: no intact checkpoint to resume from ({listed}); remove them, or start over with "
+            "trainer.resume=disable"
+        )
+    return None, []
+
+
+# --- writing and reading ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pending:
+    """A checkpoint written and fsynced under a temporary name; :meth:`commit` makes it ``step_N``."""
+
+    tmp: Path
+    final: Path
+    keep_last: int
+
+    def commit(self) -> Path:
+        """Rename into place (replacing an older ``step_N`` via trash), fsync the folder, prune."""
+        root, step = self.final.parent, step_of(self.final)
+        crash_point("commit", step)
+        old = _trash(self.final) if self.final.exists() else None
+        self.tmp.rename(self.final)
+        fsync_path(root)
+        crash_point("after_rename", step)
+        if old is not None:
+            shutil.rmtree(old)
+        prune(root, step, self.keep_last)
+        return self.final
+
+
+def write_checkpoint(
+    root: Path,
+    step: int,
+    models: dict[str, tuple[nn.Module, Any]],
+    optim_state: dict[str, Any],
+    state: dict[str, Any],
+    keep_last: int,
+) -> Pending:
+    """Write ``root/.tmp-step_<step>`` completely (files, manifest last, all fsynced); not yet visible.
+
+    Args:
+        root: the run's ``checkpoints`` folder.
+        step: the number of training steps done.
+        models: name -> (module, tokenizer or None); each saved as a Hugging Face folder.
+        optim_state: optimizer and scheduler state dicts.
+        state: JSON-serialisable trainer state (step, loader position, KL coefficient, ...).
+        keep_last: how many checkpoints to keep once committed (0 = all).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, (module, tokenizer) in models.items():
+        save_model(module, tmp / name, tokenizer)
+    torch.save(optim_state, tmp / "optim.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+    fsync_tree(tmp)
+    write_manifest(tmp)  # last: a manifest vouches for files already on disk
+    fsync_path(tmp)
+    crash_point("before_rename", step)
+    return Pending(tmp, root / f"step_{step}", keep_last)
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -101,33 +370,8 @@ def save_checkpoint(
     state: dict[str, Any],
     keep_last: int,
 ) -> Path:
-    """Write ``root/step_<step>`` atomically and prune to the last `keep_last`.
-
-    Args:
-        root: the run's ``checkpoints`` folder.
-        step: the number of training steps done.
-        models: name -> (module, tokenizer or None); each saved as a Hugging Face folder.
-        optim_state: optimizer and scheduler state dicts.
-        state: JSON-serialisable trainer state (step, loader position, KL coefficient, ...).
-        keep_last: how many checkpoints to keep (0 = all).
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
-    tmp = root / f".tmp-step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for name, (module, tokenizer) in models.items():
-        save_model(module, tmp / name, tokenizer)
-    torch.save(optim_state, tmp / "optim.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    if keep_last > 0:
-        for old in checkpoint_dirs(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    """Write ``root/step_<step>`` (see :func:`write_checkpoint`), make it visible and prune."""
+    return write_checkpoint(root, step, models, optim_state, state, keep_last).commit()
 
 
 def folder_sizes_mb(folder: Path) -> dict[str, float]:
@@ -139,34 +383,47 @@ def folder_sizes_mb(folder: Path) -> dict[str, float]:
     return sizes
 
 
-def report_size(folder: Path, echo: bool = True) -> float:
-    """The size of checkpoint `folder` in MB; with `echo`, one line on stdout with its parts."""
+def report_size(folder: Path, echo: bool = True, name: Path | None = None) -> float:
+    """The size of checkpoint `folder` in MB; with `echo`, one line on stdout (naming `name` if given)."""
     sizes = folder_sizes_mb(folder)
     total = sum(sizes.values())
     if echo:
-        parts = ", ".join(f"{name} {mb:.1f}" for name, mb in sizes.items() if mb >= 0.05)
-        print(f"checkpoint {folder}: {total:.1f} MB ({parts})", flush=True)
+        parts = ", ".join(f"{part} {mb:.1f}" for part, mb in sizes.items() if mb >= 0.05)
+        print(f"checkpoint {name or folder}: {total:.1f} MB ({parts})", flush=True)
     return total
+
+
+def require_checkpoint(folder: Path) -> None:
+    """Raise FileNotFoundError unless `folder` is a queryrl checkpoint (it has a ``state.json``)."""
+    if not (folder / "state.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a queryrl checkpoint (no state.json)")
 
 
 def read_checkpoint(folder: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``(state, optim_state, rng_state)`` of a checkpoint folder."""
-    if not (folder / "state.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a queryrl checkpoint (no state.json)")
+    require_checkpoint(folder)
     state = json.loads((folder / "state.json").read_text())
-    optim_state = torch.load(folder / "optim.pt", map_location="cpu", weights_only=False)
-    rng = torch.load(folder / "rng.pt", map_location="cpu", weights_only=False)
-    return state, optim_state, rng
+    return state, safe_load(folder / "optim.pt"), safe_load(folder / "rng.pt")
 
 
-def save_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Checkpoint the trainer's components (policy, critic, optimizers, loader) at `step`."""
+def components_state(c: Any, state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(models, optimizer states, trainer state) of the trainer's components, as a checkpoint holds them."""
     models: dict[str, tuple[nn.Module, Any]] = {"actor": (c.policy.model, c.policy.tokenizer)}
     optim_state: dict[str, Any] = {"actor": c.optimizer.state_dict(), "actor_scheduler": c.scheduler.state_dict()}
     if c.critic is not None:
         models["critic"] = (c.critic, None)
         optim_state |= {"critic": c.critic_optimizer.state_dict(), "critic_scheduler": c.critic_scheduler.state_dict()}
-    return save_checkpoint(root, step, models, optim_state, {"loader": c.loader.state_dict(), **state}, keep_last)
+    return models, optim_state, {"loader": c.loader.state_dict(), **state}
+
+
+def write_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Pending:
+    """Write the trainer's components (policy, critic, optimizers, loader) at `step`; the caller commits."""
+    return write_checkpoint(root, step, *components_state(c, state), keep_last)
+
+
+def save_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
+    """Checkpoint the trainer's components at `step`, visible and pruned on return."""
+    return write_components(c, root, step, state, keep_last).commit()
 
 
 def restore_components(c: Any, folder: Path) -> dict[str, Any]:

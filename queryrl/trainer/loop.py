@@ -41,6 +41,7 @@ from queryrl.trainer.batch import Batch
 from queryrl.trainer.components import Components, build_components, seed_everything
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
 from queryrl.trainer.policy import compute_logprobs, compute_values
+from queryrl.trainer.run_folder import plan_resume
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import RewardsFailing, SkipWatch
 from queryrl.trainer.update import add_metrics, micro_step_for, optimizer_step, role_settings
@@ -58,17 +59,20 @@ class Trainer:
         register_config_secrets(cfg)  # their values are redacted from every message, log line and sample
         seed_everything(cfg.trainer.seed)
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
+        # reads only: refuses a folder trained with another config, picks the newest intact checkpoint
+        plan = plan_resume(self.run_dir, cfg)
         # the run folder is written only once the model, data and reward have loaded: a bad setting
         # found on the way leaves nothing behind
         self.c: Components = build_components(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        resume_from = plan.apply()  # before config.yaml is overwritten: an earlier run's is set aside
         save_config(cfg, self.run_dir / "config.yaml")
         self.kl_ctrl = make_kl_controller(
             cfg.algo.kl_ctrl.type, cfg.algo.kl_ctrl.kl_coef, cfg.algo.kl_ctrl.target_kl, cfg.algo.kl_ctrl.horizon
         )
         self.step = 0
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
-        self._resume()
+        self._resume(resume_from)
         self.train_sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
@@ -127,6 +131,7 @@ class Trainer:
             while self.step < stop_at:
                 self.step += 1
                 timer = PhaseTimer()
+                pending: ckpt.Pending | None = None
                 with timer("step"):
                     metrics = self.train_step(self.c.loader.next_batch(), timer)
                     last = self.step == self.c.total_steps
@@ -138,7 +143,9 @@ class Trainer:
                         self.step == stop_at and (cfg.save_last or not last)
                     ):
                         with timer("save_checkpoint"):
-                            metrics["checkpoint/size_mb"] = ckpt.report_size(self.save(), "console" in cfg.logger)
+                            pending = self._write_checkpoint()
+                            echo = "console" in cfg.logger
+                            metrics["checkpoint/size_mb"] = ckpt.report_size(pending.tmp, echo, pending.final)
                 metrics |= timer.metrics()
                 metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / max(
                     metrics["timing_s/step"], 1e-9
@@ -147,8 +154,10 @@ class Trainer:
                 stop = self.skips.stop_message()
                 if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop:
                     tracker.log(metrics, step=self.step)
+                if pending is not None:  # after the row: a kill in between redoes the step, row included
+                    pending.commit()
                 if stop:
-                    self._stop(stop, saved="checkpoint/size_mb" in metrics)
+                    self._stop(stop, saved=pending is not None)
         if cfg.plot and self.step == self.c.total_steps:
             from queryrl.trainer.plot import plot_run
 
@@ -471,16 +480,16 @@ class Trainer:
 
     def save(self) -> Path:
         """Checkpoint the run at the current step."""
+        return self._write_checkpoint().commit()
+
+    def _write_checkpoint(self) -> ckpt.Pending:
+        """The current step's checkpoint, written under a temporary name; ``commit()`` makes it visible."""
         state = {"kl_coef": self.kl_ctrl.value, "config": _plain(self.run_dir / "config.yaml")}
         if self.c.workers is not None:  # the driver's mirrors take the workers' optimizer and critic states
             self.c.workers.pull_state(self.c)
-        return ckpt.save_components(self.c, self.run_dir / "checkpoints", self.step, state, self.cfg.trainer.keep_last)
+        return ckpt.write_components(self.c, self.run_dir / "checkpoints", self.step, state, self.cfg.trainer.keep_last)
 
-    def _resume(self) -> None:
-        mode = self.cfg.trainer.resume
-        if mode == "disable":
-            return
-        folder = ckpt.latest_checkpoint(self.run_dir / "checkpoints") if mode == "auto" else Path(mode)
+    def _resume(self, folder: Path | None) -> None:
         if folder is None:
             return
         state = ckpt.restore_components(self.c, folder)

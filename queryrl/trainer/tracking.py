@@ -118,7 +118,7 @@ class _ConsoleBackend:
 
 
 class _JsonlBackend:
-    """``run_dir/metrics.jsonl``: one ``{"step": s, ...}`` object per step, flushed each write."""
+    """``run_dir/metrics.jsonl``: one ``{"step": s, ...}`` object per step, flushed and fsynced each write."""
 
     def __init__(self, run_dir: Path, start_step: int) -> None:
         self.path = run_dir / "metrics.jsonl"
@@ -150,6 +150,7 @@ class _JsonlBackend:
         record.update({k: as_finite(v) for k, v in metrics.items() if _to_float(v) is not None})
         self.file.write(json.dumps(record, allow_nan=False) + "\n")
         self.file.flush()
+        os.fsync(self.file.fileno())  # on disk before the step's checkpoint is renamed into place
 
     def close(self) -> None:
         self.file.close()
