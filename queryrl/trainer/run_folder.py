@@ -71,6 +71,7 @@ MAY_DIFFER = (
     "app.query_rewrite.judge.timeout_s",
     "app.query_rewrite.judge.max_retries",
     "app.query_rewrite.rag.url",
+    "app.query_rewrite.rag.token_env",
     "app.query_rewrite.rag.timeout_s",
     "app.query_rewrite.rag.max_retries",
     "app.query_rewrite.rag.reference_base_url",

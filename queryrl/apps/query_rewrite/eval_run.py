@@ -702,6 +702,7 @@ def evaluate(
     top_k: int = 5,
     rag_timeout_s: float = 10.0,
     rag_max_retries: int = 2,
+    rag_token_env: str | None = None,
     judge: JudgeSettings | None = None,
     batch_size: int = 16,
     max_new_tokens: int = 64,
@@ -726,6 +727,7 @@ def evaluate(
         corpus: the embedded service's corpus (``"sales_demo"`` or a corpus file).
         top_k: documents per result of the embedded service, and the offline judge's cutoff (>= 5).
         rag_timeout_s, rag_max_retries: the RAG client's.
+        rag_token_env: an env var holding the RAG service's bearer token (None: none sent).
         judge: the judge (default: none).
         batch_size: generation micro-batch of a model system.
         max_new_tokens: a model's reply budget.
@@ -779,7 +781,7 @@ def evaluate(
         raise EvalError(str(exc)) from None
 
     try:
-        client = rag_client(rag_url, corpus, top_k, rag_timeout_s, rag_max_retries, **(embedded or {}))
+        client = rag_client(rag_url, corpus, top_k, rag_timeout_s, rag_max_retries, rag_token_env, **(embedded or {}))
     except (OSError, ValueError) as exc:
         raise EvalError(f"corpus {corpus!r}: {exc}") from None
     # probe the service before any generation, so that a service that is down costs no model time

@@ -206,11 +206,17 @@ EMBEDDED_OPTIONS = (
 
 
 def rag_client(
-    rag_url: str | None, corpus: str, top_k: int, timeout_s: float, max_retries: int, **options: Any
+    rag_url: str | None,
+    corpus: str,
+    top_k: int,
+    timeout_s: float,
+    max_retries: int,
+    token_env: str | None = None,
+    **options: Any,
 ) -> RAGClient:
-    """The shared client of this configuration (made on first use): HTTP to `rag_url`, or with
-    ``rag_url=None`` an embedded :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`,
-    heuristic reference rewriter)."""
+    """The shared client of this configuration (made on first use): HTTP to `rag_url` (with the bearer
+    token in the variable `token_env`, if given), or with ``rag_url=None`` an embedded
+    :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`, heuristic reference rewriter)."""
     embedded = {k: options[k] for k in EMBEDDED_OPTIONS if options.get(k) is not None} if rag_url is None else {}
     key = (
         rag_url,
@@ -219,12 +225,15 @@ def rag_client(
         float(timeout_s),
         max_retries,
         repr(sorted(embedded.items())),
+        token_env if rag_url is not None else None,
     )
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
             target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
-            client = _RAG_CLIENTS[key] = RAGClient(target, timeout_s=timeout_s, max_retries=max_retries)
+            token = token_env if rag_url is not None else None
+            client = RAGClient(target, timeout_s=timeout_s, max_retries=max_retries, token_env=token)
+            _RAG_CLIENTS[key] = client
         return client
 
 
@@ -490,7 +499,8 @@ async def compute_score(
             ``judge_max_tokens``, ``judge_token_limit_param``, ``judge_reasoning_effort``,
             ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
             ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
-            ``top_k`` (5), ``max_query_chars`` (256), ``rag_timeout_s`` (10), ``rag_max_retries`` (2).
+            ``top_k`` (5), ``max_query_chars`` (256), ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
+            ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent).
 
     Returns:
         ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
@@ -545,7 +555,8 @@ async def compute_score(
     rag_url = kwargs.get("rag_url")
     corpus = str(kwargs.get("corpus", "sales_demo"))
     timeout_s, retries = float(kwargs.get("rag_timeout_s", 10.0)), int(kwargs.get("rag_max_retries", 2))
-    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, **{k: kwargs.get(k) for k in EMBEDDED_OPTIONS})
+    embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
+    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
     candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
 
     out: dict[str, float] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
