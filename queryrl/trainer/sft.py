@@ -7,11 +7,13 @@ at ``sft.target_key`` (a dotted path such as ``extra_info.sft_target``) followed
 tokenizer's EOS token is the reply to learn.
 
 The loss is the cross-entropy of the target tokens only (prompt and padding are masked), one
-token mean over each optimizer batch: the micro-batches of an optimizer step share one
-normaliser, the number of target tokens in the batch, so ``sft.micro_batch_size`` never changes
-the update. The result is a plain Hugging Face folder (LoRA merged) with the tokenizer, the
-metrics and the redacted config, written to a temporary sibling and renamed into
-``sft.output_dir`` once complete; RL starts from it with ``model.path=<folder>``.
+token mean over each optimizer batch (``sft.prompt_loss_weight`` w > 0 adds w times the prompt
+tokens' mean loss, as TRL's ``completion_only_loss=False`` trains on the whole sequence): the
+micro-batches of an optimizer step share one normaliser, the number of target tokens in the
+batch, so ``sft.micro_batch_size`` never changes the update. The result is a plain Hugging Face
+folder (LoRA merged) with the tokenizer, the metrics and the redacted config, written to a
+temporary sibling and renamed into ``sft.output_dir`` once complete; RL starts from it with
+``model.path=<folder>``.
 """
 
 from __future__ import annotations
@@ -204,21 +206,59 @@ def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.de
     return loss, int((labels != IGNORE_INDEX).sum())
 
 
+def sum_prompt_and_target_loss(
+    model: nn.Module, batch: dict[str, Tensor], device: torch.device
+) -> tuple[Tensor, int, Tensor, int]:
+    """The summed cross-entropy of the target tokens and of the prompt tokens, and their counts.
+
+    One forward over every position: each prompt token after the first is predicted from the ones
+    before it (language modelling on the whole prompt, system prompt included), each target token
+    as in :func:`sum_target_loss`. Padding carries no loss.
+    """
+    input_ids = batch["input_ids"].to(device)
+    mask = batch["attention_mask"].to(device)
+    logits = causal_lm_logits(model, input_ids.shape[1], input_ids=input_ids, attention_mask=mask)[:, :-1].float()
+    ce = F.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")  # (N, L - 1)
+    target = batch["labels"].to(device)[:, 1:] != IGNORE_INDEX
+    prompt = mask[:, 1:].bool() & ~target
+    return (ce * target).sum(), int(target.sum()), (ce * prompt).sum(), int(prompt.sum())
+
+
 def accumulate_gradients(
-    model: nn.Module, examples: Sequence[SFTExample], micro_batch_size: int, pad_id: int, device: torch.device
+    model: nn.Module,
+    examples: Sequence[SFTExample],
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    prompt_loss_weight: float = 0.0,
+    stats: dict[str, float] | None = None,
 ) -> tuple[float, int]:
     """Backward the token-mean loss of one optimizer batch, micro-batch by micro-batch.
 
     Every micro-batch's summed loss is divided by the same normaliser, the number of target
     tokens in the whole of `examples`, so the accumulated gradient does not depend on
     `micro_batch_size`. Returns the batch's mean loss and its number of target tokens.
+
+    With `prompt_loss_weight` w > 0 the objective is the target tokens' mean loss plus w times the
+    prompt tokens' mean loss (each mean over the whole batch). The returned loss is still the target
+    tokens' alone; the prompt tokens' mean goes into `stats["sft/prompt_loss"]`.
     """
     num_tokens = sum(len(e.target_ids) for e in examples)
-    total = 0.0
+    num_prompt = sum(max(len(e.prompt_ids) - 1, 0) for e in examples)
+    total, prompt_total = 0.0, 0.0
     for start in range(0, len(examples), micro_batch_size):
-        loss_sum, _ = sum_target_loss(model, collate(examples[start : start + micro_batch_size], pad_id), device)
-        (loss_sum / max(num_tokens, 1)).backward()
+        batch = collate(examples[start : start + micro_batch_size], pad_id)
+        if prompt_loss_weight > 0:
+            loss_sum, _, prompt_sum, _ = sum_prompt_and_target_loss(model, batch, device)
+            objective = loss_sum / max(num_tokens, 1) + prompt_loss_weight * prompt_sum / max(num_prompt, 1)
+            prompt_total += prompt_sum.item()
+        else:
+            loss_sum, _ = sum_target_loss(model, batch, device)
+            objective = loss_sum / max(num_tokens, 1)
+        objective.backward()
         total += loss_sum.item()
+    if stats is not None and prompt_loss_weight > 0:
+        stats["sft/prompt_loss"] = prompt_total / max(num_prompt, 1)
     return total / max(num_tokens, 1), num_tokens
 
 
@@ -296,6 +336,8 @@ def _check(cfg: DictConfig) -> None:
         raise ConfigError(f"sft.epochs must be > 0 (or sft.max_steps set), got {s.epochs}")
     if s.max_steps < 0:
         raise ConfigError(f"sft.max_steps must be >= 0, got {s.max_steps}")
+    if not s.prompt_loss_weight >= 0:
+        raise ConfigError(f"sft.prompt_loss_weight must be >= 0, got {s.prompt_loss_weight}")
     if not (list(s.train_files) or list(cfg.data.train_files)):
         raise ConfigError("no SFT data: set sft.train_files (or data.train_files)")
 
@@ -409,9 +451,13 @@ def train_sft(cfg: DictConfig) -> SFTResult:
                 pos += s.batch_size
                 step += 1
                 optimizer.zero_grad(set_to_none=True)
-                loss, tokens = accumulate_gradients(model, batch, s.micro_batch_size, pad_id, device)
+                stats: dict[str, float] = {}
+                loss, tokens = accumulate_gradients(
+                    model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats
+                )
                 grad_norm = nn.utils.clip_grad_norm_(params, s.grad_clip)
                 metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
+                metrics |= stats
                 if torch.isfinite(grad_norm):
                     optimizer.step()
                 else:  # skip the step, as the RL trainer does, and say so

@@ -273,3 +273,42 @@ def test_output_is_replaced_only_when_complete(
     assert not (out / "old.txt").exists()
     assert (out / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "train.jsonl"]
+
+
+def test_prompt_loss_weight_adds_the_prompt_tokens_mean_loss(tmp_path: Path, tiny_bundle: Any) -> None:
+    prompts = ["Hi", "Say hello to the whole world now.", "Greet me.", "What is 3 + 4?"]
+    data = write_rows(tmp_path / "train.jsonl", prompts=prompts)
+    built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 64, 16)
+    model, pad, cpu = tiny_bundle.model, tiny_bundle.tokenizer.pad_token_id, torch.device("cpu")
+
+    # by hand: every prompt token after the first, predicted from the ones before it, one mean per batch
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for e in built.examples:
+            ids = torch.tensor([e.prompt_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            total -= float(logp.gather(1, ids[0, 1:, None]).sum())
+            count += len(e.prompt_ids) - 1
+
+    def grads(weight: float, micro: int) -> tuple[dict[str, torch.Tensor], float, dict[str, float]]:
+        model.zero_grad(set_to_none=True)
+        stats: dict[str, float] = {}
+        loss, _ = accumulate_gradients(model, built.examples, micro, pad, cpu, weight, stats)
+        out = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return out, loss, stats
+
+    plain, loss0, stats0 = grads(0.0, 4)
+    weighted, loss_w, stats_w = grads(0.5, 4)
+    assert stats0 == {}
+    assert loss_w == pytest.approx(loss0, abs=1e-6)  # the reported loss stays the target tokens' alone
+    assert stats_w["sft/prompt_loss"] == pytest.approx(total / count, rel=1e-5)
+    assert any(not torch.allclose(weighted[k], g) for k, g in plain.items())
+    for k, g in grads(0.5, 3)[0].items():  # micro-batches share the batch's normalisers
+        torch.testing.assert_close(g, weighted[k], atol=1e-6, rtol=1e-5)
+
+
+def test_negative_prompt_loss_weight_is_refused(tmp_path: Path, model_cache: Path) -> None:
+    data = write_rows(tmp_path / "train.jsonl")
+    with pytest.raises(sft_module.ConfigError, match=r"sft\.prompt_loss_weight"):
+        train_sft(make_cfg(tmp_path, model_cache, data, "sft.prompt_loss_weight=-1"))
