@@ -26,7 +26,7 @@ from queryrl.apps.query_rewrite.demo_dialogues import make_dialogue, products_of
 from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
 CATALOGUE_SEED = 0
-SPLITS = {"train": 400, "val": 60, "test": 60}  # dialogues per split
+SPLITS = {"train": 2000, "val": 60, "test": 60}  # dialogues per split (train: see docs/rewriter_learning.md)
 DATA_SOURCE = "sales_demo"
 
 # line id -> (Chinese name, price range in yuan, battery unit, spec templates)
@@ -157,7 +157,7 @@ def make_dialogues(catalogue: list[dict[str, Any]], n: int, seed: int = 0, prefi
 
 
 def sales_demo_rows(split: str) -> list[dict[str, Any]]:
-    """verl rows of one split (train 400, val 60, test 60 dialogues) over the default catalogue, each with
+    """verl rows of one split (train 2000, val 60, test 60 dialogues) over the default catalogue, each with
     the reference rewriter's answer as ``extra_info.sft_target`` (:mod:`.sft_targets`)."""
     if split not in SPLITS:
         raise ValueError(f"builtin://sales_demo has splits {', '.join(SPLITS)}, not {split!r}")
