@@ -27,6 +27,7 @@ from queryrl.agent.builtin_tools import python as python_tool
 from queryrl.rewards import code as code_module
 from queryrl.rewards import sandbox
 from queryrl.rewards.code import SandboxError, compute_score, namespaces_available, run_code
+from tests.rewards.test_code import running_with
 
 ISOLATED = namespaces_available()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason="no isolation works here (runs are refused)")
@@ -54,18 +55,6 @@ def no_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytes
     yield
     monkeypatch.undo()
     _clear_probes()
-
-
-def running_with(token: str) -> bool:
-    """Whether any process on this machine has `token` in its command line."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if token.encode() in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def kill_with(token: str) -> None:
