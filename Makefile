@@ -43,10 +43,10 @@ demo-toy: $(STAMP)
 bench-step: $(STAMP)
 	$(BIN)/python benchmarks/step_phases.py
 
-# make demo for seeds 1,2,3 x OMP_NUM_THREADS 1,2 (about 50 minutes): GRPO's gain over SFT with paired
+# make demo for seeds 1,2,3 x OMP_NUM_THREADS 1,2, two runs at a time (73 minutes here, sharing 2 cores with make demo and make test): GRPO's gain over SFT with paired
 # intervals in every run -> benchmarks/results/demo_seeds.json
 bench-demo-seeds: $(STAMP)
-	$(BIN)/python benchmarks/demo_seeds.py
+	$(BIN)/python benchmarks/demo_seeds.py --jobs 2
 
 # KdConv travel (../shared/data/kdconv/travel; KDCONV_DIR to change): SFT + GRPO on dev.json's training
 # conversations, evaluation on the held-out ones (or on the KdConv file $KDCONV_TEST) against the
