@@ -8,7 +8,6 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,16 +51,6 @@ def gone(token: str, within_s: float = 2.0) -> bool:
             return False
         time.sleep(0.02)
     return True
-
-
-@pytest.fixture
-def tcp_server() -> Iterator[socket.socket]:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.setblocking(False)
-    yield server
-    server.close()
 
 
 # ---- run_code ----

@@ -174,16 +174,6 @@ def test_the_parents_environment_is_not_readable(isolation: str, tmp_path: Path)
     assert (secret in trainer.stdout) is (isolation == "none")
 
 
-@pytest.fixture
-def tcp_server() -> Iterator[socket.socket]:
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.setblocking(False)
-    yield server
-    server.close()
-
-
 @pytest.mark.parametrize("isolation", ["auto", "none"])
 def test_a_child_process_cannot_reach_a_loopback_server(tcp_server: socket.socket, isolation: str) -> None:
     port = tcp_server.getsockname()[1]
