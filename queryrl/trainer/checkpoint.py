@@ -362,18 +362,6 @@ def write_checkpoint(
     return Pending(tmp, root / f"step_{step}", keep_last)
 
 
-def save_checkpoint(
-    root: Path,
-    step: int,
-    models: dict[str, tuple[nn.Module, Any]],
-    optim_state: dict[str, Any],
-    state: dict[str, Any],
-    keep_last: int,
-) -> Path:
-    """Write ``root/step_<step>`` (see :func:`write_checkpoint`), make it visible and prune."""
-    return write_checkpoint(root, step, models, optim_state, state, keep_last).commit()
-
-
 def folder_sizes_mb(folder: Path) -> dict[str, float]:
     """Megabytes (10^6 bytes) of each top-level entry of `folder` (``actor``, ``optim.pt``, ...)."""
     sizes: dict[str, float] = {}
@@ -419,11 +407,6 @@ def components_state(c: Any, state: dict[str, Any]) -> tuple[dict[str, Any], dic
 def write_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Pending:
     """Write the trainer's components (policy, critic, optimizers, loader) at `step`; the caller commits."""
     return write_checkpoint(root, step, *components_state(c, state), keep_last)
-
-
-def save_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Checkpoint the trainer's components at `step`, visible and pruned on return."""
-    return write_components(c, root, step, state, keep_last).commit()
 
 
 def restore_components(c: Any, folder: Path) -> dict[str, Any]:

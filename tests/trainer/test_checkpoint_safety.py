@@ -305,7 +305,7 @@ def test_files_and_folder_are_fsynced_before_the_rename(tmp_path: Path, monkeypa
     monkeypatch.setattr(Path, "rename", rename)
     root = tmp_path / "checkpoints"
     optim = {"actor": torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1).state_dict()}
-    final = ckpt.save_checkpoint(root, 3, {}, optim, {"loader": {}}, keep_last=0)
+    final = ckpt.write_checkpoint(root, 3, {}, optim, {"loader": {}}, keep_last=0).commit()
     tmp = str(root / ".tmp-step_3")
     at = events.index(("rename", tmp))
     before = {path for kind, path in events[:at] if kind == "fsync"}
