@@ -177,6 +177,10 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     entropy_coeff: float = 0.0
+    # run each distinct prompt of a micro-batch once and only the responses per sample (GRPO's n
+    # samples share their prompt); same log-probs and gradients up to float rounding, for the update,
+    # the old and the reference log-probs (Prefix Grouper's idea; see trainer/policy.py)
+    share_prompt_forward: bool = False
 
 
 @dataclass

@@ -211,7 +211,11 @@ class PolicyWorker:
             return compute_values(self._module("critic"), batch, cfg.critic.ppo_micro_batch_size).cpu()
         if what == "logprobs":
             out, _ = compute_logprobs(
-                self._module("actor"), batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+                self._module("actor"),
+                batch,
+                cfg.actor.ppo_micro_batch_size,
+                cfg.rollout.temperature,
+                share_prompt=cfg.actor.share_prompt_forward,
             )
             return out.cpu()
         if what == "ref_logprobs":
@@ -220,7 +224,13 @@ class PolicyWorker:
             with contextlib.ExitStack() as stack:
                 # colocated: the frozen copy, or the LoRA base with adapters off; else this pool's frozen model
                 ref = stack.enter_context(self.policy.reference()) if self.policy is not None else self.modules["ref"]
-                out, _ = compute_logprobs(ref, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature)
+                out, _ = compute_logprobs(
+                    ref,
+                    batch,
+                    cfg.actor.ppo_micro_batch_size,
+                    cfg.rollout.temperature,
+                    share_prompt=cfg.actor.share_prompt_forward,
+                )
             return out.cpu()
         raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")
 

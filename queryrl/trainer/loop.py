@@ -193,7 +193,11 @@ class Trainer:
                     batch.old_logprobs = started["logprobs"]()
                 else:
                     batch.old_logprobs, _ = compute_logprobs(
-                        c.policy.model, batch, cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+                        c.policy.model,
+                        batch,
+                        cfg.actor.ppo_micro_batch_size,
+                        cfg.rollout.temperature,
+                        share_prompt=cfg.actor.share_prompt_forward,
                     )
             metrics |= rollout_probs_diff(batch)
         if c.need_ref:
@@ -402,7 +406,11 @@ class Trainer:
         cfg, c = self.cfg, self.c
         with c.policy.reference() as ref:
             logprobs, _ = compute_logprobs(
-                ref, batch.to(c.ref_device), cfg.actor.ppo_micro_batch_size, cfg.rollout.temperature
+                ref,
+                batch.to(c.ref_device),
+                cfg.actor.ppo_micro_batch_size,
+                cfg.rollout.temperature,
+                share_prompt=cfg.actor.share_prompt_forward,
             )
         return logprobs.to(c.device)
 

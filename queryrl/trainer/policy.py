@@ -69,12 +69,82 @@ def causal_lm_logits(model: nn.Module, keep: int, **inputs: Tensor) -> Tensor:
     return logits
 
 
-def response_logits(model: nn.Module, batch: Batch, temperature: float) -> Tensor:
+def prompt_groups(batch: Batch) -> tuple[Tensor, Tensor] | None:
+    """Rows that share a prompt: ``(rows, inverse)``, one row index per distinct prompt (u,) and, for
+    each sequence, the position of its prompt in ``rows`` (N,); None when no two rows share one."""
+    key = torch.cat([batch.prompt_ids, batch.prompt_mask.to(batch.prompt_ids.dtype)], dim=1)
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if distinct.shape[0] == key.shape[0]:
+        return None
+    rows = torch.empty(distinct.shape[0], dtype=torch.long, device=key.device)
+    rows.scatter_(0, inverse, torch.arange(key.shape[0], device=key.device))
+    return rows, inverse
+
+
+def _cache_argument(model: nn.Module) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values``: the forward's key/value cache argument,
+    also the output field that returns it."""
+    forward = _unwrapped(model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def can_share_prompt(model: nn.Module) -> bool:
+    """Whether :func:`shared_prompt_response_logits` can run on `model`: it needs ``logits_to_keep``
+    and a key/value cache, which transformers turns off under gradient checkpointing."""
+    return keeps_logits(model) and not getattr(_unwrapped(model), "is_gradient_checkpointing", False)
+
+
+def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, inverse: Tensor) -> Tensor:
+    """(n, t, V) response logits (not yet divided by the temperature), each distinct prompt run once.
+
+    GRPO's n samples of a prompt share it: the prompt (~190 tokens in the query-rewrite demo)
+    goes through the model once, its keys and values are indexed out to every sample, and only
+    the responses (~13 tokens) run per sample. Gradients flow back through the shared keys and
+    values, so the loss and its gradient are those of the full forward, up to float rounding.
+    The idea is Prefix Grouper's (Liu et al. 2025, "Prefix Grouper: Efficient GRPO Training
+    through Shared-Prefix Forward"); this is an implementation with transformers' cache.
+    """
+    prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows].long()
+    prompt_positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    with compute_autocast(model):
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=prompt_positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    first = out.logits[:, -1:][inverse]  # scores response token 0
+    t = batch.response_ids.shape[1]
+    if t == 1:
+        return first
+    cache_arg = _cache_argument(model)
+    cache = out[cache_arg]
+    cache.reorder_cache(inverse)  # (u, ...) -> (n, ...): an index_select, differentiable
+    _, attention_mask, position_ids = batch.model_inputs()
+    p = batch.prompt_ids.shape[1]
+    with compute_autocast(model):
+        rest = model(
+            input_ids=batch.response_ids[:, :-1],
+            attention_mask=attention_mask[:, : p + t - 1],
+            position_ids=position_ids[:, p : p + t - 1],
+            use_cache=True,
+            logits_to_keep=0,
+            **{cache_arg: cache},
+        ).logits
+    return torch.cat([first, rest], dim=1)
+
+
+def response_logits(model: nn.Module, batch: Batch, temperature: float, share_prompt: bool = False) -> Tensor:
     """(n, t, V) logits that scored each response token, divided by `temperature`.
 
     Position ``i`` predicts token ``i + 1``: the response's ``t`` tokens are scored by the last
-    ``t + 1`` positions but the final one, so only those ``t + 1`` rows reach the LM head.
+    ``t + 1`` positions but the final one, so only those ``t + 1`` rows reach the LM head. With
+    `share_prompt`, sequences with the same prompt run it once (:func:`shared_prompt_response_logits`).
     """
+    groups = prompt_groups(batch) if share_prompt and can_share_prompt(model) else None
+    if groups is not None:
+        return shared_prompt_response_logits(model, batch, *groups) / temperature
     input_ids, attention_mask, position_ids = batch.model_inputs()
     t = batch.response_ids.shape[1]
     logits = causal_lm_logits(
@@ -84,14 +154,19 @@ def response_logits(model: nn.Module, batch: Batch, temperature: float) -> Tenso
 
 
 def forward_logprobs(
-    model: nn.Module, batch: Batch, temperature: float, with_entropy: bool, entropy_grad: bool = True
+    model: nn.Module,
+    batch: Batch,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
+    share_prompt: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (n, t) of the response tokens (with grad), and their entropy (n, t) if asked.
 
     With ``entropy_grad=False`` the entropy is computed from detached logits: a metric that
     costs no second forward pass and no graph.
     """
-    logits = response_logits(model, batch, temperature)
+    logits = response_logits(model, batch, temperature, share_prompt)
     logprobs = logprobs_from_logits(logits, batch.response_ids)
     entropy = None
     if with_entropy:
@@ -105,7 +180,12 @@ def forward_logprobs(
 
 @torch.no_grad()
 def compute_logprobs(
-    model: nn.Module, batch: Batch, micro_batch_size: int, temperature: float, with_entropy: bool = False
+    model: nn.Module,
+    batch: Batch,
+    micro_batch_size: int,
+    temperature: float,
+    with_entropy: bool = False,
+    share_prompt: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (N, T) (and entropy) over the whole batch, `micro_batch_size` sequences at a time."""
     was_training = model.training
@@ -115,7 +195,7 @@ def compute_logprobs(
     try:
         for micro in batch.split(micro_batch_size):
             micro = micro.trimmed()
-            lp, ent = forward_logprobs(model, micro, temperature, with_entropy)
+            lp, ent = forward_logprobs(model, micro, temperature, with_entropy, share_prompt=share_prompt)
             logprobs.append(micro.pad_responses_to(width, lp))
             if ent is not None:
                 entropies.append(micro.pad_responses_to(width, ent))

@@ -93,7 +93,12 @@ def actor_micro_step(
     loss_fn = POLICY_LOSSES.get(actor.policy_loss)
     want_entropy_grad = actor.entropy_coeff != 0
     logprobs, entropy = forward_logprobs(
-        model, micro, cfg.rollout.temperature, with_entropy=True, entropy_grad=want_entropy_grad
+        model,
+        micro,
+        cfg.rollout.temperature,
+        with_entropy=True,
+        entropy_grad=want_entropy_grad,
+        share_prompt=actor.share_prompt_forward,
     )
     old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
     assert micro.advantages is not None

@@ -1,0 +1,160 @@
+"""Each distinct prompt run once (``actor.share_prompt_forward``): the full forward's log-probs and
+gradients, with the prompt's positions computed once per group instead of once per sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from queryrl.trainer.batch import Batch
+from queryrl.trainer.policy import compute_logprobs, forward_logprobs, prompt_groups
+from tests.trainer.test_response_logits import TEMPERATURE, full_logprobs, load
+
+
+def grouped_batch(vocab: int, seed: int = 0, t: int = 5) -> Batch:
+    """3 prompts (6, 3, 5 real tokens, left-padded to 6) x 3 samples each, rows interleaved (not
+    grouped), right-padded responses of 1..t tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    p = 6
+    prompts = []
+    for length in (6, 3, 5):
+        mask = torch.zeros(p, dtype=torch.long)
+        mask[p - length :] = 1
+        prompts.append((torch.randint(3, vocab, (p,), generator=gen) * mask, mask))
+    order = [0, 1, 2, 0, 1, 2, 2, 0, 1]
+    n = len(order)
+    response_mask = torch.zeros(n, t)
+    for i in range(n):
+        response_mask[i, : 1 + (i % t)] = 1
+    return Batch(
+        prompt_ids=torch.stack([prompts[k][0] for k in order]),
+        prompt_mask=torch.stack([prompts[k][1] for k in order]),
+        response_ids=torch.randint(3, vocab, (n, t), generator=gen) * response_mask.long(),
+        response_attention_mask=response_mask.long(),
+        response_mask=response_mask,
+        group_ids=torch.tensor(order),
+    )
+
+
+def embedded_rows(model: nn.Module) -> tuple[list[tuple[int, int]], Any]:
+    """Record the (rows, positions) of every call of the input embedding."""
+    calls: list[tuple[int, int]] = []
+    embed = model.get_input_embeddings()  # type: ignore[operator]
+    handle = embed.register_forward_hook(lambda _m, args, _out: calls.append(tuple(args[0].shape)))
+    return calls, handle
+
+
+@pytest.fixture(params=[0, 4], ids=["full", "lora"])
+def policy(request: pytest.FixtureRequest, model_cache: Any) -> Any:
+    return load(model_cache, request.param)
+
+
+def test_prompt_groups_finds_the_distinct_prompts() -> None:
+    batch = grouped_batch(50)
+    groups = prompt_groups(batch)
+    assert groups is not None
+    rows, inverse = groups
+    assert len(rows) == 3
+    for i in range(len(batch)):  # each row maps to a representative with the same prompt
+        assert torch.equal(batch.prompt_ids[rows[inverse[i]]], batch.prompt_ids[i])
+        assert batch.group_ids[rows[inverse[i]]] == batch.group_ids[i]
+    assert prompt_groups(batch.select([0, 1, 2])) is None  # all distinct: nothing to share
+
+
+def test_same_logprobs_and_gradients_as_the_full_forward(policy: Any) -> None:
+    model = policy.model
+    batch = grouped_batch(len(policy.tokenizer))
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    ref = full_logprobs(model, batch)
+    (ref * batch.response_mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+
+    calls, handle = embedded_rows(model)
+    logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    (logprobs * batch.response_mask).sum().backward()
+
+    # the 3 distinct prompts (6 positions), then the 9 responses without their last token
+    assert calls == [(3, 6), (9, batch.response_ids.shape[1] - 1)]
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(ref_grads)
+    for grad, expected in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_one_token_responses_need_no_second_pass(policy: Any) -> None:
+    batch = grouped_batch(len(policy.tokenizer), seed=1, t=1)
+    with torch.no_grad():
+        ref = full_logprobs(policy.model, batch)
+        calls, handle = embedded_rows(policy.model)
+        out, _ = forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+        handle.remove()
+    assert calls == [(3, 6)]
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+def test_micro_batched_and_reference_paths(policy: Any) -> None:
+    """``compute_logprobs`` (old and reference log-probs) shares within each micro-batch; a micro-batch
+    whose prompts are all distinct takes the plain path."""
+    batch = grouped_batch(len(policy.tokenizer), seed=2)
+    with torch.no_grad():
+        ref = full_logprobs(policy.model.eval(), batch)
+    for micro in (2, 4, 9):
+        out, _ = compute_logprobs(policy.model, batch, micro, TEMPERATURE, share_prompt=True)
+        mask = batch.response_mask.bool()
+        torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
+
+
+def test_gradient_checkpointing_falls_back_to_the_full_forward(model_cache: Any) -> None:
+    """transformers turns the cache off under gradient checkpointing: the plain path runs instead."""
+    policy = load(model_cache, 0)
+    policy.model.gradient_checkpointing_enable()
+    policy.model.train()
+    batch = grouped_batch(len(policy.tokenizer), seed=3)
+    calls, handle = embedded_rows(policy.model)
+    out, _ = forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    assert calls == [(9, 6 + batch.response_ids.shape[1])]
+    ref: Tensor = full_logprobs(policy.model, batch)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
+
+
+def test_a_grpo_step_ends_with_the_same_parameters(tmp_path: Path, model_cache: Path) -> None:
+    """One GRPO step with the KL loss (old, reference and policy log-probs all take the shared path)."""
+    from queryrl.trainer.loop import Trainer
+    from tests.trainer.test_loop import make_cfg, params
+
+    starts, ends, losses = [], [], []
+    for share in (False, True):
+        cfg = make_cfg(
+            tmp_path / str(share),
+            model_cache,
+            "trainer.total_steps=1",
+            "actor.use_kl_loss=true",
+            "actor.ppo_micro_batch_size=16",
+            f"actor.share_prompt_forward={str(share).lower()}",
+        )
+        trainer = Trainer(cfg)
+        starts.append(params(trainer.c.policy.model))
+        metrics = trainer.fit()
+        ends.append(params(trainer.c.policy.model))
+        losses.append((metrics["actor/pg_loss"], metrics["actor/kl_loss"]))
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
+    changed = [k for k in ends[0] if not torch.equal(ends[0][k], ends[1][k])]
+    assert changed  # float rounding differs: the two paths really ran different code
+    # Adam's first step is about lr * sign(gradient), so an entry whose gradient is ~0 may move either
+    # way: compare the whole update, not each entry
+    plain = torch.cat([(ends[0][k] - starts[0][k]).flatten() for k in starts[0]])
+    shared = torch.cat([(ends[1][k] - starts[1][k]).flatten() for k in starts[1]])
+    assert all(torch.equal(starts[0][k], starts[1][k]) for k in starts[0])
+    assert plain.norm() > 0
+    assert (shared - plain).norm() / plain.norm() < 1e-3
