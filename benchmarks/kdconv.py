@@ -3,6 +3,7 @@
     python benchmarks/kdconv.py                      # -> benchmarks/results/kdconv.json
     KDCONV_TEST=path/to/test.json python benchmarks/kdconv.py
     python benchmarks/kdconv.py --sft-steps 200 --grpo-steps 20   # a quick run
+    python benchmarks/kdconv.py --augment 8 --sft-prompt-loss 1.0  # SFT on 8 entity-swapped copies too
 
 Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_kdconv.yaml``):
 
@@ -18,15 +19,27 @@ Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_k
    with ``latin_entities=False``); ``gold`` builds it from the training row's gold documents
    (:func:`gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
    Test rows never carry gold-derived text.
+
+   ``--augment K`` (default 0: off) adds K entity-swapped copies of each *training* dialogue
+   (:func:`augment_dialogues`): every knowledge-base entity the dialogue mentions (in its messages, found
+   longest first so that 北京故宫 is not read as 故宫, or in its ``attrs``) is replaced everywhere in it
+   (messages, ``attrs`` names and values, so the gold ``entity::attribute`` becomes
+   ``new_entity::attribute``) by another KB entity, drawn with a seeded ``random.Random`` and, where one
+   exists, having the attributes the dialogue uses. The copies go through the same rows, window and SFT
+   target (the reference's answer on the swapped history) into ``train_aug.parquet``, which only
+   ``queryrl sft`` reads (``sft.train_files``): the tiny model sees many more entity names to copy from
+   the history. GRPO keeps ``train.parquet``, so its reward never gets a gold id the corpus lacks; the
+   tokenizer (``model.tiny.corpus_datasets``) is still trained on ``train.parquet`` only. Validation and
+   test rows are never augmented. ``--sft-prompt-loss W`` passes ``sft.prompt_loss_weight=W`` to SFT.
 2. ``queryrl sft``, ``queryrl train`` (GRPO from the SFT model against the embedded RAG over the
    knowledge base, corpus ``kdconv:KB``), ``queryrl export`` of the last checkpoint.
 3. ``queryrl eval`` on the held-out conversations, or on the KdConv file named by ``KDCONV_TEST``
    (all its conversations), with raw_turn, concat_last3, reference, sft and grpo.
 
 Output: ``benchmarks/results/kdconv.json`` (written atomically), the eval JSON (``systems``,
-``eval_file``, ...) plus ``bench`` (settings, data sizes, wall time per stage) and ``goal``: GRPO's
-Recall@5 on the context-dependent turns against twice concat_last3's. The numbers are what the
-evaluation measured, met or not. Without the KdConv folder the bench prints why and exits 0.
+``eval_file``, ...) plus ``bench`` (settings, augmentation, data sizes, wall time per stage) and
+``goal``: GRPO's Recall@5 on the context-dependent turns against twice concat_last3's. The numbers are
+what the evaluation measured, met or not. Without the KdConv folder the bench prints why and exits 0.
 """
 
 from __future__ import annotations
@@ -35,12 +48,13 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +152,123 @@ def windowed_rows(
     return rows
 
 
+# --- entity-swap augmentation (train split, SFT only) -----------------------------------------------
+
+
+def entity_pattern(names: Iterable[str]) -> re.Pattern[str]:
+    """A regex matching any of `names`, longest first: at each position the longest name wins, so that
+    ``北京故宫`` is one match and not ``故宫`` inside it."""
+    ordered = sorted({n for n in names if n}, key=lambda n: (-len(n), n))
+    if not ordered:
+        raise ValueError("entity_pattern: no entity names")
+    return re.compile("|".join(re.escape(n) for n in ordered))
+
+
+def kb_attributes(docs: Iterable[Mapping[str, str]]) -> dict[str, frozenset[str]]:
+    """Entity name -> its attributes, from :func:`~queryrl.apps.query_rewrite.kdconv.kdconv_corpus`'s
+    documents (``entity::attribute`` ids), in the knowledge base's order."""
+    attrs: dict[str, set[str]] = {}
+    for doc in docs:
+        entity, _, attribute = str(doc["doc_id"]).partition("::")
+        attrs.setdefault(entity, set()).add(attribute)
+    return {entity: frozenset(values) for entity, values in attrs.items()}
+
+
+def dialogue_entities(dialogue: Mapping[str, Any], pattern: re.Pattern[str]) -> dict[str, set[str]]:
+    """The entities a KdConv dialogue mentions -> the attributes its ``attrs`` use of each, in order of
+    first mention: the names `pattern` finds in the messages (longest first) and the ``attrs`` names."""
+    found: dict[str, set[str]] = {}
+    for message in dialogue.get("messages") or []:
+        for match in pattern.finditer(str(message.get("message", ""))):
+            found.setdefault(match.group(), set())
+        for attr in message.get("attrs") or []:
+            found.setdefault(str(attr["name"]), set()).add(str(attr["attrname"]))
+    return found
+
+
+def swap_mapping(
+    entities: Mapping[str, Collection[str]], kb: Mapping[str, frozenset[str]], rng: random.Random
+) -> dict[str, str]:
+    """Each of `entities` (name -> the attributes used of it) -> a different knowledge-base entity drawn
+    with `rng`: never one of `entities` nor another's replacement, never a name that contains one of those
+    or is contained in one (so the swapped text cannot show an original name again), and when possible
+    one that has every attribute used (its gold documents then exist in the corpus)."""
+    pool = list(kb)
+    taken: list[str] = list(entities)
+    mapping: dict[str, str] = {}
+
+    def free(name: str) -> bool:
+        return all(name not in t and t not in name for t in taken)
+
+    for entity, used in entities.items():
+        need = frozenset(used)
+        choice = None
+        for _ in range(64):  # rejection sampling: almost every entity is free and most have the attributes
+            name = rng.choice(pool)
+            if free(name) and need <= kb[name]:
+                choice = name
+                break
+        if choice is None:
+            fits = [n for n in pool if free(n) and need <= kb[n]] or [n for n in pool if free(n)]
+            if not fits:
+                raise ValueError(f"no knowledge-base entity is left to replace {entity!r}")
+            choice = rng.choice(fits)
+        mapping[entity] = choice
+        taken.append(choice)
+    return mapping
+
+
+def swap_entities(dialogue: Mapping[str, Any], mapping: Mapping[str, str], pattern: re.Pattern[str]) -> dict[str, Any]:
+    """A copy of a KdConv dialogue with every entity of `mapping` replaced: in each message, in the
+    ``attrs`` names (the gold labels) and values, and in the topic ``name``. Text is matched with
+    `pattern` (longest first), so a longer entity that contains a mapped one stays whole."""
+
+    def sub(text: str) -> str:
+        return pattern.sub(lambda m: mapping.get(m.group(), m.group()), text)
+
+    out = {k: v for k, v in dialogue.items() if k != "messages"}
+    if "name" in out:
+        name = str(out["name"])
+        out["name"] = mapping.get(name, sub(name))
+    messages = []
+    for message in dialogue.get("messages") or []:
+        new = {**message, "message": sub(str(message["message"]))}
+        if message.get("attrs"):
+            new["attrs"] = [
+                {
+                    **attr,
+                    "name": mapping.get(str(attr["name"]), str(attr["name"])),
+                    "attrvalue": sub(str(attr.get("attrvalue", ""))),
+                }
+                for attr in message["attrs"]
+            ]
+        messages.append(new)
+    out["messages"] = messages
+    return out
+
+
+def augment_dialogues(
+    dialogues: Sequence[tuple[str, Mapping[str, Any]]], kb: Mapping[str, frozenset[str]], copies: int, seed: int
+) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """`copies` entity-swapped copies of each ``(id, dialogue)``: ``(id-augK, dialogue, mapping)``.
+
+    Each dialogue draws from its own ``random.Random`` seeded with `seed` and its id, so its copies do
+    not depend on the other dialogues of the split, and the first k of ``copies=n`` are ``copies=k``.
+    """
+    if copies < 0:
+        raise ValueError(f"copies must be >= 0, got {copies}")
+    attr_names = {str(a["name"]) for _, d in dialogues for m in d.get("messages") or [] for a in m.get("attrs") or []}
+    pattern = entity_pattern([*kb, *attr_names])
+    out = []
+    for conv_id, dialogue in dialogues:
+        rng = random.Random(f"kdconv-augment/{seed}/{conv_id}")
+        entities = dialogue_entities(dialogue, pattern)
+        for k in range(copies if entities else 0):  # nothing to swap: no copy
+            mapping = swap_mapping(entities, kb, rng)
+            out.append((f"{conv_id}-aug{k}", swap_entities(dialogue, mapping, pattern), mapping))
+    return out
+
+
 def prepare(
     kdconv_dir: Path,
     out: Path,
@@ -147,20 +278,31 @@ def prepare(
     val_fraction: float = 0.1,
     test_fraction: float = 0.1,
     sft_target: str = "reference",
+    augment: int = 0,
 ) -> dict[str, Any]:
     """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
 
     With `test_file` (a KdConv dialogue file), ``test.parquet`` holds all its conversations and dev's
     held-out share goes to training. `sft_target` (:func:`windowed_rows`) applies to the train and
     validation rows; the test rows always carry the reference's answer (never read by the evaluation).
+
+    With `augment` K > 0 also ``train_aug.json`` (K entity-swapped copies of each training dialogue,
+    :func:`augment_dialogues` with `seed`) and its rows ``train_aug.parquet``, built like the training
+    rows; only SFT reads them (their gold ids may name documents the corpus lacks). The result's
+    ``augment`` section: the copies, the file, its rows and dialogues, and the share of its gold ids
+    that the corpus has.
     """
     from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
     from queryrl.rag import Document, HeuristicRewriter
     from queryrl.rag.index import title_entities
 
-    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))]
+    if augment < 0:
+        raise ValueError(f"augment must be >= 0, got {augment}")
+    corpus = kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in corpus]
     rewriter = HeuristicRewriter(title_entities(docs), latin_entities=False)
+    domain = kdconv_domain(kdconv_dir)
     conversations = load_kdconv_conversations(kdconv_dir / "dev.json", both_speakers=True)
     ids = split_ids([c.id for c in conversations], val_fraction, 0.0 if test_file else test_fraction, seed)
     if test_file is not None:
@@ -170,7 +312,7 @@ def prepare(
         splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     for name, convs in splits.items():
-        rows = conversations_to_rows(convs, "kdconv", domain=kdconv_domain(kdconv_dir))
+        rows = conversations_to_rows(convs, "kdconv", domain=domain)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")
@@ -178,6 +320,33 @@ def prepare(
         info["files"][name] = str(write_parquet(rows, out / f"{name}.parquet"))
         info["rows"][name] = len(rows)
         info["conversations"][name] = len({c.id for c in convs})
+    info["augment"] = {"copies": augment, "seed": seed}
+    if augment:
+        dev = kdconv_dir / "dev.json"
+        raw = json.loads(dev.read_text(encoding="utf-8-sig"))
+        raw_ids = [c.id for c in load_kdconv_conversations(dev)]  # one per dialogue, in file order
+        train = [(cid, d) for cid, d in zip(raw_ids, raw, strict=True) if cid in ids["train"]]
+        augmented = augment_dialogues(train, kb_attributes(corpus), augment, seed)
+        out.mkdir(parents=True, exist_ok=True)
+        aug_json = out / "train_aug.json"
+        aug_json.write_text(json.dumps([d for _, d, _ in augmented], ensure_ascii=False), encoding="utf-8")
+        parsed = load_kdconv_conversations(aug_json)  # one per dialogue, in order: ids -> ``id-augK``
+        new_ids = {c.id: aug_id for c, (aug_id, _, _) in zip(parsed, augmented, strict=True)}
+        aug_convs = load_kdconv_conversations(aug_json, both_speakers=True)
+        for conv in aug_convs:
+            conv.id = new_ids[conv.id]
+        rows = conversations_to_rows(aug_convs, "kdconv", domain=domain)
+        rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+        windowed_rows(rows, rewriter, history_chars, sft_target)
+        known = {d["doc_id"] for d in corpus}
+        gold = [g for r in rows for g in r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+        info["files"]["train_aug"] = str(write_parquet(rows, out / "train_aug.parquet"))
+        info["augment"] |= {
+            "dialogues_file": str(aug_json),
+            "rows": len(rows),
+            "dialogues": len(augmented),
+            "gold_ids_in_corpus": round(sum(g in known for g in gold) / max(len(gold), 1), 4),
+        }
     return info
 
 
@@ -264,6 +433,23 @@ def table(systems: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sft_overrides(files: Mapping[str, str], prompt_loss_weight: float) -> list[str]:
+    """The overrides only ``queryrl sft`` gets: the prompt-loss weight and, when `files` has augmented
+    rows (``train_aug``), the SFT data: the training rows and those. GRPO keeps ``data.train_files``
+    (the original rows, whose gold documents are all in the corpus)."""
+    out = [f"sft.prompt_loss_weight={prompt_loss_weight}"]
+    if "train_aug" in files:
+        out.append(f"sft.train_files=[{files['train']},{files['train_aug']}]")
+    return out
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kdconv-dir", type=Path, default=Path(os.environ.get("KDCONV_DIR", DEFAULT_KDCONV_DIR)))
@@ -276,6 +462,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("reference", "gold"),
         default="reference",
         help="SFT targets: the entity-aware reference rewriter's answers, or built from the gold documents",
+    )
+    parser.add_argument(
+        "--augment",
+        type=_non_negative_int,
+        default=0,
+        metavar="K",
+        help="K entity-swapped copies of each training dialogue (train_aug.parquet), for SFT only; 0: none",
+    )
+    parser.add_argument(
+        "--sft-prompt-loss",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="sft.prompt_loss_weight: SFT also learns the prompt tokens with weight W (0: the target only)",
     )
     parser.add_argument("--sft-steps", type=int, default=None, help="default: the config's sft.max_steps")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: the config's trainer.total_steps")
@@ -298,9 +498,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     (work / "logs").mkdir(parents=True)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    data = prepare(kdconv_dir, work / "data", test_file, args.seed, args.history_chars, sft_target=args.sft_target)
+    data = prepare(
+        kdconv_dir,
+        work / "data",
+        test_file,
+        args.seed,
+        args.history_chars,
+        sft_target=args.sft_target,
+        augment=args.augment,
+    )
     timings["prepare"] = round(time.perf_counter() - start, 1)
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
+    if args.augment:
+        print(f"[prepare] augmentation {data['augment']}", flush=True)
 
     files = data["files"]
     settings = [
@@ -315,12 +525,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"data.train_files=[{files['train']}]",
         f"data.val_files=[{files['val']}]",
         f"app.query_rewrite.rag.corpus=kdconv:{kb}",
-        *settings,
     ]
+    sft_settings = sft_overrides(files, args.sft_prompt_loss)  # before the user's overrides, which win
     queryrl = str(Path(sys.executable).parent / "queryrl")
     logs = work / "logs"
-    run_stage("sft", [queryrl, "sft", "--config", str(CONFIG), *common], logs / "sft.log", timings)
-    train = [queryrl, "train", "--config", str(CONFIG), *common, f"model.path={work / 'sft'}", "trainer.resume=disable"]
+    sft = [queryrl, "sft", "--config", str(CONFIG), *common, *sft_settings, *settings]
+    run_stage("sft", sft, logs / "sft.log", timings)
+    train = [queryrl, "train", "--config", str(CONFIG), *common, *settings]
+    train += [f"model.path={work / 'sft'}", "trainer.resume=disable"]
     run_stage("grpo", train, logs / "grpo.log", timings)
     export = [queryrl, "export", str(last_checkpoint(work)), str(work / "grpo")]
     run_stage("export", export, logs / "export.log", timings)
@@ -343,6 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "history_chars": args.history_chars,
         "sft_target": args.sft_target,
         "overrides": settings,
+        "sft_overrides": sft_settings,
+        "sft_prompt_loss_weight": args.sft_prompt_loss,
+        "augment": data["augment"],
         "rows": data["rows"],
         "conversations": data["conversations"],
         "wall_time_s": timings,

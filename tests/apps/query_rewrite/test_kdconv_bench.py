@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pandas as pd
@@ -101,3 +102,195 @@ def test_gold_query_uses_a_visible_gold_entity_and_its_attributes() -> None:
     # an entity the window does not show is not invented: the reference's query is the base
     assert bench.gold_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？ 门票 地址"
     assert bench.gold_query(window, ["古北水镇::Information"], "ref") == "古北水镇 那多少钱？ Information"
+
+
+# --- entity-swap augmentation ---------------------------------------------------------------------
+
+ALL_ATTRS = frozenset({"Information", "地址", "门票"})
+TOY_KB = {
+    "北京故宫": ALL_ATTRS,
+    "故宫": ALL_ATTRS,
+    "故宫角楼": ALL_ATTRS,
+    "颐和园": ALL_ATTRS,
+    "天坛": ALL_ATTRS,
+    "香山公园": ALL_ATTRS,
+    "景山公园": frozenset({"Information"}),
+    "北海公园": ALL_ATTRS,
+    "雍和宫": ALL_ATTRS,
+}
+
+
+def _toy_dialogue() -> dict[str, object]:
+    return {
+        "name": "北京故宫",
+        "messages": [
+            {"message": "你知道北京故宫吗？"},
+            {
+                "message": "知道，北京故宫又叫故宫，旁边是景山公园。",
+                "attrs": [{"name": "北京故宫", "attrname": "Information", "attrvalue": "北京故宫，近景山公园"}],
+            },
+            {"message": "故宫的门票多少钱？故宫角楼呢？"},
+            {"message": "60元。", "attrs": [{"name": "故宫", "attrname": "门票", "attrvalue": "60元"}]},
+        ],
+    }
+
+
+def test_swap_entities_replaces_every_mention_longest_first() -> None:
+    pattern = bench.entity_pattern(TOY_KB)
+    dialogue = _toy_dialogue()
+    # 北京故宫 and 故宫角楼 are entities of their own, not 故宫 in them; the attributes come from attrs
+    found = bench.dialogue_entities(dialogue, pattern)
+    assert found == {"北京故宫": {"Information"}, "故宫": {"门票"}, "景山公园": set(), "故宫角楼": set()}
+    assert list(found) == ["北京故宫", "故宫", "景山公园", "故宫角楼"]  # in order of first mention
+    mapping = {"北京故宫": "颐和园", "故宫": "天坛", "景山公园": "香山公园", "故宫角楼": "北海公园"}
+    swapped = bench.swap_entities(dialogue, mapping, pattern)
+    assert [m["message"] for m in swapped["messages"]] == [
+        "你知道颐和园吗？",
+        "知道，颐和园又叫天坛，旁边是香山公园。",
+        "天坛的门票多少钱？北海公园呢？",
+        "60元。",
+    ]
+    assert swapped["name"] == "颐和园"
+    assert swapped["messages"][1]["attrs"] == [
+        {"name": "颐和园", "attrname": "Information", "attrvalue": "颐和园，近香山公园"}
+    ]
+    assert swapped["messages"][3]["attrs"] == [{"name": "天坛", "attrname": "门票", "attrvalue": "60元"}]
+    assert dialogue == _toy_dialogue()  # the original is not changed
+    # an entity outside the mapping stays, and a longer name is never split to swap a shorter one
+    assert bench.swap_entities(dialogue, {"故宫": "天坛"}, pattern)["messages"][0]["message"] == "你知道北京故宫吗？"
+
+
+def test_swap_mapping_draws_distinct_unrelated_entities_with_the_used_attributes() -> None:
+    entities = {"北京故宫": {"Information"}, "故宫": {"门票"}, "景山公园": set()}  # 故宫角楼 is not free
+    for seed in range(30):
+        mapping = bench.swap_mapping(entities, TOY_KB, random.Random(seed))
+        assert list(mapping) == list(entities)
+        new = list(mapping.values())
+        assert len(set(new)) == len(new)
+        for name in new:
+            # neither an original nor containing / contained in one (故宫 vs 北京故宫, 故宫角楼)
+            assert not any(name in old or old in name for old in entities)
+        assert "门票" in TOY_KB[mapping["故宫"]]
+    # 门票 is wanted but only 景山公园 is free: it is taken anyway (SFT-only rows); nothing free: an error
+    kb = {"故宫": ALL_ATTRS, "景山公园": frozenset({"Information"})}
+    assert bench.swap_mapping({"故宫": {"门票"}}, kb, random.Random(0)) == {"故宫": "景山公园"}
+    with pytest.raises(ValueError, match="no knowledge-base entity"):
+        bench.swap_mapping({"故宫": set()}, {"故宫": ALL_ATTRS, "北京故宫": ALL_ATTRS}, random.Random(0))
+
+
+def test_augment_dialogues_is_seeded() -> None:
+    dialogues = [("dev-0000", _toy_dialogue()), ("dev-0001", {"messages": [{"message": "你好"}]})]
+    a = bench.augment_dialogues(dialogues, TOY_KB, 4, seed=0)
+    assert a == bench.augment_dialogues(dialogues, TOY_KB, 4, seed=0)
+    # the dialogue without an entity gets no copy; ids name the source and the copy
+    assert [cid for cid, _, _ in a] == [f"dev-0000-aug{k}" for k in range(4)]
+    assert len({tuple(m.items()) for _, _, m in a}) > 1  # the copies differ
+    assert bench.augment_dialogues(dialogues, TOY_KB, 2, seed=0) == a[:2]
+    assert any(bench.augment_dialogues(dialogues, TOY_KB, 4, seed=s) != a for s in range(1, 4))
+    assert bench.augment_dialogues(dialogues, TOY_KB, 0, seed=0) == []
+    with pytest.raises(ValueError, match=">= 0"):
+        bench.augment_dialogues(dialogues, TOY_KB, -1, seed=0)
+
+
+@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent (../shared/data/kdconv)")
+def test_prepare_augments_only_the_training_split(tmp_path: Path) -> None:
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus
+
+    src = tmp_path / "travel"
+    src.mkdir()
+    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:10]
+    (src / "dev.json").write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
+    (src / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    plain = bench.prepare(src, tmp_path / "plain", None, seed=0, history_chars=120)
+    assert "train_aug" not in plain["files"]
+    assert plain["augment"] == {"copies": 0, "seed": 0}
+    info = bench.prepare(src, tmp_path / "aug", None, seed=0, history_chars=120, augment=2)
+    assert info["rows"] == plain["rows"]
+    frames = {name: pd.read_parquet(path) for name, path in info["files"].items()}
+    # validation and test rows are those of the run without augmentation
+    for name in ("train", "val", "test"):
+        pd.testing.assert_frame_equal(frames[name], pd.read_parquet(plain["files"][name]))
+    train_ids = set(frames["train"]["extra_info"].map(lambda e: e["conversation_id"]))
+    aug = frames["train_aug"]
+    assert info["augment"]["rows"] == len(aug) > len(frames["train"])
+    assert info["augment"]["dialogues"] == 2 * len(train_ids)
+    assert info["augment"]["gold_ids_in_corpus"] > 0.9
+
+    # every augmented row is a copy of a training row with its entities swapped, gold ids included
+    corpus = kdconv_corpus(KDCONV / "kb_travel.json")
+    kb = bench.kb_attributes(corpus)
+    train_dialogues = [(f"dev-{i:04d}", d) for i, d in enumerate(dialogues) if f"dev-{i:04d}" in train_ids]
+    mappings = {cid: m for cid, _, m in bench.augment_dialogues(train_dialogues, kb, 2, seed=0)}
+    assert set(aug["extra_info"].map(lambda e: e["conversation_id"])) == set(mappings)
+    source = {
+        (e["conversation_id"], e["turn_index"], tuple(g)): e
+        for e, g in zip(
+            frames["train"]["extra_info"],
+            frames["train"]["reward_model"].map(lambda r: list(r["ground_truth"]["gold_doc_ids"])),
+            strict=True,
+        )
+    }
+    replaced = 0
+    for info_row, reward in zip(aug["extra_info"], aug["reward_model"], strict=True):
+        mapping = mappings[info_row["conversation_id"]]
+        old_id = info_row["conversation_id"].rsplit("-aug", 1)[0]
+        gold = list(reward["ground_truth"]["gold_doc_ids"])
+        old_gold = []
+        inverse = {v: k for k, v in mapping.items()}
+        for doc in gold:
+            name, _, attribute = doc.partition("::")
+            assert name in inverse, doc  # every gold entity was swapped
+            old_gold.append(f"{inverse[name]}::{attribute}")
+        original = source[(old_id, info_row["turn_index"], tuple(old_gold))]
+        text = " ".join(m["content"] for m in info_row["contexts"])
+        target = json.loads(info_row["sft_target"])["rewritten_query"]
+        for old in mapping:
+            assert old not in text, (old, text)
+            assert old not in target, (old, target)
+        replaced += any(new in target for new in mapping.values())
+        assert len(info_row["contexts"]) == len(original["contexts"])
+    # the reference rewriter's targets on the swapped history name the new entities
+    assert replaced > len(aug) // 4
+
+
+def test_main_passes_the_augmented_rows_to_sft_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "travel"
+    src.mkdir()
+    (src / "dev.json").write_text("[]", encoding="utf-8")
+    (src / "kb_travel.json").write_text("{}", encoding="utf-8")
+    prepared: list[dict[str, object]] = []
+    commands: dict[str, list[str]] = {}
+
+    def fake_prepare(*args: object, **kwargs: object) -> dict[str, object]:
+        prepared.append(kwargs)
+        files = {name: str(tmp_path / f"{name}.parquet") for name in ("train", "val", "test")}
+        if kwargs.get("augment"):
+            files["train_aug"] = str(tmp_path / "train_aug.parquet")
+        return {"files": files, "rows": {}, "conversations": {}, "augment": {"copies": kwargs.get("augment")}}
+
+    def fake_run_stage(name: str, cmd: list[str], log: Path, timings: dict[str, float]) -> None:
+        commands[name] = cmd
+
+    monkeypatch.setattr(bench, "prepare", fake_prepare)
+    monkeypatch.setattr(bench, "run_stage", fake_run_stage)
+    argv = ["--kdconv-dir", str(src), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "r.json")]
+    with pytest.raises(FileNotFoundError, match="checkpoint"):  # no GRPO ran: it stops before the export
+        bench.main([*argv, "--augment", "3", "--sft-prompt-loss", "1.0", "sft.lr=0.001"])
+    assert prepared[-1]["augment"] == 3
+    sft, grpo = commands["sft"], commands["grpo"]
+    aug = str(tmp_path / "train_aug.parquet")
+    assert f"sft.train_files=[{tmp_path / 'train.parquet'},{aug}]" in sft
+    assert "sft.prompt_loss_weight=1.0" in sft
+    assert sft[-1] == "sft.lr=0.001"  # the user's overrides come last and win
+    assert not any(aug in part for part in grpo)
+    assert f"data.train_files=[{tmp_path / 'train.parquet'}]" in grpo
+    assert not any(part.startswith("sft.") and part != "sft.lr=0.001" for part in grpo)
+
+    commands.clear()
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        bench.main(argv)
+    assert prepared[-1]["augment"] == 0
+    assert not any("train_aug" in part or part.startswith("sft.train_files") for part in commands["sft"])
+    assert "sft.prompt_loss_weight=0.0" in commands["sft"]
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--augment", "-1"])
