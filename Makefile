@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-logits bench-real
+	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -42,6 +42,10 @@ demo-toy: $(STAMP)
 
 bench-step: $(STAMP)
 	$(BIN)/python benchmarks/step_phases.py
+
+# the demo's two speed levers: GRPO with actor.share_prompt_forward, SFT in sorted micro-batches of 4
+bench-demo-speed: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/demo_speed.py
 
 # make demo for seeds 1,2,3 x OMP_NUM_THREADS 1,2, two runs at a time (73 minutes here, sharing 2 cores with make demo and make test): GRPO's gain over SFT with paired
 # intervals in every run -> benchmarks/results/demo_seeds.json

@@ -91,7 +91,13 @@ def _cache_argument(model: nn.Module) -> str:
 def can_share_prompt(model: nn.Module) -> bool:
     """Whether :func:`shared_prompt_response_logits` can run on `model`: it needs ``logits_to_keep``
     and a key/value cache, which transformers turns off under gradient checkpointing."""
-    return keeps_logits(model) and not getattr(_unwrapped(model), "is_gradient_checkpointing", False)
+    inner = _unwrapped(model)
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(inner), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    return keeps_logits(model) and not getattr(inner, name, False)
 
 
 def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, inverse: Tensor) -> Tensor:

@@ -242,7 +242,12 @@ def accumulate_gradients(
     With `prompt_loss_weight` w > 0 the objective is the target tokens' mean loss plus w times the
     prompt tokens' mean loss (each mean over the whole batch). The returned loss is still the target
     tokens' alone; the prompt tokens' mean goes into `stats["sft/prompt_loss"]`.
+
+    The micro-batches are cut from `examples` sorted by length, so each is padded to a length close
+    to its own sequences' (the gradient is a sum over sequences: the order changes float rounding
+    only); ``benchmarks/demo_speed.py`` measures what small sorted micro-batches save.
     """
+    examples = sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.target_ids))
     num_tokens = sum(len(e.target_ids) for e in examples)
     num_prompt = sum(max(len(e.prompt_ids) - 1, 0) for e in examples)
     total, prompt_total = 0.0, 0.0

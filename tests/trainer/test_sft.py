@@ -177,6 +177,28 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path: Path, model_cache
         torch.testing.assert_close(after[1][k], v, atol=1e-6, rtol=0)
 
 
+def test_micro_batches_are_cut_from_length_sorted_examples(tmp_path: Path, tiny_bundle: Any) -> None:
+    """Long and short sequences interleaved: each micro-batch of 2 pads to its own pair's length."""
+    prompts = ["Say hello to the whole world now, please, all of it.", "Hi", "Greet everyone here today, now.", "Yo"]
+    data = write_rows(tmp_path / "train.jsonl", prompts=prompts)
+    built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 64, 16)
+    lengths = [len(e.prompt_ids) + len(e.target_ids) for e in built.examples]
+    widths: list[int] = []
+    handle = tiny_bundle.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: widths.append(args[0].shape[1])
+    )
+    try:
+        accumulate_gradients(
+            tiny_bundle.model, built.examples, 2, tiny_bundle.tokenizer.pad_token_id, torch.device("cpu")
+        )
+    finally:
+        handle.remove()
+        tiny_bundle.model.zero_grad(set_to_none=True)
+    ordered = sorted(lengths)
+    assert widths == [ordered[1], ordered[3]]  # in the given order it would be max(l0, l1), max(l2, l3)
+    assert widths != [max(lengths[:2]), max(lengths[2:])]
+
+
 def test_a_missing_target_names_the_row_and_the_key(tmp_path: Path, model_cache: Path) -> None:
     data = write_rows(tmp_path / "train.jsonl", bad_row=2)
     cfg = make_cfg(tmp_path, model_cache, data, "sft.max_steps=1")

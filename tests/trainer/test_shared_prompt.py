@@ -116,7 +116,11 @@ def test_micro_batched_and_reference_paths(policy: Any) -> None:
 def test_gradient_checkpointing_falls_back_to_the_full_forward(model_cache: Any) -> None:
     """transformers turns the cache off under gradient checkpointing: the plain path runs instead."""
     policy = load(model_cache, 0)
-    policy.model.gradient_checkpointing_enable()
+    model = policy.model
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy.model.train()
     batch = grouped_batch(len(policy.tokenizer), seed=3)
     calls, handle = embedded_rows(policy.model)
