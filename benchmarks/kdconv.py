@@ -29,17 +29,29 @@ Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_k
    target (the reference's answer on the swapped history) into ``train_aug.parquet``, which only
    ``queryrl sft`` reads (``sft.train_files``): the tiny model sees many more entity names to copy from
    the history. GRPO keeps ``train.parquet``, so its reward never gets a gold id the corpus lacks; the
-   tokenizer (``model.tiny.corpus_datasets``) is still trained on ``train.parquet`` only. Validation and
-   test rows are never augmented. ``--sft-prompt-loss W`` passes ``sft.prompt_loss_weight=W`` to SFT.
+   tokenizer (``model.tiny.corpus_datasets``) is trained on ``train.parquet`` only unless
+   ``--tokenizer-extra``. Validation and test rows are never augmented. ``--sft-prompt-loss W`` passes
+   ``sft.prompt_loss_weight=W`` to SFT.
+
+   ``--extra-sft film,music`` (default off) adds the conversations of KdConv's other domains, ``dev.json``
+   and ``test.json`` of ``film/`` and ``music/`` beside the travel folder (:func:`extra_sft_rows`): their
+   turns with gold documents, with their own domain line, the same window and SFT target, the reference
+   rewriter knowing that file's entity names (the ``attrs`` names, :func:`attr_entity_names`; those
+   domains have no knowledge base here), into ``extra.parquet``, which like ``train_aug.parquet`` only
+   ``queryrl sft`` reads (their gold ids are not in the travel corpus): more diverse conversation text
+   with the same kind of target. ``--tokenizer-extra`` also trains the tokenizer on the SFT-only files
+   (``train_aug`` and ``extra``: ``model.tiny.corpus_datasets`` of every stage that builds a model; the
+   evaluation loads the SFT and GRPO folders, which carry that tokenizer).
 2. ``queryrl sft``, ``queryrl train`` (GRPO from the SFT model against the embedded RAG over the
    knowledge base, corpus ``kdconv:KB``), ``queryrl export`` of the last checkpoint.
 3. ``queryrl eval`` on the held-out conversations, or on the KdConv file named by ``KDCONV_TEST``
    (all its conversations), with raw_turn, concat_last3, reference, sft and grpo.
 
 Output: ``benchmarks/results/kdconv.json`` (written atomically), the eval JSON (``systems``,
-``eval_file``, ...) plus ``bench`` (settings, augmentation, data sizes, wall time per stage) and
-``goal``: GRPO's Recall@5 on the context-dependent turns against twice concat_last3's. The numbers are
-what the evaluation measured, met or not. Without the KdConv folder the bench prints why and exits 0.
+``eval_file``, ...) plus ``bench`` (settings, augmentation, extra SFT rows, tokenizer data, data sizes,
+wall time per stage) and ``goal``: GRPO's Recall@5 on the context-dependent turns against twice
+concat_last3's. The numbers are what the evaluation measured, met or not. Without the KdConv folder
+the bench prints why and exits 0.
 """
 
 from __future__ import annotations
@@ -269,6 +281,96 @@ def augment_dialogues(
     return out
 
 
+# --- other KdConv domains (SFT only) ----------------------------------------------------------------
+
+EXTRA_SFT_DOMAINS = ("film", "music")  # KdConv's folders beside travel/
+EXTRA_SFT_FILES = ("dev.json", "test.json")
+SFT_ONLY = ("train_aug", "extra")  # the prepared files only ``queryrl sft`` reads, in this order
+# Baidu Baike's disambiguation after a title: 恋恋笔记本（美国2004年尼克·卡索维茨导演爱情片）
+_DISAMBIGUATION = re.compile(r"\s*[（(][^（）()]*[）)]\s*$")
+_NAMING = re.compile(r"[\u4e00-\u9fffA-Za-z]")  # a name has a letter or a CJK character, not only digits
+
+
+def parse_domains(text: str) -> tuple[str, ...]:
+    """``film,music`` -> ``("film", "music")``: distinct, in order, each one of :data:`EXTRA_SFT_DOMAINS`;
+    ``""``: none. Raises ValueError naming the unknown ones."""
+    domains = tuple(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    unknown = [d for d in domains if d not in EXTRA_SFT_DOMAINS]
+    if unknown:
+        raise ValueError(
+            f"unknown KdConv domain {', '.join(map(repr, unknown))} for the extra SFT rows; "
+            f"choose from {', '.join(EXTRA_SFT_DOMAINS)} (comma-separated)"
+        )
+    return domains
+
+
+def extra_sft_sources(kdconv_root: Path, domains: Sequence[str]) -> list[tuple[str, Path]]:
+    """``(domain, file)`` of each of :data:`EXTRA_SFT_FILES` of each domain's folder in `kdconv_root`
+    (the travel folder's parent). Raises ValueError for an unknown domain and FileNotFoundError naming
+    every missing folder or file at once."""
+    domains = parse_domains(",".join(domains))
+    sources = [(domain, kdconv_root / domain / name) for domain in domains for name in EXTRA_SFT_FILES]
+    missing = sorted({str(p.parent) if not p.parent.is_dir() else str(p) for _, p in sources if not p.is_file()})
+    if missing:
+        raise FileNotFoundError(
+            f"--extra-sft: missing {', '.join(missing)} (each KdConv domain folder, with "
+            f"{' and '.join(EXTRA_SFT_FILES)}, sits beside the travel folder, in {kdconv_root})"
+        )
+    return sources
+
+
+def attr_entity_names(dialogues: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The entity names a KdConv file's messages use in their ``attrs`` (its only knowledge here), each
+    also without its trailing disambiguation, which the messages never write (``恋恋笔记本（美国2004年…
+    爱情片）`` -> ``恋恋笔记本``); names without a letter or CJK character (``21``, ``？``) are left out."""
+    names: set[str] = set()
+    for dialogue in dialogues:
+        for message in dialogue.get("messages") or []:
+            for attr in message.get("attrs") or []:
+                name = str(attr.get("name", "")).strip()
+                names.update(n for n in (name, _DISAMBIGUATION.sub("", name)) if _NAMING.search(n))
+    return names
+
+
+def extra_sft_rows(
+    path: Path, domain: str, history_chars: int, sft_target: str = "reference"
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The SFT rows of one KdConv dialogue file of another domain, and what they hold.
+
+    Like the travel training rows: both speakers ask, the turns whose reply uses knowledge, the
+    prompt's domain line of `domain`'s folder, :func:`windowed_rows` with `sft_target`, the reference
+    rewriter a :class:`~queryrl.rag.HeuristicRewriter` (``latin_entities=False``) with the file's
+    :func:`attr_entity_names` as its dictionary. Conversation ids become ``<domain>-<id>``
+    (``film-dev-0003``), distinct from travel's. The info: the conversations, the rows, the dictionary's
+    size and the share of rows whose target names one of its entities.
+    """
+    from queryrl.apps.query_rewrite.conversations import conversations_to_rows
+    from queryrl.apps.query_rewrite.kdconv import kdconv_domain, load_kdconv_conversations
+    from queryrl.rag import HeuristicRewriter
+
+    raw = json.loads(path.read_text(encoding="utf-8-sig"))
+    rewriter = HeuristicRewriter(attr_entity_names(raw), latin_entities=False)
+    conversations = load_kdconv_conversations(path, both_speakers=True)
+    for conv in conversations:
+        conv.id = f"{domain}-{conv.id}"
+    rows = conversations_to_rows(conversations, "kdconv", domain=kdconv_domain(path.parent))
+    rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+    windowed_rows(rows, rewriter, history_chars, sft_target)
+    named = 0
+    if rows and rewriter.entities:
+        pattern = entity_pattern(rewriter.entities)  # the rewriter's entities are lowercased
+        named = sum(
+            bool(pattern.search(json.loads(r["extra_info"]["sft_target"])["rewritten_query"].lower())) for r in rows
+        )
+    info = {
+        "conversations": len({c.id for c in conversations}),
+        "rows": len(rows),
+        "entities": len(rewriter.entities),
+        "target_names_entity": round(named / max(len(rows), 1), 4),
+    }
+    return rows, info
+
+
 def prepare(
     kdconv_dir: Path,
     out: Path,
@@ -279,6 +381,7 @@ def prepare(
     test_fraction: float = 0.1,
     sft_target: str = "reference",
     augment: int = 0,
+    extra_sft: str | Sequence[str] = (),
 ) -> dict[str, Any]:
     """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
 
@@ -291,6 +394,11 @@ def prepare(
     rows; only SFT reads them (their gold ids may name documents the corpus lacks). The result's
     ``augment`` section: the copies, the file, its rows and dialogues, and the share of its gold ids
     that the corpus has.
+
+    With `extra_sft` (domains of :data:`EXTRA_SFT_DOMAINS`, ``"film,music"`` or a sequence; their folders
+    are beside `kdconv_dir`) also ``extra.parquet``: :func:`extra_sft_rows` of each domain's ``dev.json``
+    and ``test.json``, for SFT only. The result's ``extra_sft`` section: the domains and, with some, the
+    file, its rows and each source file's counts (keyed ``<domain>/<file>``).
     """
     from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
@@ -299,6 +407,8 @@ def prepare(
 
     if augment < 0:
         raise ValueError(f"augment must be >= 0, got {augment}")
+    extra_domains = parse_domains(extra_sft if isinstance(extra_sft, str) else ",".join(extra_sft))
+    extra_sources = extra_sft_sources(Path(os.path.abspath(kdconv_dir)).parent, extra_domains)  # fail early
     corpus = kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))
     docs = [Document(d["doc_id"], d["title"], d["content"]) for d in corpus]
     rewriter = HeuristicRewriter(title_entities(docs), latin_entities=False)
@@ -347,6 +457,18 @@ def prepare(
             "dialogues": len(augmented),
             "gold_ids_in_corpus": round(sum(g in known for g in gold) / max(len(gold), 1), 4),
         }
+    info["extra_sft"] = {"domains": list(extra_domains)}
+    if extra_sources:
+        extra: list[dict[str, Any]] = []
+        sources: dict[str, Any] = {}
+        for extra_domain, path in extra_sources:
+            rows, counts = extra_sft_rows(path, extra_domain, history_chars, sft_target)
+            extra += rows
+            sources[f"{extra_domain}/{path.name}"] = {"path": str(path), **counts}
+        if not extra:
+            raise ValueError(f"--extra-sft: no turn with gold documents in {', '.join(sources)}")
+        info["files"]["extra"] = str(write_parquet(extra, out / "extra.parquet"))
+        info["extra_sft"] |= {"file": info["files"]["extra"], "rows": len(extra), "sources": sources}
     return info
 
 
@@ -433,14 +555,31 @@ def table(systems: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sft_only_files(files: Mapping[str, str]) -> list[str]:
+    """The prepared files that only ``queryrl sft`` reads (:data:`SFT_ONLY` present in `files`)."""
+    return [files[name] for name in SFT_ONLY if name in files]
+
+
 def sft_overrides(files: Mapping[str, str], prompt_loss_weight: float) -> list[str]:
-    """The overrides only ``queryrl sft`` gets: the prompt-loss weight and, when `files` has augmented
-    rows (``train_aug``), the SFT data: the training rows and those. GRPO keeps ``data.train_files``
+    """The overrides only ``queryrl sft`` gets: the prompt-loss weight and, when `files` has SFT-only rows
+    (``train_aug``, ``extra``), the SFT data: the training rows and those. GRPO keeps ``data.train_files``
     (the original rows, whose gold documents are all in the corpus)."""
     out = [f"sft.prompt_loss_weight={prompt_loss_weight}"]
-    if "train_aug" in files:
-        out.append(f"sft.train_files=[{files['train']},{files['train_aug']}]")
+    if extra := sft_only_files(files):
+        out.append(f"sft.train_files=[{','.join([files['train'], *extra])}]")
     return out
+
+
+def tokenizer_datasets(files: Mapping[str, str], with_sft_only: bool) -> list[str]:
+    """``model.tiny.corpus_datasets``: the training rows and, with `with_sft_only`, the SFT-only files."""
+    return [files["train"], *(sft_only_files(files) if with_sft_only else [])]
+
+
+def _domains_arg(text: str) -> tuple[str, ...]:
+    try:
+        return parse_domains(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative_int(text: str) -> int:
@@ -477,15 +616,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="W",
         help="sft.prompt_loss_weight: SFT also learns the prompt tokens with weight W (0: the target only)",
     )
+    parser.add_argument(
+        "--extra-sft",
+        type=_domains_arg,
+        default=(),
+        metavar="DOMAINS",
+        help="KdConv domains beside travel (film,music) whose dev and test conversations become SFT-only rows "
+        "(extra.parquet); default: none",
+    )
+    parser.add_argument(
+        "--tokenizer-extra",
+        action="store_true",
+        help="train the tokenizer (model.tiny.corpus_datasets) on the SFT-only files too (train_aug, extra)",
+    )
     parser.add_argument("--sft-steps", type=int, default=None, help="default: the config's sft.max_steps")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: the config's trainer.total_steps")
     parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for sft and train")
     args = parser.parse_args(argv)
+    if args.tokenizer_extra and not (args.extra_sft or args.augment):
+        parser.error(
+            "--tokenizer-extra adds the SFT-only files to the tokenizer's corpus: give --extra-sft or --augment"
+        )
 
     kdconv_dir: Path = args.kdconv_dir
     if not (kdconv_dir / "dev.json").exists():
         print(f"SKIP: KdConv not found ({kdconv_dir / 'dev.json'} is absent); set KDCONV_DIR to the travel folder")
         return 0
+    try:
+        extra_sft_sources(Path(os.path.abspath(kdconv_dir)).parent, args.extra_sft)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     test_env = os.environ.get("KDCONV_TEST")
     test_file = Path(test_env) if test_env else None
     if test_file is not None and not test_file.exists():
@@ -506,13 +667,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.history_chars,
         sft_target=args.sft_target,
         augment=args.augment,
+        extra_sft=args.extra_sft,
     )
     timings["prepare"] = round(time.perf_counter() - start, 1)
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
     if args.augment:
         print(f"[prepare] augmentation {data['augment']}", flush=True)
+    if args.extra_sft:
+        print(f"[prepare] extra SFT rows {data['extra_sft']}", flush=True)
 
     files = data["files"]
+    tokenizer = tokenizer_datasets(files, args.tokenizer_extra)  # every stage: one tokenizer
     settings = [
         *([f"sft.max_steps={args.sft_steps}"] if args.sft_steps is not None else []),
         *([f"trainer.total_steps={args.grpo_steps}"] if args.grpo_steps is not None else []),
@@ -521,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = [
         f"trainer.output_dir={work.parent}",
         f"trainer.experiment_name={work.name}",
-        f"model.tiny.corpus_datasets=[{files['train']}]",
+        f"model.tiny.corpus_datasets=[{','.join(tokenizer)}]",
         f"data.train_files=[{files['train']}]",
         f"data.val_files=[{files['val']}]",
         f"app.query_rewrite.rag.corpus=kdconv:{kb}",
@@ -558,6 +723,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sft_overrides": sft_settings,
         "sft_prompt_loss_weight": args.sft_prompt_loss,
         "augment": data["augment"],
+        "extra_sft": data["extra_sft"],
+        "tokenizer_datasets": tokenizer,
         "rows": data["rows"],
         "conversations": data["conversations"],
         "wall_time_s": timings,

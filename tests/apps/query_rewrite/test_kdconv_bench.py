@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -294,3 +295,234 @@ def test_main_passes_the_augmented_rows_to_sft_only(tmp_path: Path, monkeypatch:
     assert "sft.prompt_loss_weight=0.0" in commands["sft"]
     with pytest.raises(SystemExit):
         bench.main([*argv, "--augment", "-1"])
+
+
+# --- SFT-only rows from KdConv's other domains (--extra-sft) --------------------------------------
+
+KDCONV_ROOT = KDCONV.parent
+
+
+def test_parse_domains_refuses_unknown_ones() -> None:
+    assert bench.parse_domains("film, music,film") == ("film", "music")
+    assert bench.parse_domains("MUSIC") == ("music",)
+    assert bench.parse_domains("") == ()
+    # travel is the benchmark's own domain: never extra SFT rows
+    with pytest.raises(ValueError, match=r"unknown KdConv domain 'travel', 'films'.*choose from film, music"):
+        bench.parse_domains("travel,film,films")
+
+
+def test_extra_sft_sources_name_every_missing_folder_at_once(tmp_path: Path) -> None:
+    (tmp_path / "film").mkdir()
+    for name in ("dev.json", "test.json"):
+        (tmp_path / "film" / name).write_text("[]", encoding="utf-8")
+    assert bench.extra_sft_sources(tmp_path, ["film"]) == [
+        ("film", tmp_path / "film" / "dev.json"),
+        ("film", tmp_path / "film" / "test.json"),
+    ]
+    assert bench.extra_sft_sources(tmp_path, []) == []
+    (tmp_path / "film" / "test.json").unlink()
+    with pytest.raises(FileNotFoundError) as err:
+        bench.extra_sft_sources(tmp_path, ["film", "music"])
+    message = str(err.value)
+    assert f"missing {tmp_path / 'film' / 'test.json'}, {tmp_path / 'music'} (" in message
+    assert message.count(str(tmp_path / "music")) == 1  # the folder, not each of its files
+    with pytest.raises(ValueError, match="unknown KdConv domain 'travel'"):
+        bench.extra_sft_sources(tmp_path, ["travel"])
+
+
+def test_attr_entity_names_add_the_names_without_their_disambiguation() -> None:
+    dialogues = [
+        {
+            "messages": [
+                {"message": "知道恋恋笔记本吗？"},
+                {
+                    "message": "知道，主演是瑞恩·高斯林。",
+                    "attrs": [
+                        {"name": "恋恋笔记本（美国2004年尼克·卡索维茨导演爱情片）", "attrname": "主演"},
+                        {"name": "瑞恩·高斯林", "attrname": "Information"},
+                    ],
+                },
+            ]
+        },
+        {"messages": [{"message": "听过吗？", "attrs": [{"name": "？（陈奕迅2011年发行专辑）"}, {"name": "21"}]}]},
+        {"messages": [{"message": "你好"}]},
+    ]
+    assert bench.attr_entity_names(dialogues) == {
+        "恋恋笔记本（美国2004年尼克·卡索维茨导演爱情片）",
+        "恋恋笔记本",
+        "瑞恩·高斯林",
+        "？（陈奕迅2011年发行专辑）",  # a name with letters; its short form ？ names nothing
+    }
+
+
+def _kdconv_root_slice(tmp_path: Path, travel: int = 10, other: int = 3) -> Path:
+    """A KdConv root in `tmp_path`: travel's first `travel` dialogues and knowledge base, and the first
+    `other` dialogues of film's and music's dev.json and test.json."""
+    root = tmp_path / "kdconv"
+    (root / "travel").mkdir(parents=True)
+    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:travel]
+    (root / "travel" / "dev.json").write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
+    (root / "travel" / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    for domain in ("film", "music"):
+        (root / domain).mkdir()
+        for name in ("dev.json", "test.json"):
+            part = json.loads((KDCONV_ROOT / domain / name).read_text(encoding="utf-8-sig"))[:other]
+            (root / domain / name).write_text(json.dumps(part, ensure_ascii=False), encoding="utf-8")
+    return root
+
+
+@pytest.mark.skipif(
+    not (KDCONV / "dev.json").exists()
+    or not all((KDCONV_ROOT / d / f).exists() for d in ("film", "music") for f in ("dev.json", "test.json")),
+    reason="KdConv travel, film or music is absent (../shared/data/kdconv/{travel,film,music})",
+)
+def test_prepare_writes_extra_sft_rows_from_both_files_of_each_domain(tmp_path: Path) -> None:
+    root = _kdconv_root_slice(tmp_path)
+    plain = bench.prepare(root / "travel", tmp_path / "plain", None, seed=0, history_chars=120)
+    assert "extra" not in plain["files"]
+    assert plain["extra_sft"] == {"domains": []}
+    info = bench.prepare(root / "travel", tmp_path / "extra", None, seed=0, history_chars=120, extra_sft="film,music")
+    # the travel splits are those of the run without extra rows
+    assert info["rows"] == plain["rows"]
+    for name in ("train", "val", "test"):
+        pd.testing.assert_frame_equal(pd.read_parquet(info["files"][name]), pd.read_parquet(plain["files"][name]))
+    extra = pd.read_parquet(info["files"]["extra"])
+    section = info["extra_sft"]
+    assert section["domains"] == ["film", "music"]
+    assert section["file"] == info["files"]["extra"] == str(tmp_path / "extra" / "extra.parquet")
+    assert section["rows"] == len(extra) > 0
+    # rows from both files of each domain, counted per file; ids never those of travel
+    ids = extra["extra_info"].map(lambda e: e["conversation_id"])
+    source = ids.map(lambda i: "{}/{}.json".format(*i.split("-")[:2]))
+    assert set(section["sources"]) == {"film/dev.json", "film/test.json", "music/dev.json", "music/test.json"}
+    assert source.value_counts().to_dict() == {k: v["rows"] for k, v in section["sources"].items()}
+    assert all(v["conversations"] == 3 and v["entities"] > 0 for v in section["sources"].values())
+    travel_ids = set(pd.read_parquet(info["files"]["train"])["extra_info"].map(lambda e: e["conversation_id"]))
+    assert not (set(ids) & travel_ids)
+    # only turns with gold; each domain's own prompt line
+    assert all(len(r["ground_truth"]["gold_doc_ids"]) > 0 for r in extra["reward_model"])
+    domains = {s.split("/")[0]: set() for s in source}
+    for src, e, prompt in zip(source, extra["extra_info"], extra["prompt"], strict=True):
+        domains[src.split("/")[0]].add(e["domain"])
+        assert e["domain"] in prompt[0]["content"]
+        assert e["prompt_messages"] <= len(e["contexts"])
+    assert domains == {"film": {"电影知识问答"}, "music": {"音乐知识问答"}}
+
+    # the reference rewriter knows the file's attrs names: targets carry a name of the conversation's
+    # attrs (a short form without the disambiguation) from the history into a turn that lacks it
+    dialogues = {
+        f"{d}-{f}-{i:04d}": conv
+        for d in ("film", "music")
+        for f in ("dev", "test")
+        for i, conv in enumerate(json.loads((root / d / f"{f}.json").read_text(encoding="utf-8")))
+    }
+    carried: dict[str, int] = {"film": 0, "music": 0}
+    for conv_id, e in zip(ids, extra["extra_info"], strict=True):
+        names = bench.attr_entity_names([dialogues[conv_id]])
+        query = json.loads(e["sft_target"])["rewritten_query"]
+        turn = e["contexts"][-1]["content"]
+        carried[conv_id.split("-")[0]] += any(n in query and n not in turn for n in names)
+    assert carried["film"] > 0
+    assert carried["music"] > 0
+    assert all(v["target_names_entity"] > 0.3 for v in section["sources"].values())
+
+    with pytest.raises(ValueError, match="unknown KdConv domain 'travel'"):
+        bench.prepare(root / "travel", tmp_path / "bad", None, seed=0, history_chars=120, extra_sft=["travel"])
+    (root / "music" / "test.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing .*music/test\.json"):
+        bench.prepare(root / "travel", tmp_path / "bad", None, seed=0, history_chars=120, extra_sft=["music"])
+    assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_main_passes_the_extra_rows_to_sft_only_and_the_tokenizer_flag_to_every_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "kdconv"
+    for domain in ("travel", "film", "music"):
+        (root / domain).mkdir(parents=True)
+        for name in ("dev.json", "test.json"):
+            (root / domain / name).write_text("[]", encoding="utf-8")
+    (root / "travel" / "kb_travel.json").write_text("{}", encoding="utf-8")
+    data = tmp_path / "data"
+    prepared: list[dict[str, object]] = []
+    commands: dict[str, list[str]] = {}
+
+    def fake_prepare(*args: object, **kwargs: Any) -> dict[str, object]:
+        prepared.append(kwargs)
+        files = {name: str(data / f"{name}.parquet") for name in ("train", "val", "test")}
+        if kwargs.get("augment"):
+            files["train_aug"] = str(data / "train_aug.parquet")
+        domains = list(kwargs.get("extra_sft") or ())
+        section: dict[str, object] = {"domains": domains}
+        if domains:
+            files["extra"] = str(data / "extra.parquet")
+            section |= {"file": files["extra"], "rows": 7, "sources": {f"{d}/dev.json": {"rows": 7} for d in domains}}
+        return {"files": files, "rows": {}, "conversations": {}, "augment": {}, "extra_sft": section}
+
+    def fake_run_stage(name: str, cmd: list[str], log: Path, timings: dict[str, float]) -> None:
+        commands[name] = cmd
+        if name == "eval":
+            metrics = {"recall@5": 0.2, "mrr": 0.1, "format_ok": 1.0, "context_dependent": {"recall@5": 0.2}}
+            out = Path(cmd[cmd.index("--out") + 1])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            report = {"eval_file": "test.parquet", "systems": {"concat_last3": metrics, "grpo": metrics}}
+            out.write_text(json.dumps(report), encoding="utf-8")
+
+    monkeypatch.setattr(bench, "prepare", fake_prepare)
+    monkeypatch.setattr(bench, "run_stage", fake_run_stage)
+    monkeypatch.setattr(bench, "last_checkpoint", lambda run_dir: run_dir / "checkpoints" / "step_1")
+    monkeypatch.delenv("KDCONV_TEST", raising=False)
+    work, result = tmp_path / "work", tmp_path / "r.json"
+    argv = ["--kdconv-dir", str(root / "travel"), "--work", str(work), "--out", str(result)]
+    train, extra, aug = (str(data / f"{n}.parquet") for n in ("train", "extra", "train_aug"))
+
+    assert bench.main([*argv, "--extra-sft", "film,music"]) == 0
+    assert prepared[-1]["extra_sft"] == ("film", "music")
+    sft, grpo, evaluate = commands["sft"], commands["grpo"], commands["eval"]
+    assert f"sft.train_files=[{train},{extra}]" in sft
+    for cmd in (grpo, evaluate, commands["export"]):
+        assert not any(extra in part for part in cmd)  # GRPO, its validation and the test never see them
+    assert f"data.train_files=[{train}]" in grpo
+    assert f"data.val_files=[{data / 'val.parquet'}]" in grpo
+    # without --tokenizer-extra the tokenizer is trained on the training rows only, in every stage
+    assert f"model.tiny.corpus_datasets=[{train}]" in sft
+    assert f"model.tiny.corpus_datasets=[{train}]" in grpo
+    bench_json = json.loads(result.read_text(encoding="utf-8"))["bench"]
+    assert bench_json["extra_sft"]["domains"] == ["film", "music"]
+    assert bench_json["extra_sft"]["file"] == extra
+    assert bench_json["extra_sft"]["sources"] == {"film/dev.json": {"rows": 7}, "music/dev.json": {"rows": 7}}
+    assert bench_json["tokenizer_datasets"] == [train]
+
+    # --tokenizer-extra: the SFT-only files join the tokenizer's corpus on every stage's command line;
+    # the evaluation loads the SFT and GRPO model folders, whose tokenizer that is
+    assert bench.main([*argv, "--extra-sft", "music", "--augment", "2", "--tokenizer-extra"]) == 0
+    tokenizer = f"model.tiny.corpus_datasets=[{train},{aug},{extra}]"
+    assert tokenizer in commands["sft"]
+    assert tokenizer in commands["grpo"]
+    assert f"sft={work / 'sft'},grpo={work / 'grpo'}" in commands["eval"][commands["eval"].index("--systems") + 1]
+    assert f"sft.train_files=[{train},{aug},{extra}]" in commands["sft"]
+    assert not any(extra in part or aug in part for part in commands["grpo"] if "corpus_datasets" not in part)
+    assert json.loads(result.read_text(encoding="utf-8"))["bench"]["tokenizer_datasets"] == [train, aug, extra]
+    # default: no extra rows
+    assert bench.main(argv) == 0
+    assert prepared[-1]["extra_sft"] == ()
+    assert not any("extra.parquet" in part for part in commands["sft"])
+
+    # a bad domain: one clear message, before anything runs
+    capsys.readouterr()
+    calls = len(prepared)
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "--extra-sft", "film,travel"])
+    err = capsys.readouterr().err
+    assert err.count("unknown KdConv domain 'travel'") == 1
+    assert "choose from film, music" in err
+    with pytest.raises(SystemExit):  # nothing to add to the tokenizer
+        bench.main([*argv, "--tokenizer-extra"])
+    assert "give --extra-sft or --augment" in capsys.readouterr().err
+    # a missing domain folder: named, exit 2, nothing prepared
+    (root / "music" / "dev.json").unlink()
+    (root / "music" / "test.json").unlink()
+    (root / "music").rmdir()
+    assert bench.main([*argv, "--extra-sft", "film,music"]) == 2
+    assert f"missing {root / 'music'} (" in capsys.readouterr().err
+    assert len(prepared) == calls
