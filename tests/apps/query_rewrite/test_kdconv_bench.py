@@ -61,13 +61,19 @@ def test_main_skips_without_kdconv(tmp_path: Path, capsys: pytest.CaptureFixture
     assert not out.exists()
 
 
+def _travel_slice(folder: Path, dialogues: int) -> Path:
+    """`folder` made a KdConv travel folder: the first `dialogues` of dev.json and the knowledge base."""
+    folder.mkdir(parents=True)
+    part = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:dialogues]
+    (folder / "dev.json").write_text(json.dumps(part, ensure_ascii=False), encoding="utf-8")
+    (folder / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    return folder
+
+
 @pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
 def test_prepare_on_a_small_slice(tmp_path: Path) -> None:
-    src = tmp_path / "travel"
-    src.mkdir()
-    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:20]
-    (src / "dev.json").write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
-    (src / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    src = _travel_slice(tmp_path / "travel", 20)
+    dialogues = json.loads((src / "dev.json").read_text(encoding="utf-8"))
     info = bench.prepare(src, tmp_path / "data", None, seed=0, history_chars=120)
     assert info["conversations"] == {"val": 2, "test": 2, "train": 16}
     frames = {name: pd.read_parquet(path) for name, path in info["files"].items()}
@@ -197,11 +203,8 @@ def test_augment_dialogues_is_seeded() -> None:
 def test_prepare_augments_only_the_training_split(tmp_path: Path) -> None:
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus
 
-    src = tmp_path / "travel"
-    src.mkdir()
-    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:10]
-    (src / "dev.json").write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
-    (src / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    src = _travel_slice(tmp_path / "travel", 10)
+    dialogues = json.loads((src / "dev.json").read_text(encoding="utf-8"))
     plain = bench.prepare(src, tmp_path / "plain", None, seed=0, history_chars=120)
     assert "train_aug" not in plain["files"]
     assert plain["augment"] == {"copies": 0, "seed": 0}
@@ -359,10 +362,7 @@ def _kdconv_root_slice(tmp_path: Path, travel: int = 10, other: int = 3) -> Path
     """A KdConv root in `tmp_path`: travel's first `travel` dialogues and knowledge base, and the first
     `other` dialogues of film's and music's dev.json and test.json."""
     root = tmp_path / "kdconv"
-    (root / "travel").mkdir(parents=True)
-    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:travel]
-    (root / "travel" / "dev.json").write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
-    (root / "travel" / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
+    _travel_slice(root / "travel", travel)
     for domain in ("film", "music"):
         (root / domain).mkdir()
         for name in ("dev.json", "test.json"):
