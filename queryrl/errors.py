@@ -58,8 +58,8 @@ def debug_requested() -> bool:
 
 def _known_classes() -> tuple[type[BaseException], ...]:
     from queryrl.agent.tools import ToolConfigError
-    from queryrl.algos import RegistryError
     from queryrl.data import DataError
+    from queryrl.registry import RegistryError
     from queryrl.rewards import JudgeConfigError, RewardError
     from queryrl.trainer.preflight import PreflightError
 

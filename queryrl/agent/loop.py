@@ -39,7 +39,7 @@ from torch import nn
 
 from queryrl.agent.parsing import parse_tool_calls
 from queryrl.agent.tools import ToolSet
-from queryrl.algos import Registry
+from queryrl.registry import Registry
 from queryrl.rollout.base import RolloutOutput, SamplingParams, left_pad
 
 Message = dict[str, str]

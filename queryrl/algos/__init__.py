@@ -3,7 +3,6 @@
 Same names and same numbers as verl 0.9.1's ``core_algos`` on the same inputs.
 """
 
-from queryrl.algos._registry import Registry, RegistryError
 from queryrl.algos.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageFn,
@@ -25,6 +24,7 @@ from queryrl.algos.kl import (
 from queryrl.algos.masked import clip_by_value, masked_mean, masked_sum, masked_var, masked_whiten
 from queryrl.algos.policy_losses import POLICY_LOSSES, PolicyLossFn, PolicyLossOutput
 from queryrl.algos.value import entropy_from_logits, entropy_loss, value_loss
+from queryrl.registry import Registry, RegistryError
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from queryrl.algos._registry import Registry
 from queryrl.algos.masked import masked_whiten
+from queryrl.registry import Registry
 
 GroupIds: TypeAlias = Tensor | np.ndarray | Sequence[Hashable]
 _T = TypeVar("_T")
@@ -341,7 +341,7 @@ def reinforce_plus_plus(
     return adv, returns
 
 
-@ADVANTAGE_ESTIMATORS.register("remax")
+@ADVANTAGE_ESTIMATORS.register("remax", needs={"greedy_baseline"})
 @torch.no_grad()
 def remax(
     token_rewards: Tensor,
@@ -365,7 +365,7 @@ def remax(
     return adv, returns
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+@ADVANTAGE_ESTIMATORS.register("gae", needs={"values"})
 @torch.no_grad()
 def gae(
     token_rewards: Tensor,

@@ -19,9 +19,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from queryrl.algos._registry import Registry
 from queryrl.algos.aggregation import LossNormalizer, agg_loss, check_loss_agg_mode
 from queryrl.algos.masked import masked_mean
+from queryrl.registry import Registry
 
 _LOG_RATIO_CLAMP = 20.0  # verl clamps log-ratios to [-20, 20] before exp
 

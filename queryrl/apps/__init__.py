@@ -6,5 +6,4 @@ from queryrl.data.builtin import register_builtin_dataset as _register
 from queryrl.rag.rewriters import REWRITERS as _REWRITERS
 
 _register("sales_demo", _sales_demo_rows, version=8)  # builtin://sales_demo/{train,val,test}
-if "policy" not in _REWRITERS:  # the reference rewriter "policy": a model folder (e.g. the initial policy)
-    _REWRITERS["policy"] = _PolicyRewriter
+_REWRITERS.register("policy")(_PolicyRewriter)  # the reference rewriter "policy": a model folder

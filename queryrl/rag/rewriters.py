@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from queryrl.rag.index import entity_tokenizer, normalise_entities, tokenize
+from queryrl.registry import Registry, RegistryError
 
 USER_ROLES = frozenset({"user", "human", "customer"})
 _ENTITY_CHARS = re.compile(r"[0-9a-z]")
@@ -186,22 +187,19 @@ class OpenAICompatibleRewriter:
 
 
 RewriterFactory = Callable[..., Rewriter]
-REWRITERS: dict[str, RewriterFactory] = {
-    "heuristic": HeuristicRewriter,
-    "last_turn": LastTurnRewriter,
-    "openai": OpenAICompatibleRewriter,
-}
+REWRITERS: Registry[RewriterFactory] = Registry("rewriter")
+REWRITERS.register("heuristic")(HeuristicRewriter)
+REWRITERS.register("last_turn")(LastTurnRewriter)
+REWRITERS.register("openai")(OpenAICompatibleRewriter)
 
 
 def register_rewriter(name: str, factory: RewriterFactory) -> None:
     """Make `factory` available as ``make_rewriter(name, ...)``; an existing name is an error."""
     if name in REWRITERS:
-        raise ValueError(f"rewriter {name!r} is already registered")
-    REWRITERS[name] = factory
+        raise RegistryError(f"rewriter {name!r} is already registered")
+    REWRITERS.register(name)(factory)
 
 
 def make_rewriter(name: str = "heuristic", **kwargs: Any) -> Rewriter:
-    """The rewriter registered as `name`, built with `kwargs`."""
-    if name not in REWRITERS:
-        raise ValueError(f"unknown rewriter {name!r}; known: {', '.join(sorted(REWRITERS))}")
-    return REWRITERS[name](**kwargs)
+    """The rewriter registered as `name`, built with `kwargs`; an unknown name lists the valid ones."""
+    return REWRITERS.get(name)(**kwargs)

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-from queryrl.algos import Registry, RegistryError
+from queryrl.registry import Registry, RegistryError
 from queryrl.rewards.functions import RewardError, RewardFn
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from queryrl.algos import Registry
+from queryrl.registry import Registry
 
 
 @dataclass

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.data import PromptDataset, PromptLoader, build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
@@ -183,7 +184,7 @@ def build_components(cfg: DictConfig) -> Components:
         data_stats={"data/filtered_prompts": float(sum(d.num_filtered for d in train + val))},
         select=select,
     )
-    if cfg.algo.adv_estimator == "gae":
+    if "values" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):  # a critic
         path = Path(cfg.critic.path) if cfg.critic.path else resolve_model_path(cfg.model)
         critic = ValueModel.from_pretrained(path, cfg.model, device)
         components.critic = critic

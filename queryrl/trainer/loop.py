@@ -240,7 +240,8 @@ class Trainer:
         batch, results = generate_and_score(
             c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, select=c.select
         )
-        baselines = self._greedy_baselines(items, batch) if cfg.algo.adv_estimator == "remax" else None
+        needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
+        baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
         with timer("reward"):
             batch, reward_metrics, keep = apply_scores(batch, results)
             metrics |= reward_metrics | reward_side_metrics(c.reward)

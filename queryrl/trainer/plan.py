@@ -39,6 +39,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from queryrl.algos import ADVANTAGE_ESTIMATORS
+
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEMO_PREFIX = "builtin://sales_demo"
@@ -233,7 +235,7 @@ def _resources(cfg: DictConfig, plan: Plan, command: str) -> int:
     """The backend, roles and pools; returns the FSDP shard count of the actor's modules."""
     t, rc = cfg.trainer, cfg.ray
     need_ref = bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
-    critic = cfg.algo.adv_estimator == "gae"
+    critic = "values" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
     if command == "sft" or t.backend == "local":
         where = f"trainer.device={t.device}" + (f", reference on {t.ref_device}" if t.ref_device and need_ref else "")
         plan.add("backend", f"local: one process on one device ({where})")
@@ -325,9 +327,8 @@ def _memory(cfg: DictConfig, plan: Plan, shape: ModelShape, shards: int, command
     need_ref = train and bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
     own_ref = train and cfg.trainer.backend == "ray" and cfg.ray.ref_workers > 0
     critic = p - (0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size)
-    critic_here = (
-        train and cfg.algo.adv_estimator == "gae" and not (cfg.trainer.backend == "ray" and cfg.ray.critic_workers)
-    )
+    has_critic = "values" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
+    critic_here = train and has_critic and not (cfg.trainer.backend == "ray" and cfg.ray.critic_workers)
     est = estimate_memory(
         p,
         m.dtype,

@@ -10,7 +10,7 @@ from queryrl.rag import REWRITERS, BM25Index, HeuristicRewriter, LastTurnRewrite
 from queryrl.rag.rewriters import OpenAICompatibleRewriter
 from queryrl.rewards.judge_server import make_app as make_judge_app
 from queryrl.rewards.judge_server import running_server
-from tests.rag.conftest import PRONOUN_CONTEXTS
+from tests.rag.helpers import PRONOUN_CONTEXTS
 
 
 def test_heuristic_resolves_pronoun_where_last_turn_fails(index: BM25Index) -> None:
@@ -44,7 +44,7 @@ def test_registry() -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_rewriter("test-last", LastTurnRewriter)
     finally:
-        REWRITERS.pop("test-last")
+        REWRITERS.unregister("test-last")
 
 
 def test_openai_compatible_rewriter_and_fallback() -> None:

@@ -1,13 +1,18 @@
-"""A name -> function registry, used where a config value chooses code.
+"""One name -> code registry, used wherever a config value chooses code.
 
-One signature per registry (the registry is typed by it); an unknown name is an error that
-lists the valid names; registering a name twice with different code is refused.
+Advantage estimators and policy losses (``algos``), rollout backends, agent loops, reward
+managers, RAG rewriters and applications each have one :class:`Registry`. One signature per
+registry (the registry is typed by it); an unknown name is an error that lists the valid names;
+registering a name twice with different code is refused. An entry may declare what it needs from
+its caller (``needs={"values"}``) so that the caller asks instead of testing names.
+
+Only the standard library is imported here: every layer may use it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -35,18 +40,25 @@ def _same_code(a: Callable[..., object], b: Callable[..., object]) -> bool:
 
 
 class Registry(Generic[F]):
-    """Functions of one signature, looked up by name.
+    """Functions (or classes) of one signature, looked up by name.
 
     Args:
-        kind: what the functions are, for error messages (e.g. ``"advantage estimator"``).
+        kind: what the entries are, for error messages (e.g. ``"advantage estimator"``).
     """
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._fns: dict[str, F] = {}
+        self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator that registers a function under `name`."""
+    def register(self, name: str, *, needs: Iterable[str] = ()) -> Callable[[F], F]:
+        """Decorator that registers a function under `name`.
+
+        Args:
+            name: the config value that chooses it.
+            needs: what the entry needs its caller to provide beyond the common signature (e.g. an
+                advantage estimator's ``{"values"}`` from a critic); read with :meth:`needs`.
+        """
 
         def decorator(fn: F) -> F:
             existing = self._fns.get(name)
@@ -57,6 +69,7 @@ class Registry(Generic[F]):
                     "pick another name"
                 )
             self._fns[name] = fn
+            self._needs[name] = frozenset(needs)
             return fn
 
         return decorator
@@ -67,6 +80,16 @@ class Registry(Generic[F]):
             return self._fns[name]
         except KeyError:
             raise RegistryError(f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self._fns))}") from None
+
+    def needs(self, name: str) -> frozenset[str]:
+        """What the entry `name` declared it needs (empty when nothing); an unknown name raises."""
+        self.get(name)
+        return self._needs.get(name, frozenset())
+
+    def unregister(self, name: str) -> None:
+        """Remove `name` (a plugin unloading, a test cleaning up); an unknown name is ignored."""
+        self._fns.pop(name, None)
+        self._needs.pop(name, None)
 
     def names(self) -> list[str]:
         """The registered names, sorted."""
