@@ -279,6 +279,7 @@ def prepare_kdconv(
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
     from queryrl.apps.query_rewrite.prompts import check_answer_fields
     from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
+    from queryrl.atomic import atomic_write_text
     from queryrl.data import DataError
 
     try:
@@ -294,9 +295,7 @@ def prepare_kdconv(
     out.mkdir(parents=True, exist_ok=True)
     write_parquet(rows, out / f"{input.stem}.parquet")
     corpus = out / "corpus.jsonl"
-    tmp = corpus.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents), encoding="utf-8")
-    tmp.replace(corpus)
+    atomic_write_text(corpus, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents))
     typer.echo(f"wrote {out / f'{input.stem}.parquet'} ({len(rows)} rows) and {corpus}")
 
 

@@ -7,15 +7,13 @@ path of the split's file is returned, so everything downstream reads it like any
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from queryrl.atomic import atomic_path
 from queryrl.models.tiny import cache_root
 
 PREFIX = "builtin://"
@@ -133,9 +131,6 @@ def resolve_data_path(path: str, cache_dir: str | None = None) -> str:
     out = cache_root(cache_dir) / "data" / name / f"{split or 'train'}{suffix}.parquet"
     if not out.is_file():
         rows = BUILTIN_DATASETS[name](split or "train")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out.name, dir=out.parent)
-        os.close(fd)
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
-        Path(tmp).replace(out)
+        with atomic_path(out) as tmp:
+            pd.DataFrame(rows).to_parquet(tmp, index=False)
     return str(out)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from queryrl.atomic import atomic_path
 from queryrl.data.records import DataError, iter_json_lines
 
 DATA_SOURCE = "openai/gsm8k"
@@ -97,15 +97,7 @@ def prepare_gsm8k(input_path: str | Path, out_dir: str | Path, split: str | None
     rows = _read_gsm8k(input_path, split)
     if not rows:
         raise DataError(f"{input_path}: no GSM8K rows")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{split}.parquet"
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{split}.", suffix=".parquet.tmp", dir=out_dir)
-    os.close(fd)
-    try:
-        pq.write_table(pa.Table.from_pylist(rows), tmp_name)
-        os.replace(tmp_name, out)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    out = Path(out_dir) / f"{split}.parquet"
+    with atomic_path(out) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
     return out

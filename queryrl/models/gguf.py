@@ -14,12 +14,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from queryrl.atomic import atomic_dir
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -200,14 +199,8 @@ def convert_gguf(src: Path | str, out: Path, dtype: str = "float32") -> Conversi
         retied=retied,
         metadata={"general": general, **({"package": package} if package else {})},
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users
+    with atomic_dir(out, mode=0o755) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps(info.record(), indent=1, ensure_ascii=False) + "\n")
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return info

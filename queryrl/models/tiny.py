@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from queryrl.atomic import atomic_dir
 
 # ChatML, as Qwen2 uses; the generation prompt opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -178,17 +178,12 @@ def build_tiny_model(tiny: Any, cache_dir: str | None = None) -> Path:
         model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "queryrl_tiny.json").write_text(json.dumps(settings, ensure_ascii=False, indent=1))
-        try:
-            tmp.rename(out)
-        except OSError:  # another process built it first
-            if not (out / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "queryrl_tiny.json").write_text(json.dumps(settings, ensure_ascii=False, indent=1))
+    except OSError:  # the rename fails when another process built it first: use that one
+        if not (out / "config.json").is_file():
+            raise
     return out

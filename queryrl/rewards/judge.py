@@ -72,7 +72,6 @@ import os
 import random
 import threading
 import time
-import uuid
 import weakref
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, replace
@@ -81,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from queryrl.atomic import atomic_write_text
 from queryrl.redaction import add_secret, redact
 from queryrl.rewards.json_extract import json_objects, validate
 from queryrl.rewards.judge_policy import (
@@ -572,14 +572,10 @@ class JudgeClient:
             return
         record = {k: v for k, v in asdict(result).items() if k not in ("error", "cached", "latency_s", "refused")}
         record["model"] = self.model
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(record, ensure_ascii=False), encoding="utf-8")
-            os.replace(tmp, path)
+            atomic_write_text(path, json.dumps(record, ensure_ascii=False))
         except OSError as e:  # a full disk costs the cache, not the verdict
             log.warning("judge cache: cannot write %s: %s", path, e)
-            tmp.unlink(missing_ok=True)
 
     def _add(self, key: str, value: float) -> None:
         with self._lock:

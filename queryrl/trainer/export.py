@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from queryrl.atomic import atomic_dir
 from queryrl.models import load_policy
 from queryrl.trainer.checkpoint import latest_checkpoint, load_model_weights
 
@@ -45,12 +44,7 @@ def export_checkpoint(checkpoint: Path, out: Path) -> Path:
     model = bundle.model.merge_and_unload() if bundle.lora else bundle.model  # type: ignore[operator]
     if out.exists():
         raise ValueError(f"{out} already exists; choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)  # type: ignore[operator]
         bundle.tokenizer.save_pretrained(tmp)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

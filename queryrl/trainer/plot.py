@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from queryrl.atomic import atomic_path
 
 Series = dict[str, tuple[list[int], list[float]]]  # key -> (steps, values), sorted by step
 KeySelector = Callable[[Sequence[str]], list[str]]
@@ -159,12 +160,6 @@ def _draw(spec: PlotSpec, series: Series) -> Figure | None:
     return fig
 
 
-def _save_atomic(fig: Figure, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
-
-
 def plot_run(run_dir: Path) -> list[Path]:
     """Draw a run's curves from ``run_dir/metrics.jsonl`` into ``run_dir/plots/``.
 
@@ -188,7 +183,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig = _draw(spec, series)
         if fig is None:
             continue
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _save_atomic(fig, out_dir / spec.name)
+        with atomic_path(out_dir / spec.name) as tmp:  # a reader never sees a half-written image
+            fig.savefig(tmp, format="png", dpi=100)
         written.append(out_dir / spec.name)
     return written

@@ -19,9 +19,6 @@ temporary sibling and renamed into ``sft.output_dir`` once complete; RL starts f
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +31,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from queryrl.atomic import atomic_dir
 from queryrl.config import ConfigError, redacted, save_config
 from queryrl.data import build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
@@ -306,32 +304,6 @@ def _save_model(model: nn.Module, tokenizer: Any, lora: bool, folder: Path) -> N
     tokenizer.save_pretrained(folder)
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    """Rename the complete folder `tmp` to `out`; an existing `out` is removed only afterwards.
-
-    An existing `out` is first renamed aside, then `tmp` takes its name, then the old one is
-    deleted; if the second rename fails, the old folder is put back.
-    """
-    if not out.exists():
-        tmp.rename(out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    old.rmdir()
-    out.rename(old)
-    try:
-        tmp.rename(out)
-    except BaseException:
-        old.rename(out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _check(cfg: DictConfig) -> None:
     s = cfg.sft
     for key, value in {"sft.batch_size": s.batch_size, "sft.micro_batch_size": s.micro_batch_size}.items():
@@ -428,11 +400,9 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     )
 
     out = default_output_dir(cfg)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary folder
     result = SFTResult(output_dir=out, steps=0)
-    try:
+    # written in a temporary folder; an existing `out` is replaced only once the new one is complete
+    with atomic_dir(out, replace=True) as tmp:
         save_config(cfg, tmp / CONFIG_NAME)
         from queryrl.trainer.tracking import Tracker
 
@@ -480,9 +450,6 @@ def train_sft(cfg: DictConfig) -> SFTResult:
         result.steps, result.final_loss = step, result.losses[-1]
         model.eval()
         _save_model(model, tokenizer, bundle.lora, tmp)
-        _move_into_place(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 

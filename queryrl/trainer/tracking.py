@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from queryrl.atomic import atomic_write_text
 from queryrl.redaction import redact, redact_data
 
 DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
@@ -140,9 +141,7 @@ class _JsonlBackend:
                 warnings.warn(f"{self.path}: line {lineno} is unreadable; dropped", stacklevel=3)
             elif step <= start_step:
                 kept.append(line + "\n")
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(kept))
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         # Non-numeric values are dropped; NaN/inf become null (strict JSON has no NaN).

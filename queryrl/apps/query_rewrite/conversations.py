@@ -39,10 +39,8 @@ message with their counts; a missing column is one line per field (see ``log_imp
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +69,7 @@ from queryrl.apps.query_rewrite.prompts import (
     build_messages,
     check_answer_fields,
 )
+from queryrl.atomic import atomic_path
 from queryrl.data.records import DataError
 
 __all__ = ["FIELDS", "REQUIRED", "ROLE_ALIASES", "SUFFIXES"]  # re-exported: the field list lives in log_import
@@ -396,15 +395,8 @@ def write_parquet(rows: list[dict[str, Any]], out: Path) -> Path:
     """Write `rows` as parquet atomically (a temporary name in the same folder, then a rename)."""
     import pandas as pd
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         pd.DataFrame(rows).to_parquet(tmp, index=False)
-        Path(tmp).replace(out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

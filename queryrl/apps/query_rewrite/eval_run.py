@@ -63,7 +63,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +100,7 @@ from queryrl.apps.query_rewrite.judging import (
 )
 from queryrl.apps.query_rewrite.reward import ID_FIELDS, judge_client, rag_client
 from queryrl.apps.query_rewrite.reward_modes import normalise_rewrite, parse_answer
+from queryrl.atomic import atomic_path, atomic_write_text
 from queryrl.rag import RAGClient, RAGError
 from queryrl.rewards.judge import JudgeClient
 
@@ -594,18 +594,6 @@ def system_metrics(
 # --- outputs ------------------------------------------------------------------------------------
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -677,15 +665,11 @@ def plot_systems(
         for xi, m in zip(x, means, strict=True):
             ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=100)
-        Path(tmp).replace(out)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return out
 
 
@@ -873,7 +857,7 @@ def evaluate(
             "context_dependent": dependent_rule,
         },
     }
-    _atomic_write(out, json.dumps(_json_safe(report), ensure_ascii=False, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(_json_safe(report), ensure_ascii=False, indent=2) + "\n")
     lines = []
     for i, s in enumerate(samples):
         per_system: dict[str, Any] = {}
@@ -903,7 +887,7 @@ def evaluate(
             "systems": per_system,
         }
         lines.append(json.dumps(_json_safe(record), ensure_ascii=False, default=str) + "\n")
-    _atomic_write(out.parent / "eval_samples.jsonl", "".join(lines))
+    atomic_write_text(out.parent / "eval_samples.jsonl", "".join(lines))
     plot_systems(summary, out.parent / "eval.png", comparisons)
     say(format_table(table_rows(summary)))
     if comparisons:
