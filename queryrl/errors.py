@@ -11,6 +11,8 @@ Known errors, by class:
 - data: :class:`~queryrl.data.DataError` (the message names file, row, line and field);
 - reward: :class:`~queryrl.rewards.RewardError` (a reward file that is missing or fails to import),
   a judge key variable that is not set, a preflight check that failed;
+- plugin: :class:`~queryrl.plugins.PluginError` (a ``file.py:function``, module or plugin file named in
+  the config that is missing or fails to import);
 - model and checkpoint: an error (safetensors' and transformers' included; not one of the types
   that mean a bug, :data:`BUG_TYPES`) raised while ``queryrl.models`` loads a model, or while
   ``queryrl.trainer.checkpoint`` / ``queryrl.trainer.export`` reads a checkpoint: prefixed with
@@ -59,6 +61,7 @@ def debug_requested() -> bool:
 def _known_classes() -> tuple[type[BaseException], ...]:
     from queryrl.agent.tools import ToolConfigError
     from queryrl.data import DataError
+    from queryrl.plugins import PluginError
     from queryrl.registry import RegistryError
     from queryrl.rewards import JudgeConfigError, RewardError
     from queryrl.trainer.preflight import PreflightError
@@ -66,6 +69,7 @@ def _known_classes() -> tuple[type[BaseException], ...]:
     return (
         ConfigError,
         DataError,
+        PluginError,
         RewardError,
         RegistryError,
         ToolConfigError,

@@ -40,7 +40,7 @@ from queryrl.agent.tools import (
 def import_plugin(spec: str) -> None:
     """Import a module (dotted name) or a ``.py`` file, so that it registers agent loops."""
     if spec.endswith(".py"):
-        from queryrl.rewards.functions import import_file
+        from queryrl.plugins import import_file
 
         import_file(Path(spec).resolve(), "agent plugin file")
     else:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import importlib
 import inspect
 import json
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from typing import Any
 import yaml
 
 from queryrl.agent.parsing import ToolCall
+from queryrl.plugins import PluginError, load_callable
 from queryrl.rewards.json_extract import validate
 
 ToolFn = Callable[..., Any]
@@ -199,36 +199,14 @@ async def _awaited(value: Any) -> Any:
 
 
 def _resolve(spec: str, base: Path | None) -> ToolFn:
-    """A built-in tool by name, ``pkg.module:function``, or ``file.py:function``."""
+    """A built-in tool by name, ``pkg.module:function``, or ``file.py:function`` (relative to `base` first)."""
     from queryrl.agent.builtin_tools import BUILTIN_TOOLS
 
-    if spec in BUILTIN_TOOLS:
-        return BUILTIN_TOOLS[spec].fn
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not attr:
-        raise ToolConfigError(
-            f"tool implementation {spec!r}: not a built-in ({', '.join(sorted(BUILTIN_TOOLS))}), "
-            "and not 'pkg.module:function' or 'file.py:function'"
-        )
-    if target.endswith(".py"):
-        from queryrl.rewards.functions import RewardError, import_file
-
-        path = Path(target)
-        if not path.is_absolute() and base is not None and (base / path).is_file():
-            path = base / path
-        try:
-            module = import_file(path.resolve(), "tool implementation file")
-        except RewardError as e:
-            raise ToolConfigError(str(e)) from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ToolConfigError(f"tool implementation {spec!r}: cannot import {target!r}: {e}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ToolConfigError(f"tool implementation {spec!r}: {target} has no function {attr!r}")
-    return fn
+    builtins = {name: tool.fn for name, tool in BUILTIN_TOOLS.items()}
+    try:
+        return load_callable(spec, what="tool implementation", builtins=builtins, base=base)
+    except PluginError as e:
+        raise ToolConfigError(str(e)) from e
 
 
 def tool_from_entry(entry: Mapping[str, Any], base: Path | None = None) -> Tool:

@@ -10,15 +10,10 @@ function may be ``async def``. ``kwargs`` are ``reward.kwargs`` from the config.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from queryrl.plugins import PluginError, load_callable
 from queryrl.rewards import arithmetic, gsm8k, toy
 from queryrl.rewards import code as code_reward
 from queryrl.rewards import math as math_reward
@@ -102,41 +97,14 @@ def default_compute_score(
     return scorer(solution_str, ground_truth, extra_info, **kwargs)
 
 
-def _module_name(path: Path) -> str:
-    """A module name unique to the file, so two reward files called ``reward.py`` never clash."""
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
-    return f"queryrl_reward_{stem}_{digest}"
-
-
-def _is_module_path(path: str) -> bool:
-    """A dotted importable name (``pkg.mod``) rather than a file: not an existing file, no ``.py`` suffix,
-    every part an identifier."""
-    if path.endswith(".py") or Path(path).expanduser().exists():
-        return False
-    return all(part.isidentifier() for part in path.split("."))
-
-
-def _get_function(module: Any, name: str, what: str) -> RewardFn:
-    if not hasattr(module, name):
-        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
-        raise RewardError(
-            f"{what} has no {name!r}; callables it defines: {', '.join(public) or '(none)'}; set reward.function.name"
-        )
-    fn: RewardFn = getattr(module, name)
-    if not callable(fn):
-        raise RewardError(f"{name!r} in {what} is a {type(fn).__name__}, not a function")
-    return fn
-
-
 def load_reward_function(path: str | None, name: str = "compute_score") -> RewardFn:
     """The reward function: the built-ins when `path` is None, else `name` from the ``.py`` file at `path`,
     or from the importable module `path` (a dotted name such as ``queryrl.apps.query_rewrite.reward``:
     used when `path` is not an existing file and does not end in ``.py``).
 
-    A file is imported as a module of its own (registered in ``sys.modules`` under a name unique
-    to its absolute path, so dataclasses and pickling by reference work inside it); a module path
-    is imported normally (``importlib.import_module``).
+    Loaded as :func:`queryrl.plugins.load_callable` loads ``path:name``: a file is imported as a module
+    of its own (registered in ``sys.modules`` under a name unique to its absolute path, so dataclasses
+    and pickling by reference work inside it); a module path is imported normally.
 
     Raises:
         RewardError: the file is missing or not a ``.py`` file, the module is not found, either fails
@@ -145,49 +113,7 @@ def load_reward_function(path: str | None, name: str = "compute_score") -> Rewar
     """
     if path is None or path == "":
         return default_compute_score
-    if _is_module_path(path):
-        try:
-            module = importlib.import_module(path)
-        except ModuleNotFoundError as e:
-            if e.name is not None and (
-                path == e.name or path.startswith(e.name + ".")
-            ):  # the module itself (or a parent) is missing
-                raise RewardError(
-                    f"reward function {path!r}: no such file, and no importable module {e.name!r}; "
-                    "give a .py file path or an importable dotted module name"
-                ) from e
-            raise RewardError(f"reward function module {path!r} failed to import: {type(e).__name__}: {e}") from e
-        except (Exception, SystemExit) as e:
-            raise RewardError(f"reward function module {path!r} failed to import: {type(e).__name__}: {e}") from e
-        return _get_function(module, name, f"reward function module {path!r}")
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise RewardError(f"reward function file {path!r} not found (looked at {file})")
-    module = import_file(file, "reward function file")
-    return _get_function(module, name, f"reward function file {str(file)!r}")
-
-
-def import_file(file: Path, what: str) -> ModuleType:
-    """Import a .py file as a module of its own (registered in ``sys.modules``).
-
-    Args:
-        file: the resolved path of the file.
-        what: what the file is, for error messages (e.g. ``"judge function file"``).
-
-    Raises:
-        RewardError: the file is missing, is not a .py file, or fails to import.
-    """
-    if not file.is_file():
-        raise RewardError(f"{what} {str(file)!r} not found")
-    module_name = _module_name(file)
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise RewardError(f"{what} {str(file)!r} cannot be imported: it must be a .py file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:  # SyntaxError, ImportError, anything the file raises at import
-        sys.modules.pop(module_name, None)
-        raise RewardError(f"{what} {str(file)!r} failed to import: {type(e).__name__}: {e}") from e
-    return module
+        return load_callable(f"{path}:{name}", what="reward function", hint="set reward.function.name")
+    except PluginError as e:
+        raise RewardError(str(e)) from e

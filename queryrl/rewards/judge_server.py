@@ -49,8 +49,6 @@ needs only the sums):
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -64,7 +62,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import uvicorn
@@ -72,6 +69,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from queryrl.plugins import load_callable
 from queryrl.rewards.json_extract import json_objects
 from queryrl.service_auth import bearer_matches, check_bind, resolve_token
 
@@ -522,33 +520,9 @@ def load_judge_function(spec: str) -> JudgeFn:
     """A judge function from a built-in name, ``path/to/file.py:function`` or ``package.module:function``.
 
     Raises:
-        ValueError: unknown name, missing file or module, missing or non-callable attribute.
+        PluginError: (a ``ValueError``) unknown name, missing file or module, missing or non-callable attribute.
     """
-    if spec in BUILTIN_JUDGES:
-        return BUILTIN_JUDGES[spec]
-    target, _, name = spec.rpartition(":")
-    if not target or not name:
-        raise ValueError(
-            f"unknown judge {spec!r}: use a built-in ({', '.join(BUILTIN_JUDGES)}), "
-            "'path/to/file.py:function' or 'package.module:function'"
-        )
-    if target.endswith(".py") or Path(target).is_file():
-        module = _import_file(Path(target).expanduser().resolve())
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ValueError(f"judge {spec!r}: cannot import module {target!r}: {e}") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"judge {spec!r}: {target!r} has no function {name!r}")
-    return cast(JudgeFn, fn)
-
-
-def _import_file(path: Path) -> Any:
-    from queryrl.rewards.functions import import_file
-
-    return import_file(path, "judge function file")
+    return cast(JudgeFn, load_callable(spec, what="judge", builtins=BUILTIN_JUDGES))
 
 
 # --- running it ------------------------------------------------------------------------------------

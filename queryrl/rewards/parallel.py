@@ -50,7 +50,8 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
-from queryrl.rewards.functions import RewardError, RewardFn, _module_name, load_reward_function
+from queryrl.plugins import file_module_name
+from queryrl.rewards.functions import RewardError, RewardFn, load_reward_function
 from queryrl.rewards.manager import (
     REWARD_MANAGERS,
     LoopRunner,
@@ -86,7 +87,7 @@ class FunctionRef:
         """
         module = sys.modules.get(getattr(fn, "__module__", None) or "")
         file = getattr(module, "__file__", None)
-        if module is not None and file and module.__name__ == _module_name(Path(file).resolve()):
+        if module is not None and file and module.__name__ == file_module_name(Path(file).resolve()):
             # made by load_reward_function: its module name exists only in this process
             name = next((k for k, v in vars(module).items() if v is fn), getattr(fn, "__name__", ""))
             return cls(path=file, name=name)

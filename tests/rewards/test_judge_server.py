@@ -205,8 +205,8 @@ def test_load_judge_function(tmp_path: Path) -> None:
     for spec, message in [
         ("nope", "unknown judge 'nope'"),
         (f"{tmp_path}/missing.py:judge", "not found"),
-        (f"{file}:absent", "has no function 'absent'"),
-        (f"{file}:NOT_CALLABLE", "has no function 'NOT_CALLABLE'"),
+        (f"{file}:absent", "has no 'absent'; callables it defines: judge$"),
+        (f"{file}:NOT_CALLABLE", "'NOT_CALLABLE' in file .*my_judge.py' is a int, not a function"),
         ("no_such_module_xyz:fn", "cannot import module"),
     ]:
         with pytest.raises(ValueError, match=message):
