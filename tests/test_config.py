@@ -9,33 +9,10 @@ from pathlib import Path
 import pytest
 
 from queryrl.config import ConfigError, load_config, redacted, save_config
+from tests.helpers import SEED_LAUNCH
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
-
-# Seed 000's scripts/run_hybrid_grpo_query_RL.sh, entry point swapped for `queryrl train`.
-SEED_LAUNCH = r"""
-queryrl train \
-    algorithm.adv_estimator=grpo \
-    algorithm.norm_adv_by_std_in_grpo=true \
-    algorithm.use_kl_in_reward=false \
-    +algorithm.hybrid_grpo_gpt5.enable=true \
-    +algorithm.hybrid_grpo_gpt5.group_size=5 \
-    +algorithm.hybrid_grpo_gpt5.gpt5_weight=0.85 \
-    +algorithm.hybrid_grpo_gpt5.grpo_weight=0.15 \
-    +algorithm.hybrid_grpo_gpt5.selection_method=max_log_prob \
-    data.train_files=/home/jovyan2/query_rl/data/sales_rag/train.parquet \
-    data.val_files=/home/jovyan2/query_rl/data/sales_rag/val.parquet \
-    data.train_batch_size=8 \
-    actor_rollout_ref.model.path=/home/jovyan2/query_rl/model/Qwen3-8B \
-    actor_rollout_ref.rollout.n=5 \
-    actor_rollout_ref.rollout.temperature=0.7 \
-    trainer.project_name='sales_rag_grpo_gpt5_v4' \
-    trainer.experiment_name='qwen3_8b_grpo_gpt5_hybrid' \
-    trainer.n_gpus_per_node=2 \
-    trainer.total_epochs=20 \
-    +seed=42
-"""
 
 
 def _required(preset: Path) -> list[str]:

@@ -106,7 +106,7 @@ def test_scoring_passes_rows_and_merges_the_rollout_extras(tiny_bundle: Any) -> 
     from queryrl.rollout import SamplingParams
     from queryrl.trainer.metrics import PhaseTimer
     from queryrl.trainer.scoring import generate_and_score
-    from tests.agent.test_loop import ScriptedPolicy, call
+    from tests.agent.helpers import ScriptedPolicy, call
 
     tok = tiny_bundle.tokenizer
     seen: list[dict[str, Any]] = []

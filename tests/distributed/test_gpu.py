@@ -11,7 +11,7 @@ import pytest
 def test_one_gpu_ray_run_with_fsdp(tmp_path: Any, model_cache: Any) -> None:
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]')")
     from queryrl.trainer.loop import Trainer
-    from tests.trainer.test_loop import make_cfg
+    from tests.helpers import make_cfg
 
     cfg = make_cfg(
         tmp_path, model_cache, "trainer.backend=ray", "trainer.n_gpus_per_node=1", "ray.use_gpu=true", "ray.fsdp=true"
@@ -31,7 +31,7 @@ def test_one_gpu_ray_run_with_vllm_rollouts_in_the_worker(tmp_path: Any, model_c
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]')")
     pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'queryrl[vllm]')")
     from queryrl.trainer.loop import Trainer
-    from tests.trainer.test_loop import make_cfg, metrics_of
+    from tests.helpers import make_cfg, metrics_of
 
     cfg = make_cfg(
         tmp_path,

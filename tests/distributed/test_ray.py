@@ -38,7 +38,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quer
 from queryrl.distributed.ray_group import RayRollout, RayWorkers, WorkerDiedError  # noqa: E402
 from queryrl.rollout import HFRollout, SamplingParams  # noqa: E402
 from queryrl.trainer.loop import Trainer  # noqa: E402
-from tests.trainer.test_loop import make_cfg  # noqa: E402
+from tests.helpers import make_cfg  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -291,7 +291,7 @@ DRIVER = """
 import sys, warnings
 from pathlib import Path
 import ray, torch
-from tests.trainer.test_loop import make_cfg
+from tests.helpers import make_cfg
 from queryrl.trainer.loop import Trainer
 
 out, cache, max_steps, *overrides = sys.argv[1:]

@@ -46,10 +46,3 @@ def rag_url(index: BM25Index) -> Iterator[str]:
     app = make_app(index, HeuristicRewriter(), top_k=5)
     with running_server(app, max_lifetime_s=120) as url:
         yield url.removesuffix("/v1")
-
-
-PRONOUN_CONTEXTS = [
-    {"role": "user", "content": "iPhone 15 有什么颜色？"},
-    {"role": "assistant", "content": "iPhone 15 有黑色、蓝色、粉色、黄色四种颜色。"},
-    {"role": "user", "content": "它多少钱？"},
-]

@@ -8,24 +8,10 @@ import pydantic
 import pytest
 
 from queryrl.rag import BM25Index, HeuristicRewriter, InProcessRAG
-from tests.rag.conftest import PRONOUN_CONTEXTS
+from tests.rag.helpers import IDS, PRONOUN_CONTEXTS, chat_8b_body
 
-IDS = {"tenant_id": "t1", "contact_id": "c1", "account_id": "a1", "message_id": "m1"}
 RESPONSE_KEYS = {"status", "response", "answer", "rewritten_query", "cost_time"}
 DOC_KEYS = {"doc_id", "title", "content", "score"}
-
-
-def chat_8b_body(query: str = "iPhone 15 多少钱", **extra: Any) -> dict[str, Any]:
-    return {
-        **IDS,
-        "contexts": PRONOUN_CONTEXTS,
-        "thought_unit": "",
-        "score_threshold": 0.0,
-        "user_profile": "学生",
-        "history_summary": "",
-        "rewritten_query": query,
-        **extra,
-    }
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from queryrl.rewards.code import (
     parse_tests,
     run_code,
 )
+from tests.rewards.helpers import gone
 
 NAMESPACES = namespaces_available()
 needs_namespaces = pytest.mark.skipif(not NAMESPACES, reason="unshare --net --pid is not permitted here")
@@ -29,28 +28,6 @@ BOTH = pytest.mark.parametrize("isolation", ["auto", "none"])  # "none": the Pyt
 
 DOUBLE = "```python\nprint(int(input()) * 2)\n```"
 IO_TESTS = [{"input": "2\n", "output": "4\n"}, {"input": "5", "output": "10"}, {"input": "7", "output": "15"}]
-
-
-def running_with(token: str) -> bool:
-    """Whether any process on this machine has `token` in its command line."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if token.encode() in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def gone(token: str, within_s: float = 2.0) -> bool:
-    """Whether no process has `token` in its command line, within `within_s` (SIGKILL lands asynchronously)."""
-    deadline = time.monotonic() + within_s
-    while running_with(token):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # ---- run_code ----

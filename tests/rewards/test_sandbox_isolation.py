@@ -27,7 +27,7 @@ from queryrl.agent.builtin_tools import python as python_tool
 from queryrl.rewards import code as code_module
 from queryrl.rewards import sandbox
 from queryrl.rewards.code import SandboxError, compute_score, namespaces_available, run_code
-from tests.rewards.test_code import running_with
+from tests.rewards.helpers import running_with
 
 ISOLATED = namespaces_available()
 needs_isolation = pytest.mark.skipif(not ISOLATED, reason="no isolation works here (runs are refused)")

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from tests.rollout.models import with_lm_head_bias
+from tests.rollout.helpers import with_lm_head_bias
 
 QUESTIONS = [
     "hello",

@@ -11,50 +11,12 @@ import torch
 from torch import Tensor, nn
 
 import queryrl.rollout.fast_decode as fast_decode
-from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams, make_rollout
+from queryrl.rollout import HFRollout, SamplingParams, make_rollout
 from queryrl.rollout.base import left_pad
 from queryrl.rollout.fast_decode import FastDecoder, draw, unsupported_reason, warp
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.policy import compute_logprobs
-from tests.rollout.models import with_lm_head_bias
-
-GREEDY = SamplingParams(do_sample=False, max_new_tokens=8, n=2)
-
-
-def tiny_config(tokenizer: Any, arch: str = "qwen2", **overrides: Any) -> Any:
-    """A small config of `arch` for the tiny tokenizer."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
-    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
-    settings: dict[str, Any] = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 32,
-        "intermediate_size": 48,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "pad_token_id": tokenizer.pad_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "bos_token_id": None,
-    }
-    return config_class(**(settings | overrides))
-
-
-def build(config: Any) -> nn.Module:
-    """The causal LM of `config`, seeded, with non-trivial norm weights and biases (not the ones and
-    zeros of a fresh model, which would hide a missing norm weight or bias)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model: nn.Module = AutoModelForCausalLM.from_config(config)
-        with torch.no_grad():
-            for param in model.parameters():
-                if param.dim() == 1:
-                    param.add_(0.3 * torch.randn_like(param))
-                else:
-                    param.mul_(3.0)
-    return model.eval()
+from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config, with_lm_head_bias
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +45,6 @@ def models(
     sharp_model: nn.Module, eos_model: nn.Module, greedy_eos_model: nn.Module, qwen3_model: nn.Module
 ) -> dict[str, nn.Module]:
     return {"sharp": sharp_model, "eos": eos_model, "greedy_eos": greedy_eos_model, "qwen3": qwen3_model}
-
-
-def paths(model: nn.Module, tokenizer: Any, micro_batch_size: int = 64) -> tuple[HFRollout, HFRollout]:
-    """(fast, generate) backends over the same module."""
-    fast = HFRollout(model, tokenizer, micro_batch_size=micro_batch_size)
-    slow = HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, fast_decode="off")
-    assert (fast.decode_path, slow.decode_path) == ("fast", "generate"), fast.fallback_reason
-    return fast, slow
-
-
-def assert_same_greedy(a: RolloutOutput, b: RolloutOutput) -> None:
-    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_index", "truncated"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    torch.testing.assert_close(a.rollout_logprobs, b.rollout_logprobs, atol=1e-5, rtol=0)
 
 
 def test_the_tiny_model_is_supported(tiny_bundle: Any) -> None:

@@ -16,7 +16,7 @@ from queryrl.rollout import HFRollout, SamplingParams
 from queryrl.rollout.fast_decode import FastDecoder
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.policy import compute_logprobs
-from tests.rollout.test_fast_decode import GREEDY, assert_same_greedy, build, paths, tiny_config
+from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config
 
 B_SCALE = 0.02
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

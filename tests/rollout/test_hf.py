@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams
-from tests.rollout.models import with_lm_head_bias
+from tests.rollout.helpers import with_lm_head_bias
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=8)
 FAST_DECODE = "auto"

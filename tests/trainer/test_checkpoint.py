@@ -9,7 +9,7 @@ import torch
 
 from queryrl.trainer.checkpoint import checkpoint_dirs, latest_checkpoint, read_checkpoint
 from queryrl.trainer.loop import Trainer
-from tests.trainer.test_loop import make_cfg
+from tests.helpers import make_cfg
 
 
 def test_keep_last_prunes_and_a_half_written_folder_is_ignored(tmp_path: Path, model_cache: Path) -> None:

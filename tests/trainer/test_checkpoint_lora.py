@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from queryrl.trainer.checkpoint import checkpoint_dirs, folder_sizes_mb, read_checkpoint
 from queryrl.trainer.export import export_checkpoint
 from queryrl.trainer.loop import Trainer
-from tests.trainer.test_loop import make_cfg, metrics_of, params
+from tests.helpers import make_cfg, metrics_of, params
 
 LORA = ("model.lora.rank=4", "actor.use_kl_loss=true", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2")
 

@@ -23,7 +23,7 @@ from queryrl.cli import app
 from queryrl.errors import CheckpointError, ResumeConfigMismatch, user_error
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.loop import Trainer
-from tests.trainer.test_loop import REPO, make_cfg, metrics_of
+from tests.helpers import REPO, make_cfg, metrics_of
 
 RUN = "toy_grpo"  # the toy preset's experiment name
 

@@ -11,7 +11,7 @@ import torch
 from queryrl.config import ConfigError
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.loop import Trainer
-from tests.trainer.test_loop import make_cfg, metrics_of
+from tests.helpers import make_cfg, metrics_of
 
 # odd prompts: a constant reward (a zero-variance group); even prompts: the response's length
 REWARD = """

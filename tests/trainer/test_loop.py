@@ -2,47 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from omegaconf import DictConfig
 
-from queryrl.config import load_config
 from queryrl.trainer.loop import Trainer
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def make_cfg(tmp_path: Path, model_cache: Path, *overrides: str) -> DictConfig:
-    """The toy preset, shrunk to a few fast steps."""
-    return load_config(
-        REPO / "configs" / "toy_grpo.yaml",
-        [
-            f"trainer.output_dir={tmp_path}",
-            f"model.cache_dir={model_cache}",
-            "trainer.logger=[jsonl]",
-            "trainer.plot=false",
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "trainer.save_every=0",
-            "data.val_files=[]",
-            "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=4",
-            "rollout.n=4",
-            *overrides,
-        ],
-    )
-
-
-def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in module.named_parameters()}
-
-
-def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from tests.helpers import make_cfg, metrics_of, params
 
 
 def test_grpo_steps_run_and_change_the_parameters(tmp_path: Path, model_cache: Path) -> None:

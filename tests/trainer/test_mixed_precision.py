@@ -192,7 +192,7 @@ def test_grpo_and_ppo_run_in_mixed_precision(tmp_path: Path, model_cache: Path) 
     """The trainer end to end (rollout, old/ref log-probs, KL loss, GAE critic, update): the actor and the
     critic stay float32 and move, the step-0 KL is exactly 0, every metric is finite."""
     from queryrl.trainer.loop import Trainer
-    from tests.trainer.test_loop import make_cfg, metrics_of, params
+    from tests.helpers import make_cfg, metrics_of, params
 
     cfg = make_cfg(
         tmp_path,
@@ -224,7 +224,7 @@ def test_one_gpu_fsdp_run_in_mixed_precision(tmp_path: Path, model_cache: Path) 
     update reaches the driver's float32 policy."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]')")
     from queryrl.trainer.loop import Trainer
-    from tests.trainer.test_loop import make_cfg
+    from tests.helpers import make_cfg
 
     overrides = ["trainer.backend=ray", "trainer.n_gpus_per_node=1", "ray.use_gpu=true", "ray.fsdp=true"]
     cfg = make_cfg(tmp_path, model_cache, *PRECISIONS["bf16-mixed"], *overrides)

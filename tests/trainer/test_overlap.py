@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.trainer.loop import Trainer
-from tests.trainer.test_loop import make_cfg
+from tests.helpers import make_cfg
 
 LATENCY_S = 0.3
 

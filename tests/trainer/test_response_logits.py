@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from queryrl.config import load_config
-from queryrl.models import load_policy
 from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import compute_logprobs, forward_logprobs, keeps_logits, logprobs_from_logits
+from queryrl.trainer.policy import compute_logprobs, forward_logprobs, keeps_logits
 from queryrl.trainer.sft import IGNORE_INDEX, SFTExample, collate, sum_target_loss
-
-TEMPERATURE = 0.7
+from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 
 
 def make_batch(vocab: int, seed: int = 0) -> Batch:
@@ -39,36 +34,12 @@ def make_batch(vocab: int, seed: int = 0) -> Batch:
     )
 
 
-def full_logprobs(model: nn.Module, batch: Batch) -> Tensor:
-    """The reference: project every position to the vocabulary, then slice the response (the old code)."""
-    input_ids, attention_mask, position_ids = batch.model_inputs()
-    p = batch.prompt_ids.shape[1]
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    return logprobs_from_logits(out.logits[:, p - 1 : -1] / TEMPERATURE, batch.response_ids)
-
-
 def lm_head_rows(model: nn.Module) -> tuple[list[int], Any]:
     """Record how many positions each call of the output projection sees."""
     rows: list[int] = []
     head = model.get_output_embeddings()  # type: ignore[operator]
     handle = head.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[1]))
     return rows, handle
-
-
-def load(model_cache: Any, lora_rank: int) -> Any:
-    cfg: DictConfig = load_config(None, [f"model.cache_dir={model_cache}", f"model.lora.rank={lora_rank}"])
-    torch.manual_seed(0)
-    bundle = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False)
-    if bundle.lora:  # non-zero adapters, so the LoRA path really differs from the base
-        for name, param in bundle.model.named_parameters():
-            if "lora_B" in name:
-                nn.init.normal_(param, std=0.05)
-    return bundle
-
-
-@pytest.fixture(params=[0, 4], ids=["full", "lora"])
-def policy(request: pytest.FixtureRequest, model_cache: Any) -> Any:
-    return load(model_cache, request.param)
 
 
 def test_logprobs_and_gradients_match_full_logits(policy: Any) -> None:

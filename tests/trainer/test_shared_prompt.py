@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from queryrl.trainer.batch import Batch
 from queryrl.trainer.policy import compute_logprobs, forward_logprobs, prompt_groups
-from tests.trainer.test_response_logits import TEMPERATURE, full_logprobs, load
+from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 
 
 def grouped_batch(vocab: int, seed: int = 0, t: int = 5) -> Batch:
@@ -46,11 +46,6 @@ def embedded_rows(model: nn.Module) -> tuple[list[tuple[int, int]], Any]:
     embed = model.get_input_embeddings()  # type: ignore[operator]
     handle = embed.register_forward_hook(lambda _m, args, _out: calls.append(tuple(args[0].shape)))
     return calls, handle
-
-
-@pytest.fixture(params=[0, 4], ids=["full", "lora"])
-def policy(request: pytest.FixtureRequest, model_cache: Any) -> Any:
-    return load(model_cache, request.param)
 
 
 def test_prompt_groups_finds_the_distinct_prompts() -> None:
@@ -135,7 +130,7 @@ def test_gradient_checkpointing_falls_back_to_the_full_forward(model_cache: Any)
 def test_a_grpo_step_ends_with_the_same_parameters(tmp_path: Path, model_cache: Path) -> None:
     """One GRPO step with the KL loss (old, reference and policy log-probs all take the shared path)."""
     from queryrl.trainer.loop import Trainer
-    from tests.trainer.test_loop import make_cfg, params
+    from tests.helpers import make_cfg, params
 
     starts, ends, losses = [], [], []
     for share in (False, True):

@@ -27,8 +27,8 @@ from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
 from queryrl.cli import app as cli
 from queryrl.config import load_config
 from queryrl.trainer.sft import run_sft
+from tests.helpers import SEED_LAUNCH
 from tests.loopback import Services, rag_and_judge
-from tests.test_config import SEED_LAUNCH
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "query_rewrite_demo.yaml"

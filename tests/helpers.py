@@ -1,0 +1,81 @@
+"""Plain helpers shared by test modules of several packages (fixtures live in ``conftest.py``).
+
+Test modules import from here, never from one another (``tests/test_layout.py`` checks it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from queryrl.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Seed 000's scripts/run_hybrid_grpo_query_RL.sh, entry point swapped for `queryrl train`.
+SEED_LAUNCH = r"""
+queryrl train \
+    algorithm.adv_estimator=grpo \
+    algorithm.norm_adv_by_std_in_grpo=true \
+    algorithm.use_kl_in_reward=false \
+    +algorithm.hybrid_grpo_gpt5.enable=true \
+    +algorithm.hybrid_grpo_gpt5.group_size=5 \
+    +algorithm.hybrid_grpo_gpt5.gpt5_weight=0.85 \
+    +algorithm.hybrid_grpo_gpt5.grpo_weight=0.15 \
+    +algorithm.hybrid_grpo_gpt5.selection_method=max_log_prob \
+    data.train_files=/home/jovyan2/query_rl/data/sales_rag/train.parquet \
+    data.val_files=/home/jovyan2/query_rl/data/sales_rag/val.parquet \
+    data.train_batch_size=8 \
+    actor_rollout_ref.model.path=/home/jovyan2/query_rl/model/Qwen3-8B \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.rollout.temperature=0.7 \
+    trainer.project_name='sales_rag_grpo_gpt5_v4' \
+    trainer.experiment_name='qwen3_8b_grpo_gpt5_hybrid' \
+    trainer.n_gpus_per_node=2 \
+    trainer.total_epochs=20 \
+    +seed=42
+"""
+
+
+def make_cfg(tmp_path: Path, model_cache: Path, *overrides: str) -> DictConfig:
+    """The toy preset, shrunk to a few fast steps.
+
+    Args:
+        tmp_path: The run's output folder (``trainer.output_dir``).
+        model_cache: Where the tiny model is built (``model.cache_dir``).
+        *overrides: Dotted overrides applied after the shrinking ones.
+
+    Returns:
+        The loaded config: two GRPO steps of 4 prompts x 4 samples, JSONL logging only, no validation.
+    """
+    return load_config(
+        REPO / "configs" / "toy_grpo.yaml",
+        [
+            f"trainer.output_dir={tmp_path}",
+            f"model.cache_dir={model_cache}",
+            "trainer.logger=[jsonl]",
+            "trainer.plot=false",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "trainer.save_every=0",
+            "data.val_files=[]",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=4",
+            "rollout.n=4",
+            *overrides,
+        ],
+    )
+
+
+def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of `module`'s parameters by name, to compare before and after training."""
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of `run_dir`'s ``metrics.jsonl``, one dict per logged step."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
