@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
+from queryrl.padding import cat_padded
 from queryrl.registry import Registry
 
 
@@ -183,15 +184,15 @@ class RolloutOutput:
         p = max(o.prompt_ids.shape[1] for o in outputs)
         t = max(o.response_ids.shape[1] for o in outputs)
         return cls(
-            prompt_ids=torch.cat([_pad(o.prompt_ids, p, pad_id, left=True) for o in outputs]),
-            prompt_mask=torch.cat([_pad(o.prompt_mask, p, 0, left=True) for o in outputs]),
-            response_ids=torch.cat([_pad(o.response_ids, t, pad_id, left=False) for o in outputs]),
-            response_mask=torch.cat([_pad(o.response_mask, t, 0, left=False) for o in outputs]),
-            rollout_logprobs=torch.cat([_pad(o.rollout_logprobs, t, 0, left=False) for o in outputs]),
+            prompt_ids=cat_padded([o.prompt_ids for o in outputs], p, pad_id, left=True),
+            prompt_mask=cat_padded([o.prompt_mask for o in outputs], p, 0, left=True),
+            response_ids=cat_padded([o.response_ids for o in outputs], t, pad_id, left=False),
+            response_mask=cat_padded([o.response_mask for o in outputs], t, 0, left=False),
+            rollout_logprobs=cat_padded([o.rollout_logprobs for o in outputs], t, 0, left=False),
             prompt_index=torch.cat([o.prompt_index for o in outputs]),
             truncated=torch.cat([o.truncated for o in outputs]),
             response_attention_mask=(
-                torch.cat([_pad(o.attention_mask(), t, 0, left=False) for o in outputs])
+                cat_padded([o.attention_mask() for o in outputs], t, 0, left=False)
                 if any(o.response_attention_mask is not None for o in outputs)
                 else None
             ),
@@ -201,14 +202,6 @@ class RolloutOutput:
                 else None
             ),
         )
-
-
-def _pad(x: Tensor, width: int, value: float, left: bool) -> Tensor:
-    """Pad (N, L) to (N, width) with `value`, on the left or the right."""
-    extra = width - x.shape[1]
-    if extra == 0:
-        return x
-    return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=value)
 
 
 def check_prompts(prompts: Sequence[Sequence[int]]) -> None:

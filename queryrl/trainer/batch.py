@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from queryrl.padding import cat_padded, pad_to
+
 if TYPE_CHECKING:
     from queryrl.rollout import RolloutOutput
 
@@ -135,12 +137,7 @@ class Batch:
                 continue
             left = name.startswith("prompt")
             fill = pad_id if name in ("prompt_ids", "response_ids") else 0
-            width = p if left else t
-            padded = []
-            for v in values:
-                pad = v.new_full((v.shape[0], width - v.shape[1]), fill)
-                padded.append(torch.cat([pad, v] if left else [v, pad], dim=1))
-            out[name] = torch.cat(padded)
+            out[name] = cat_padded(values, p if left else t, fill, left=left)
         keys = set(batches[0].non_tensor)
         if any(set(b.non_tensor) != keys for b in batches):
             raise ValueError("the batches have different non_tensor keys")
@@ -176,10 +173,7 @@ class Batch:
 
     def pad_responses_to(self, width: int, values: Tensor, fill: float = 0.0) -> Tensor:
         """Right-pad a (n, t) tensor computed on a trimmed batch back to (n, width)."""
-        if values.shape[1] == width:
-            return values
-        pad = values.new_full((values.shape[0], width - values.shape[1]), fill)
-        return torch.cat([values, pad], dim=1)
+        return pad_to(values, width, fill, left=False)
 
     @property
     def response_lengths(self) -> Tensor:
