@@ -81,7 +81,6 @@ def grpo_bench(steps: int, warmup: int) -> dict[str, Any]:
 def sft_bench(steps: int) -> dict[str, Any]:
     import torch
 
-    import queryrl.apps  # noqa: F401 - registers builtin://sales_demo
     from queryrl.config import load_config
     from queryrl.models import load_policy
     from queryrl.trainer.sft import accumulate_gradients, build_sft_data

@@ -95,7 +95,6 @@ def train(
     debug: Debug = False,
 ) -> None:
     """Train: ``queryrl train --config FILE key.sub=value ...`` (verl keys accepted)."""
-    import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
     from queryrl.config import ConfigError, load_config
     from queryrl.data import DataError
 
@@ -132,7 +131,6 @@ def sft(
     debug: Debug = False,
 ) -> None:
     """Supervised fine-tuning (a warm start before RL): ``queryrl sft --config FILE key.sub=value ...``."""
-    import queryrl.apps  # noqa: F401  registers the applications' built-in datasets
     from queryrl.config import ConfigError, load_config
     from queryrl.data import DataError
 
@@ -431,7 +429,9 @@ def serve_rag(
     ] = None,
 ) -> None:
     """Serve the RAG endpoints (POST /rag/chat_8b, POST /rag/chat, GET /health) over a BM25 index."""
-    import queryrl.apps  # noqa: F401  registers the "policy" rewriter
+    from queryrl.application import load_apps
+
+    load_apps()  # the applications' rewriters (query_rewrite's "policy")
     from queryrl.rag import serve
     from queryrl.service_auth import TokenError, check_bind, resolve_token
 
@@ -594,14 +594,11 @@ def eval_(
 def _preflight(cfg: Any) -> None:
     """Call the judge, the RAG service and the reward function once, before the model loads
     (queryrl.trainer.preflight); a failure is one message and exit 2."""
+    from queryrl.application import enabled_app
     from queryrl.trainer.preflight import run_preflight
 
-    checks: list[Any] = []
-    reward = None
-    if cfg.app.query_rewrite.enable:  # the application brings its reward and its services
-        from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
-
-        checks, reward = service_checks(cfg), reward_spec(cfg)
+    app_ = enabled_app(cfg)  # an application brings its reward and its services
+    checks, reward = app_.preflight(cfg) if app_ is not None else ([], None)
     run_preflight(cfg, typer.echo, checks, reward)
 
 

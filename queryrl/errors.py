@@ -31,6 +31,10 @@ from pathlib import Path
 from types import TracebackType
 
 from queryrl.config import ConfigError
+from queryrl.trainer.checkpoint import CheckpointError
+from queryrl.trainer.run_folder import ResumeConfigMismatch
+
+__all__ = ["CheckpointError", "ResumeConfigMismatch", "debug_requested", "user_error"]
 
 # the part of the package a model or checkpoint error comes from -> the word that names it
 _AREAS = (
@@ -43,14 +47,6 @@ _AREAS = (
 BUG_TYPES = (AttributeError, NameError, TypeError, AssertionError, IndexError, KeyError, ZeroDivisionError)
 _PATH_NAMES = ("path", "folder", "checkpoint", "src", "f")  # the locals that hold what was being read
 STOPPED_EXIT_CODE = 3  # the run stopped because its rewards failed reward.max_skipped_steps steps in a row
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used: none intact to resume from, or one holding code (its message names it)."""
-
-
-class ResumeConfigMismatch(ConfigError):
-    """``trainer.resume=auto`` found a run folder saved with a config that differs on what training depends on."""
 
 
 def debug_requested() -> bool:

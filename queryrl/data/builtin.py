@@ -7,14 +7,15 @@ path of the split's file is returned, so everything downstream reads it like any
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from queryrl.atomic import atomic_path
-from queryrl.models.tiny import cache_root
 
 PREFIX = "builtin://"
 TOY_TARGET = "hello"
@@ -103,12 +104,14 @@ BUILTIN_DATASETS: dict[str, Callable[[str], list[dict[str, Any]]]] = {
 BUILTIN_VERSIONS: dict[str, int] = {"arithmetic_tool": 1}
 
 
-def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str, Any]]], version: int = 0) -> None:
-    """Make ``builtin://<name>/<split>`` available; applications call this when imported.
+def cache_root(cache_dir: str | None = None) -> Path:
+    """``cache_dir``, else ``$QUERYRL_CACHE``, else ``~/.cache/queryrl``: built datasets and tiny models."""
+    root = cache_dir or os.environ.get("QUERYRL_CACHE") or Path.home() / ".cache" / "queryrl"
+    return Path(root)
 
-    The library never imports an application, so the CLI imports ``queryrl.apps`` to register
-    the applications' datasets (e.g. ``sales_demo``).
-    """
+
+def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str, Any]]], version: int = 0) -> None:
+    """Make ``builtin://<name>/<split>`` available; an application calls this in its ``setup``."""
     existing = BUILTIN_DATASETS.get(name)
     if existing is not None and existing is not make_rows:
         raise ValueError(f"built-in dataset {name!r} is already registered")
@@ -116,16 +119,21 @@ def register_builtin_dataset(name: str, make_rows: Callable[[str], list[dict[str
     BUILTIN_VERSIONS[name] = version
 
 
+def builtin_datasets() -> dict[str, Callable[[str], list[dict[str, Any]]]]:
+    """The built-in datasets: the library's and the installed applications' (e.g. ``sales_demo``)."""
+    from queryrl.application import load_apps
+
+    load_apps()  # each application's setup registers its datasets
+    return BUILTIN_DATASETS
+
+
 def resolve_data_path(path: str, cache_dir: str | None = None) -> str:
     """`path` itself, or for ``builtin://NAME/SPLIT`` the generated parquet file's path."""
     if not path.startswith(PREFIX):
         return path
     name, _, split = path[len(PREFIX) :].partition("/")
-    if name not in BUILTIN_DATASETS:
-        raise ValueError(
-            f"unknown built-in dataset {name!r} in {path!r}; known: {', '.join(BUILTIN_DATASETS)} "
-            "(applications register theirs when imported: import queryrl.apps)"
-        )
+    if name not in builtin_datasets():
+        raise ValueError(f"unknown built-in dataset {name!r} in {path!r}; known: {', '.join(BUILTIN_DATASETS)}")
     version = BUILTIN_VERSIONS.get(name, 0)
     suffix = f".v{version}" if version else ""
     out = cache_root(cache_dir) / "data" / name / f"{split or 'train'}{suffix}.parquet"

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from queryrl.atomic import atomic_dir
+from queryrl.data.builtin import cache_root
 
 # ChatML, as Qwen2 uses; the generation prompt opens the assistant turn.
 CHAT_TEMPLATE = (
@@ -60,12 +60,6 @@ def _settings(tiny: Any) -> dict[str, Any]:
     }
 
 
-def cache_root(cache_dir: str | None = None) -> Path:
-    """``cache_dir``, else ``$QUERYRL_CACHE``, else ``~/.cache/queryrl``."""
-    root = cache_dir or os.environ.get("QUERYRL_CACHE") or Path.home() / ".cache" / "queryrl"
-    return Path(root)
-
-
 def tiny_model_dir(tiny: Any, cache_dir: str | None = None) -> Path:
     """The folder the tiny model with these settings lives in (built or not)."""
     digest = hashlib.sha256(json.dumps(_settings(tiny), sort_keys=True).encode()).hexdigest()[:12]
@@ -88,7 +82,7 @@ def dataset_text(name: str) -> list[str]:
     """The text of a dataset for tokenizer training: every prompt message and, where present,
     ``extra_info.sft_target``. `name` is a parquet/JSONL file in verl's layout, or a built-in dataset
     (``builtin://NAME/SPLIT`` or ``NAME/SPLIT``)."""
-    from queryrl.data.builtin import BUILTIN_DATASETS, PREFIX
+    from queryrl.data.builtin import BUILTIN_DATASETS, PREFIX, builtin_datasets
 
     if not name.startswith(PREFIX) and Path(name).suffix in {".parquet", ".jsonl", ".json"}:
         from queryrl.data.records import load_records
@@ -96,11 +90,9 @@ def dataset_text(name: str) -> list[str]:
         rows = load_records(name)
     else:
         dataset, _, split = name.removeprefix(PREFIX).partition("/")
-        if dataset not in BUILTIN_DATASETS:
-            raise ValueError(
-                f"model.tiny.corpus_datasets: unknown built-in dataset {dataset!r}; known: "
-                f"{', '.join(BUILTIN_DATASETS)} (applications register theirs when imported: import queryrl.apps)"
-            )
+        if dataset not in builtin_datasets():
+            known = ", ".join(BUILTIN_DATASETS)
+            raise ValueError(f"model.tiny.corpus_datasets: unknown built-in dataset {dataset!r}; known: {known}")
         rows = BUILTIN_DATASETS[dataset](split or "train")
     lines: list[str] = []
     for row in rows:

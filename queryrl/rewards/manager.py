@@ -361,6 +361,13 @@ class NaiveRewardManager(InProcessManager):
         return [score_sample(self.fn, x, self.kwargs, self._loop) for x in inputs]
 
 
+def registered_managers() -> Registry[Callable[..., RewardManager]]:
+    """:data:`REWARD_MANAGERS`, complete: the managers in other modules register themselves on import."""
+    from queryrl.rewards import async_manager, batch_manager, dapo_manager, parallel  # noqa: F401
+
+    return REWARD_MANAGERS
+
+
 def make_reward_manager(
     name: str, fn: RewardFn, kwargs: Mapping[str, Any] | None = None, **options: Any
 ) -> RewardManager:
@@ -373,12 +380,8 @@ def make_reward_manager(
         **options: settings of the manager (see :data:`MANAGER_OPTIONS`); each manager uses the
             ones it needs and ignores the rest.
     """
-    # parallel and async register themselves on import; importing them here keeps the registry
-    # complete for a caller that imported only this module.
-    from queryrl.rewards import async_manager, batch_manager, dapo_manager, parallel  # noqa: F401
-
     try:
-        cls = REWARD_MANAGERS.get(name)
+        cls = registered_managers().get(name)
     except RegistryError as e:
         raise RewardError(f"{e} (reward.manager)") from None
     return cls(fn, kwargs or {}, **options)

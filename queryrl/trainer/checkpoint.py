@@ -44,7 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from queryrl.errors import CheckpointError
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: none intact to resume from, or one holding code (its message names it)."""
+
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 MANIFEST = "manifest.json"

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS
+from queryrl.application import enabled_app
 from queryrl.data import PromptDataset, PromptLoader, build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
@@ -139,21 +140,14 @@ def build_components(cfg: DictConfig) -> Components:
             fast_decode=cfg.rollout.fast_decode,
         )
     r = cfg.reward
-    function_path, function_name, manager, kwargs = r.function.path, r.function.name, r.manager, dict(r.kwargs)
-    select = None
-    if cfg.app.query_rewrite.enable:  # the application supplies the reward (and seed_hybrid's selector)
-        from queryrl.apps.query_rewrite import training as query_rewrite
-
-        if function_path and function_path != query_rewrite.REWARD_FUNCTION:
-            raise ValueError(
-                f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function_path!r} "
-                "would replace it: remove one of the two"
-            )
-        function_path, function_name = query_rewrite.REWARD_FUNCTION, "compute_score"
-        kwargs = query_rewrite.reward_kwargs(cfg)
-        manager = "async" if manager == "naive" else manager  # RAG and judge calls are I/O: run them concurrently
-        select = query_rewrite.make_selector(cfg)
-    reward_fn = load_reward_function(function_path, function_name)
+    app = enabled_app(cfg)
+    spec = app.reward(cfg) if app is not None else None
+    if spec is not None:  # the application brings its reward (and, maybe, a selector of the rows to train on)
+        reward_fn, kwargs, preferred = spec.fn, dict(spec.kwargs), spec.manager
+    else:
+        reward_fn, kwargs, preferred = load_reward_function(r.function.path, r.function.name), dict(r.kwargs), "naive"
+    select = app.selector(cfg) if app is not None else None
+    manager = preferred if r.manager == "auto" else r.manager
     reward = make_reward_manager(
         manager,
         reward_fn,

@@ -32,7 +32,6 @@ AdamW keeps its two moments in the parameters' dtype):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +39,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS
+from queryrl.application import enabled_app
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-DEMO_PREFIX = "builtin://sales_demo"
-DEMO_DATA_SOURCE = "query_rewrite/sales_demo"
 
 
 # --- model size -----------------------------------------------------------------------------------
@@ -224,9 +222,6 @@ def build_plan(cfg: DictConfig, command: str = "train") -> Plan:
         _data(cfg, plan, list(cfg.data.train_files), "train")
         _data(cfg, plan, list(cfg.data.val_files), "val")
         _reward(cfg, plan)
-        problem = demo_fallback_problem(cfg)
-        if problem:
-            plan.problems.append(problem)
     _output(cfg, plan, command)
     return plan
 
@@ -387,38 +382,17 @@ def _count_rows(path: Path) -> int | None:
 
 
 def _reward(cfg: DictConfig, plan: Plan) -> None:
-    qr, r = cfg.app.query_rewrite, cfg.reward
-    if not qr.enable:
+    r = cfg.reward
+    app = enabled_app(cfg)
+    spec = app.reward(cfg) if app is not None else None
+    manager = r.manager if r.manager != "auto" else (spec.manager if spec is not None else "naive")
+    if spec is None:
         fn = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
-        plan.add("reward", f"function {fn}, manager {r.manager}")
-        return
-    manager = "async" if r.manager == "naive" else r.manager
-    plan.add(
-        "reward",
-        f"query_rewrite app, reward_mode {qr.reward_mode}, manager {manager} (at most {r.max_concurrency} in flight)",
-    )
-    j = qr.judge
-    if j.backend == "openai":
-        key = "no key (api_key_env=null)"
-        if j.api_key_env:
-            given = bool(os.environ.get(j.api_key_env))
-            key = f"key from ${j.api_key_env}: {'set' if given else 'NOT SET'}"
-            if not given:
-                plan.problems.append(
-                    f"app.query_rewrite.judge: the key variable {j.api_key_env} is not set "
-                    "(export it, or judge.api_key_env=null for a server without key)"
-                )
-        plan.add("judge", f"openai-compatible, model {j.model!r} at {j.base_url}, {key}, timeout {j.timeout_s} s")
+        plan.add("reward", f"function {fn}, manager {manager}")
     else:
-        plan.add("judge", "offline (gold documents of the data, no LLM)")
-    if qr.rag.url:
-        from queryrl.rag.client import endpoint_url
-
-        plan.add(
-            "rag", f"chat_8b: {endpoint_url(qr.rag.url, 'chat_8b')}", f"chat:    {endpoint_url(qr.rag.url, 'chat')}"
-        )
-    else:
-        plan.add("rag", f"embedded in-process service over corpus {qr.rag.corpus!r} ({qr.rag.retriever})")
+        plan.add("reward", f"{spec.label or app.name}, manager {manager} (at most {r.max_concurrency} in flight)")
+    if app is not None:
+        app.plan(cfg, plan.add, plan.problems.append)
 
 
 def _output(cfg: DictConfig, plan: Plan, command: str) -> None:
@@ -432,51 +406,3 @@ def _output(cfg: DictConfig, plan: Plan, command: str) -> None:
     resume = cfg.trainer.resume == "auto" and (run / "checkpoints").is_dir()
     state = "exists; resumes from its last checkpoint" if resume else ("exists" if run.exists() else "new")
     plan.add("output", f"{run} ({state})")
-
-
-# --- the embedded demo's services on the user's data ----------------------------------------------
-
-
-def demo_fallback_problem(cfg: DictConfig) -> str | None:
-    """A message when the user's own data would be scored by the embedded demo's RAG and judge.
-
-    The demo's services (``rag.url`` unset, ``rag.corpus=sales_demo``, the offline judge) retrieve from
-    a synthetic phone catalogue; on anyone else's conversations that trains on noise without a sign.
-    Data counts as the demo's when it is ``builtin://sales_demo/...`` or a file whose rows all come from
-    it (``data_source`` ``query_rewrite/sales_demo``).
-    """
-    qr = cfg.app.query_rewrite
-    if not qr.enable or qr.rag.url or qr.rag.corpus != "sales_demo" or qr.judge.backend != "offline":
-        return None
-    own = [str(f) for f in cfg.data.train_files if not _is_demo_data(str(f))]
-    if not own:
-        return None
-    return (
-        f"data.train_files {', '.join(own)} is your data, but the RAG service and the judge are the embedded "
-        "demo's (a synthetic phone catalogue, an offline judge): give your RAG service "
-        "(app.query_rewrite.rag.url=http://HOST:PORT, or +algorithm.hybrid_grpo_gpt5.rag_endpoint=URL "
-        "+algorithm.hybrid_grpo_gpt5.reference_endpoint=URL) or your corpus (app.query_rewrite.rag.corpus=FILE), "
-        "and your judge (app.query_rewrite.judge.backend=openai app.query_rewrite.judge.base_url=URL "
-        "app.query_rewrite.judge.model=NAME, or +algorithm.hybrid_grpo_gpt5.gpt5_model=NAME)"
-    )
-
-
-def _is_demo_data(f: str) -> bool:
-    if f.startswith(DEMO_PREFIX):
-        return True
-    path = Path(f).expanduser()
-    if not path.is_file():
-        return False
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            sources = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
-        elif path.suffix == ".jsonl":
-            with path.open(encoding="utf-8") as fh:
-                sources = [json.loads(line).get("data_source") for line in fh if line.strip()]
-        else:
-            return False
-    except (OSError, ValueError, KeyError):  # unreadable here: the loader reports it; not the demo's
-        return False
-    return bool(sources) and all(s == DEMO_DATA_SOURCE for s in sources)

@@ -31,10 +31,11 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from queryrl.config import QueryRLConfig, redacted
-from queryrl.errors import CheckpointError, ResumeConfigMismatch
+from queryrl.application import load_apps
+from queryrl.config import ConfigError, build_schema, redacted
 from queryrl.redaction import redact
 from queryrl.trainer import checkpoint as ckpt
+from queryrl.trainer.checkpoint import CheckpointError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "samples", "plots", "checkpoints")
 PREVIOUS = "previous"
@@ -66,16 +67,7 @@ MAY_DIFFER = (
     "reward.max_retries",
     "reward.max_concurrency",
     "reward.requests_per_minute",
-    "app.query_rewrite.judge.base_url",
-    "app.query_rewrite.judge.api_key_env",
-    "app.query_rewrite.judge.timeout_s",
-    "app.query_rewrite.judge.max_retries",
-    "app.query_rewrite.rag.url",
-    "app.query_rewrite.rag.token_env",
-    "app.query_rewrite.rag.timeout_s",
-    "app.query_rewrite.rag.max_retries",
-    "app.query_rewrite.rag.reference_base_url",
-    "app.query_rewrite.rag.reference_api_key_env",
+    # and each application's resume_may_differ (e.g. where its services live)
     "data.val_files",
     "data.val_batch_size",
     "data.max_val_samples",
@@ -89,6 +81,10 @@ MAY_DIFFER = (
 _MAX_LISTED = 8
 
 
+class ResumeConfigMismatch(ConfigError):
+    """``trainer.resume=auto`` found a run folder saved with a config that differs on what training depends on."""
+
+
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(node, Mapping):
         out: dict[str, Any] = {}
@@ -99,7 +95,8 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _may_differ(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in MAY_DIFFER)
+    keys = MAY_DIFFER + tuple(k for app in load_apps() for k in app.resume_may_differ)
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
 
 
 def config_differences(old: Mapping[str, Any], new: DictConfig) -> list[tuple[str, Any, Any]]:
@@ -110,7 +107,7 @@ def config_differences(old: Mapping[str, Any], new: DictConfig) -> list[tuple[st
     a key the new schema lacks is ignored (nothing reads it any more).
     """
     before, after = _flat(old), _flat(redacted(new))
-    defaults = _flat(OmegaConf.to_container(OmegaConf.structured(QueryRLConfig), resolve=True))
+    defaults = _flat(OmegaConf.to_container(build_schema(), resolve=True))
     missing = object()
     diffs = []
     for key, value in after.items():

@@ -9,14 +9,13 @@ whole scoring time.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from queryrl.rewards import RewardInput, RewardResult, summarize
+from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.trainer.batch import Batch, outcome_to_tokens
 from queryrl.trainer.metrics import PhaseTimer, zero_std_group_fraction
@@ -123,13 +122,14 @@ def apply_scores(batch: Batch, results: list[RewardResult]) -> tuple[Batch, dict
 
 
 def reward_side_metrics(reward: Any) -> dict[str, float]:
-    """The reward manager's own counters and, if a judge client was used, ``judge/*``."""
+    """The reward manager's own counters, ``judge/*`` from the judge clients, and the reward's own.
+
+    A reward function that is an object with ``pop_metrics()`` (e.g. the query-rewrite application's,
+    counting its RAG calls) adds what that returns.
+    """
     metrics: dict[str, float] = dict(reward.pop_metrics()) if hasattr(reward, "pop_metrics") else {}
-    judge = sys.modules.get("queryrl.rewards.judge")  # only if some reward function imported it
-    if judge is not None and hasattr(judge, "collect_judge_metrics"):
-        metrics |= judge.collect_judge_metrics()
-    # a reward function's module may count its own side work (RAG calls, judge consistency, ...)
-    module = sys.modules.get(getattr(getattr(reward, "fn", None), "__module__", "") or "")
-    if module is not None and callable(getattr(module, "pop_reward_metrics", None)):
-        metrics |= module.pop_reward_metrics()
+    metrics |= collect_judge_metrics()
+    own = getattr(getattr(reward, "fn", None), "pop_metrics", None)
+    if callable(own):
+        metrics |= own()
     return metrics

@@ -9,15 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+from queryrl.apps.query_rewrite.plugin import demo_fallback_problem
 from queryrl.config import load_config
 from queryrl.trainer.plan import (
     ModelShape,
     build_plan,
     count_lora_parameters,
     count_parameters,
-    demo_fallback_problem,
     estimate_memory,
 )
 

@@ -190,7 +190,6 @@ def load_samples(data: str, max_samples: int | None = None, cache_dir: str | Non
     Raises:
         EvalError: unreadable data, or a row without ``extra_info.contexts`` ending with a user turn.
     """
-    import queryrl.apps  # noqa: F401  registers builtin://sales_demo
     from queryrl.data.builtin import resolve_data_path
     from queryrl.data.records import DataError, load_records
 

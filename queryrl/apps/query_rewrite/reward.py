@@ -586,3 +586,27 @@ async def compute_score(
     if score is None:  # unreachable: every weighted component was computed above
         raise RewardFailure("a weighted reward component is missing")
     return {"score": score, **out}
+
+
+class QueryRewriteReward:
+    """The application's reward object: verl's contract (:func:`compute_score`) and its side metrics.
+
+    The manager calls it like ``compute_score`` (an ``async`` call); the trainer adds
+    :meth:`pop_metrics` to each step's metrics. The clients and caches it uses are shared per
+    process (one RAG client per service and settings, one LRU of candidate calls per event loop).
+    It pickles by reference, for the process-pool manager.
+    """
+
+    async def __call__(
+        self,
+        data_source: str,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, float]:
+        return await compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The RAG counters and judge consistency since the last call (:func:`pop_reward_metrics`)."""
+        return pop_reward_metrics()

