@@ -28,6 +28,7 @@ def small(tmp_path: Path, model_cache: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_train_export_plot(tmp_path: Path, model_cache: Path) -> None:
     args = [
         "train",
@@ -115,6 +116,7 @@ def test_prepare_gsm8k_reports_a_bad_line(tmp_path: Path) -> None:
     assert "line 2" in result.output
 
 
+@pytest.mark.slow
 def test_serve_judge_runs_as_a_real_process_and_answers_the_official_sdk() -> None:
     import httpx
 

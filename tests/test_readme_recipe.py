@@ -103,6 +103,7 @@ def services() -> Iterator[Services]:
         yield found
 
 
+@pytest.mark.slow
 def test_the_recipe_runs_as_written(tmp_path: Path, model_cache: Path, services: Services) -> None:
     rag_url, judge_url = services.rag_url, services.judge_url
     rag_requests, judged, judge_stats = services.rag_requests, services.judged, services.judge_stats

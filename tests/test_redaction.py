@@ -159,6 +159,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, judg
 """
 
 
+@pytest.mark.slow
 def test_a_judge_echoing_the_key_leaves_it_nowhere(tmp_path: Path, model_cache: Path, echo_judge: str) -> None:
     reward = tmp_path / "judge_reward.py"
     reward.write_text(REWARD)

@@ -86,6 +86,7 @@ def test_prepare_kdconv(tmp_path: Path) -> None:
     assert all(set(r["reward_model"]["ground_truth"]["gold_doc_ids"]) <= ids for r in rows)
 
 
+@pytest.mark.slow
 def test_serve_rag_runs_as_a_real_process(tmp_path: Path) -> None:
     import os
     import socket

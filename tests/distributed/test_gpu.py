@@ -8,6 +8,7 @@ import pytest
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_one_gpu_ray_run_with_fsdp(tmp_path: Any, model_cache: Any) -> None:
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]')")
     from queryrl.trainer.loop import Trainer
@@ -26,6 +27,7 @@ def test_one_gpu_ray_run_with_fsdp(tmp_path: Any, model_cache: Any) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_one_gpu_ray_run_with_vllm_rollouts_in_the_worker(tmp_path: Any, model_cache: Any) -> None:
     """The actor worker generates with vLLM (colocated, asleep while training) and pushes weights after updates."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]')")

@@ -40,7 +40,7 @@ from queryrl.rollout import HFRollout, SamplingParams  # noqa: E402
 from queryrl.trainer.loop import Trainer  # noqa: E402
 from tests.helpers import make_cfg  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 # two optimizer steps per training step (two mini-batches) so the old log-probs are computed too,
 # and a KL loss so the reference log-probs are: every worker computation is on the path

@@ -191,6 +191,7 @@ def test_a_child_process_cannot_reach_a_loopback_server(tcp_server: socket.socke
 
 
 @pytest.mark.parametrize("isolation", ["auto", "none"])
+@pytest.mark.slow
 def test_a_daemon_left_behind_never_runs_on(tmp_path: Path, isolation: str) -> None:
     token, marker = uuid.uuid4().hex, tmp_path / "late.txt"
     late = f"import time; time.sleep(3); open({str(marker)!r}, 'w').write('late')"

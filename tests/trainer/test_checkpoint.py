@@ -12,6 +12,7 @@ from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
 
 
+@pytest.mark.slow
 def test_keep_last_prunes_and_a_half_written_folder_is_ignored(tmp_path: Path, model_cache: Path) -> None:
     root = tmp_path / "toy_grpo" / "checkpoints"
     root.mkdir(parents=True)

@@ -17,6 +17,7 @@ from tests.helpers import make_cfg, metrics_of, params
 LORA = ("model.lora.rank=4", "actor.use_kl_loss=true", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2")
 
 
+@pytest.mark.slow
 def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path: Path, model_cache: Path) -> None:
     straight = Trainer(make_cfg(tmp_path / "a", model_cache, "trainer.total_steps=4", *LORA))
     straight.fit()

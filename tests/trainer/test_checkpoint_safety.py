@@ -244,6 +244,7 @@ def tensorboard_steps(tmp_path: Path, tag: str) -> list[int]:
 
 
 @pytest.mark.parametrize("point", ["after_rename", "commit"])
+@pytest.mark.slow
 def test_a_kill_around_the_rename_loses_no_metrics_row_and_duplicates_none(
     tmp_path: Path, model_cache: Path, point: str
 ) -> None:
@@ -261,6 +262,7 @@ def test_a_kill_around_the_rename_loses_no_metrics_row_and_duplicates_none(
     assert tensorboard_steps(tmp_path, "critic/score/mean") == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_kill_while_pruning_leaves_trash_that_never_counts(tmp_path: Path, model_cache: Path) -> None:
     killed = kill_run(tmp_path, model_cache, "prune@3", "trainer.total_steps=4", "trainer.keep_last=2")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -65,6 +65,7 @@ def params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_reward_fails_stops_naming_the_first_failure(tmp_path: Path, model_cache: Path) -> None:
     cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=10")
     with Trainer(cfg) as trainer, pytest.raises(RewardsFailing) as stopped:

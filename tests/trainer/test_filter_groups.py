@@ -52,6 +52,7 @@ def test_concat_pads_prompts_left_and_responses_right() -> None:
         Batch.concat([a, Batch(**{**b.__dict__, "token_scores": torch.zeros(1, 3)})], pad_id=0)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_trains_on_informative_groups_only(tmp_path: Path, model_cache: Path) -> None:
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)

@@ -12,6 +12,7 @@ from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg, metrics_of, params
 
 
+@pytest.mark.slow
 def test_grpo_steps_run_and_change_the_parameters(tmp_path: Path, model_cache: Path) -> None:
     trainer = Trainer(make_cfg(tmp_path, model_cache))
     before = params(trainer.c.policy.model)

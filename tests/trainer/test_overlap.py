@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
 
@@ -23,6 +25,7 @@ async def compute_score(data_source, solution_str, ground_truth, extra_info=None
 """
 
 
+@pytest.mark.slow
 def test_rewards_start_before_generation_ends_and_the_wait_is_one_latency(tmp_path: Path, model_cache: Path) -> None:
     reward_file = tmp_path / "slow_judge.py"
     reward_file.write_text(SLOW_JUDGE)

@@ -114,6 +114,7 @@ def test_an_unset_judge_key_variable_fails_the_judge_check(monkeypatch: pytest.M
             judge()
 
 
+@pytest.mark.slow
 def test_every_check_passes_against_live_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUERYRL_TEST_JUDGE_KEY", "sk-preflight-0123456789")
     with rag_and_judge("sk-preflight-0123456789") as services:

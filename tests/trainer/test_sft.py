@@ -61,6 +61,7 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.named_parameters()}
 
 
+@pytest.mark.slow
 def test_the_tiny_model_learns_a_fixed_target(tmp_path: Path, model_cache: Path) -> None:
     data = write_rows(tmp_path / "train.jsonl")
     cfg = make_cfg(tmp_path, model_cache, data, "sft.lr=5e-3", "sft.max_steps=30", f"sft.val_files=[{data}]")

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from queryrl.config import load_config
 from queryrl.trainer.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_toy_grpo_preset_learns(tmp_path: Path, model_cache: Path) -> None:
     cfg = load_config(
         REPO / "configs" / "toy_grpo.yaml",

@@ -221,6 +221,7 @@ def test_format_credit_of_a_truncated_answer() -> None:
 # --- eval: the model's reply without profile/summary gets the sample's -------------------------------
 
 
+@pytest.mark.slow
 def test_eval_model_answers_fall_back_to_the_samples_profile_and_summary(
     tiny_cfg: DictConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

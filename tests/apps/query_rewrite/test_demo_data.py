@@ -8,6 +8,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from queryrl.apps.query_rewrite.conversations import write_parquet
 from queryrl.apps.query_rewrite.demo_data import (
     SPLITS,
@@ -71,6 +73,7 @@ def test_catalogue_size_lines_and_aspects() -> None:
     assert sales_demo_corpus()[0].keys() == {"doc_id", "title", "content"}
 
 
+@pytest.mark.slow
 def test_every_gold_id_exists_and_only_chitchat_has_none() -> None:
     ids = {d["doc_id"] for d in sales_demo_corpus()}
     for split, n in SPLITS.items():

@@ -61,6 +61,7 @@ def loaded_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
     return seen
 
 
+@pytest.mark.slow
 def test_model_systems_load_in_the_dtype(
     tmp_path: Path, tiny_cfg: DictConfig, model_cache: Path, loaded_dtypes: list[torch.dtype]
 ) -> None:

@@ -118,6 +118,7 @@ def test_seed_script_as_written_names_what_to_change(tmp_path: Path, user_data: 
     assert not (tmp_path / "runs").exists(), "nothing may be written before the run is valid"
 
 
+@pytest.mark.slow
 def test_seed_script_trains_against_the_users_rag_and_judge(
     tmp_path: Path, user_data: Path, json_model: Path, services: Services
 ) -> None:

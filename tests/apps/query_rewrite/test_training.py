@@ -114,6 +114,7 @@ def _metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_real_model_path_external_rag_and_openai_judge(
     tmp_path: Path,
     model_cache: Path,
@@ -162,6 +163,7 @@ def test_real_model_path_external_rag_and_openai_judge(
             assert SECRET not in path.read_text(errors="ignore"), path
 
 
+@pytest.mark.slow
 def test_rag_down_fails_the_samples_and_skips_the_step(
     tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
 ) -> None:
@@ -240,6 +242,7 @@ def test_seed_hybrid_selector_picks_by_log_prob_z_score() -> None:
     assert extras[1]["seed_hybrid_z"] == pytest.approx(float(z[1]))
 
 
+@pytest.mark.slow
 def test_seed_hybrid_trains_on_the_selected_candidates_only(
     tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
 ) -> None:
@@ -262,6 +265,7 @@ def test_seed_hybrid_trains_on_the_selected_candidates_only(
     assert last["reward/selected_z/mean"] >= 0.0  # max_log_prob picks the group's most likely: z >= 0
 
 
+@pytest.mark.slow
 def test_frozen_policy_as_the_reference_rewriter(json_model: Path, few_rows: Path) -> None:
     """``/rag/chat`` with the "policy" rewriter: the model folder's own greedy rewrite is the reference query."""
     import asyncio
