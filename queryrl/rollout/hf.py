@@ -227,6 +227,9 @@ class HFRollout:
                 eos_token_id=self.eos_token_id,
                 logits_processor=[recorder],
                 return_dict_in_generate=True,
+                # each process generates on its own: transformers would otherwise sync every decoding step
+                # over the process group when the model is FSDP-sharded (the workers gather it first)
+                synced_gpus=False,
                 **_NEUTRAL_GENERATION_KWARGS,
             )
         response_ids = out.sequences[:, prompt_ids.shape[1] :]  # (B, T)
