@@ -48,6 +48,21 @@ class AppReward:
     label: str = ""
 
 
+@dataclass(frozen=True)
+class CommandLine:
+    """What an application's :meth:`Application.commands` adds its commands to.
+
+    Attributes:
+        app: the ``queryrl`` command (a ``typer.Typer``).
+        prepare: ``queryrl prepare`` (a ``typer.Typer``): data preparation commands.
+        guard: wraps a command so that a known error (``queryrl.errors``) is one line and exit 2.
+    """
+
+    app: Any
+    prepare: Any
+    guard: Callable[[Any], Any]
+
+
 class Application:
     """Base class of an application; every hook has a do-nothing default.
 
@@ -89,8 +104,8 @@ class Application:
     def plan(self, cfg: Any, add: Callable[..., None], problem: Callable[[str], None]) -> None:
         """Lines for ``--dry-run``'s plan (``add(title, *lines)``) and the problems that would stop the run."""
 
-    def commands(self, cli: Any) -> None:
-        """Add the application's commands to the ``queryrl`` command line (a ``typer.Typer``)."""
+    def commands(self, cli: CommandLine) -> None:
+        """Add the application's commands to the ``queryrl`` command line."""
 
 
 APPS: Registry[Any] = Registry("application")

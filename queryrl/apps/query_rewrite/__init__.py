@@ -1,40 +1,45 @@
-"""The query rewriter: conversation data, prompts, the KdConv benchmark and the sales demo data."""
+"""The query rewriter: conversation data, prompts, the KdConv benchmark and the sales demo data.
 
-from queryrl.apps.query_rewrite.conversations import (
-    Conversation,
-    Message,
-    conversation_rows,
-    conversations_to_rows,
-    load_conversations,
-    normalise_role,
-    parse_doc_ids,
-    prepare_conversations,
-    split_conversations,
-)
-from queryrl.apps.query_rewrite.demo_data import make_catalogue, make_dialogues, sales_demo_corpus, sales_demo_rows
-from queryrl.apps.query_rewrite.kdconv import doc_id, kdconv_corpus, kdconv_rows, load_kdconv_conversations
-from queryrl.apps.query_rewrite.prompts import SYSTEM_PROMPTS, ParsedRewrite, build_messages, parse_rewrite
+The names below are imported on first use (PEP 562), so that finding the plugin
+(:mod:`.plugin`, read by every ``queryrl`` command) does not import torch.
+"""
 
-__all__ = [
-    "SYSTEM_PROMPTS",
-    "Conversation",
-    "Message",
-    "ParsedRewrite",
-    "build_messages",
-    "conversation_rows",
-    "conversations_to_rows",
-    "doc_id",
-    "kdconv_corpus",
-    "kdconv_rows",
-    "load_conversations",
-    "load_kdconv_conversations",
-    "make_catalogue",
-    "make_dialogues",
-    "normalise_role",
-    "parse_doc_ids",
-    "parse_rewrite",
-    "prepare_conversations",
-    "sales_demo_corpus",
-    "sales_demo_rows",
-    "split_conversations",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Conversation": "conversations",
+    "Message": "conversations",
+    "conversation_rows": "conversations",
+    "conversations_to_rows": "conversations",
+    "load_conversations": "conversations",
+    "normalise_role": "conversations",
+    "parse_doc_ids": "conversations",
+    "prepare_conversations": "conversations",
+    "split_conversations": "conversations",
+    "make_catalogue": "demo_data",
+    "make_dialogues": "demo_data",
+    "sales_demo_corpus": "demo_data",
+    "sales_demo_rows": "demo_data",
+    "doc_id": "kdconv",
+    "kdconv_corpus": "kdconv",
+    "kdconv_rows": "kdconv",
+    "load_kdconv_conversations": "kdconv",
+    "SYSTEM_PROMPTS": "prompts",
+    "ParsedRewrite": "prompts",
+    "build_messages": "prompts",
+    "parse_rewrite": "prompts",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

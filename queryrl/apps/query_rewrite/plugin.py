@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from queryrl.application import Application, AppReward
+from queryrl.application import Application, AppReward, CommandLine
 from queryrl.apps.query_rewrite.config import QueryRewriteConfig, resolve_seed_keys, validate_settings
 
 DEMO_PREFIX = "builtin://sales_demo"
@@ -46,13 +46,11 @@ class QueryRewriteApp(Application):
     )
 
     def setup(self) -> None:
-        from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
-        from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
         from queryrl.data.builtin import register_builtin_dataset
         from queryrl.rag.rewriters import REWRITERS
 
-        register_builtin_dataset("sales_demo", sales_demo_rows, version=8)  # builtin://sales_demo/{train,val,test}
-        REWRITERS.register("policy")(PolicyRewriter)  # the reference rewriter "policy": a model folder
+        register_builtin_dataset("sales_demo", _sales_demo_rows, version=8)  # builtin://sales_demo/{train,val,test}
+        REWRITERS.register("policy")(_policy_rewriter)  # the reference rewriter "policy": a model folder
 
     def resolve(self, cfg: DictConfig) -> None:
         qr = cfg.app.query_rewrite
@@ -88,6 +86,11 @@ class QueryRewriteApp(Application):
 
         return service_checks(cfg), reward_spec(cfg)
 
+    def commands(self, cli: CommandLine) -> None:
+        from queryrl.apps.query_rewrite.commands import add_commands
+
+        add_commands(cli)
+
     def plan(self, cfg: DictConfig, add: Callable[..., None], problem: Callable[[str], None]) -> None:
         qr = cfg.app.query_rewrite
         j = qr.judge
@@ -114,6 +117,19 @@ class QueryRewriteApp(Application):
         fallback = demo_fallback_problem(cfg)
         if fallback:
             problem(fallback)
+
+
+# imported when used: finding the plugin (every queryrl command) must not import torch
+def _sales_demo_rows(split: str) -> list[dict[str, Any]]:
+    from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+
+    return sales_demo_rows(split)
+
+
+def _policy_rewriter(**kwargs: Any) -> Any:
+    from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
+
+    return PolicyRewriter(**kwargs)
 
 
 def demo_fallback_problem(cfg: DictConfig) -> str | None:

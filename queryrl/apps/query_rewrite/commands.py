@@ -1,0 +1,287 @@
+"""The query-rewrite application's commands: ``queryrl prepare conversations | kdconv`` and ``queryrl eval``.
+
+The ``queryrl`` command line adds them through the plugin's
+:meth:`~queryrl.application.Application.commands` (:func:`add_commands`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from queryrl.application import CommandLine
+
+Debug = Annotated[
+    bool,
+    typer.Option("--debug", help="Show an error's traceback instead of its one-line message (or QUERYRL_DEBUG=1)."),
+]
+
+
+def _fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code=2)
+
+
+class _ConversationsCommand(typer.core.TyperCommand):
+    """Appends the mappable fields and roles to ``--help``, generated from the code's field list when shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from queryrl.apps.query_rewrite.log_import import fields_help
+
+        self.epilog = fields_help()  # imported here: the app pulls in torch, too slow for every command
+        super().format_help(ctx, formatter)
+
+
+AnswerFields = Annotated[
+    str,
+    typer.Option(
+        help="The keys the policy answers with, comma-separated: rewritten_query (always; the default) and "
+        "optionally user_profile, history_summary. The SFT targets have the same keys; without them the reward "
+        "and eval send the row's own profile and summary to /rag/chat_8b."
+    ),
+]
+
+
+def prepare_conversations(
+    input: Annotated[
+        Path,
+        typer.Option("--input", help="A conversation log, one row per message: .xlsx, .xls, .csv, .jsonl, .parquet."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Output folder for train/val/test.parquet.")],
+    columns: Annotated[
+        str | None,
+        typer.Option(help='Field -> your column name as JSON, e.g. \'{"text": "消息内容"}\' (fields listed below).'),
+    ] = None,
+    roles: Annotated[
+        str | None,
+        typer.Option(
+            help='Role value -> user | assistant | skip as JSON, e.g. \'{"销售顾问": "assistant", "系统": "skip"}\'.'
+        ),
+    ] = None,
+    sheet: Annotated[
+        str | None, typer.Option(help="Only this Excel sheet (default: every sheet with the columns).")
+    ] = None,
+    header_row: Annotated[
+        int | None, typer.Option(min=1, help="1-based header row (default: the first of rows 1-10 with the columns).")
+    ] = None,
+    order_by: Annotated[
+        str | None,
+        typer.Option(
+            help="A date/time column ordering each conversation (default: turn, else a time column, else file order)."
+        ),
+    ] = None,
+    fill_down: Annotated[
+        bool, typer.Option(help="Fill blank conversation-level cells (merged cells) from the row above.")
+    ] = True,
+    val_fraction: Annotated[float, typer.Option(help="Share of conversations for validation.")] = 0.1,
+    test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
+    answer_fields: AnswerFields = "rewritten_query",
+    domain: Annotated[
+        str | None, typer.Option(help="The prompt's domain line, e.g. '电子产品销售客服' (default: 客服对话).")
+    ] = None,
+) -> None:
+    """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
+    from queryrl.apps.query_rewrite.conversations import prepare_conversation_data
+    from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields
+    from queryrl.data import DataError
+
+    try:
+        fields = check_answer_fields(answer_fields, "--answer-fields")
+        mapping = check_columns(parse_json_option("--columns", columns), "--columns")
+        role_values = parse_json_option("--roles", roles)
+        role_table(role_values, "--roles")
+        result = prepare_conversation_data(
+            input,
+            out,
+            mapping,
+            val_fraction=val_fraction,
+            test_fraction=test_fraction,
+            seed=seed,
+            sheet=sheet,
+            roles=role_values,
+            header_row=header_row,
+            order_by=order_by,
+            fill_down=fill_down,
+            domain=domain,
+            answer_fields=fields,
+        )
+    except (DataError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    typer.echo(result.summary())
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+
+
+def prepare_kdconv(
+    input: Annotated[Path, typer.Option("--input", help="A KdConv dialogue file (e.g. travel/dev.json).")],
+    kb: Annotated[Path, typer.Option("--kb", help="Its knowledge base (e.g. travel/kb_travel.json).")],
+    out: Annotated[Path, typer.Option("--out", help="Output folder.")],
+    answer_fields: AnswerFields = "rewritten_query",
+    domain: Annotated[
+        str | None,
+        typer.Option(help="The prompt's domain line (default: from the path: travel -> 旅游咨询（北京的景点）)."),
+    ] = None,
+) -> None:
+    """KdConv -> query-rewrite rows (gold = the (entity, attribute) pairs the reply used) and the corpus."""
+    import json
+
+    from queryrl.apps.query_rewrite.conversations import write_parquet
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields
+    from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
+    from queryrl.atomic import atomic_write_text
+    from queryrl.data import DataError
+
+    try:
+        fields = check_answer_fields(answer_fields, "--answer-fields")
+        line = domain or kdconv_domain(input, kb)
+        rows = add_sft_targets(
+            kdconv_rows(input, both_speakers=True, require_gold=True, domain=line, answer_fields=fields)
+        )
+        documents = kdconv_corpus(kb)  # read before anything is written: a bad KB leaves no half output
+    except (DataError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    write_parquet(rows, out / f"{input.stem}.parquet")
+    corpus = out / "corpus.jsonl"
+    atomic_write_text(corpus, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents))
+    typer.echo(f"wrote {out / f'{input.stem}.parquet'} ({len(rows)} rows) and {corpus}")
+
+
+def eval_(
+    data: Annotated[str, typer.Option("--data", help="builtin://sales_demo/test, a .parquet or a .jsonl file.")],
+    systems: Annotated[
+        str,
+        typer.Option(help="Comma-separated: raw_turn, concat_last3, reference, NAME=MODEL_FOLDER or MODEL_FOLDER."),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="The JSON summary (eval.png, eval_samples.jsonl beside it).")],
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Defaults from app.query_rewrite.rag/judge and data.")
+    ] = None,
+    rag_url: Annotated[str | None, typer.Option(help="An external RAG service; default: embedded.")] = None,
+    corpus: Annotated[str | None, typer.Option(help="Embedded service: sales_demo or a corpus file.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Documents per result (>= 5; default 5).")] = None,
+    judge: Annotated[str | None, typer.Option(help="none, offline or openai (default none).")] = None,
+    judge_base_url: Annotated[str | None, typer.Option(help="--judge openai: the API root.")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="--judge openai: the model name.")] = None,
+    judge_api_key_env: Annotated[
+        str | None, typer.Option(help="--judge openai: env var holding the key ('' = a server without key).")
+    ] = None,
+    position_swap: Annotated[
+        bool | None, typer.Option("--position-swap/--no-position-swap", help="--judge openai: judge both orders.")
+    ] = None,
+    judge_temperature: Annotated[
+        float | None, typer.Option(help="--judge openai: sent only when given (GPT-5 / o-series: leave it out).")
+    ] = None,
+    judge_max_tokens: Annotated[int | None, typer.Option(help="--judge openai: the verdict's token limit.")] = None,
+    judge_token_limit_param: Annotated[
+        str | None,
+        typer.Option(help="Name of that limit: max_completion_tokens (default) or max_tokens (old servers)."),
+    ] = None,
+    judge_reasoning_effort: Annotated[
+        str | None, typer.Option(help="--judge openai: minimal, low, medium or high (default: not sent).")
+    ] = None,
+    judge_extra_body: Annotated[
+        str | None,
+        typer.Option(help='--judge openai: a JSON object merged into each request, e.g. \'{"verbosity": "low"}\'.'),
+    ] = None,
+    batch_size: Annotated[int, typer.Option(help="Generation micro-batch of a model system.")] = 16,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(help="A model's reply budget (default 64, or data.max_response_length).")
+    ] = None,
+    bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples of the confidence intervals.")] = 1000,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(help="A:B pairs of systems (repeat or comma-separate: grpo:sft,grpo:reference): paired A - B."),
+    ] = None,
+    max_samples: Annotated[int | None, typer.Option(help="Only the first N rows.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="float32, bfloat16 or float16 for each model (default: its config.json's, or float32)."),
+    ] = None,
+    debug: Debug = False,
+) -> None:
+    """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
+    from queryrl.apps.query_rewrite.eval_run import EvalError, evaluate, judge_settings
+
+    rag: Any = None
+    jcfg: Any = None
+    max_response_length: int | None = None
+    embedded: dict[str, Any] = {}
+    if config is not None:
+        from omegaconf import OmegaConf
+
+        from queryrl.config import ConfigError, load_config
+        from queryrl.redaction import register_config_secrets
+
+        try:  # eval reads the app's RAG and judge settings and the reply budget: a ??? model or data is fine
+            cfg = load_config(config, [], allow_missing=True)
+        except ConfigError as exc:
+            _fail(str(exc))
+            return
+        register_config_secrets(cfg)
+        rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
+        if OmegaConf.is_missing(rag, "url"):
+            if not (rag_url or corpus):
+                _fail(f"{config} leaves app.query_rewrite.rag.url to you (???): give --rag-url URL")
+            rag.url = rag_url
+        if OmegaConf.is_missing(cfg.model, "path") and rag.reference_rewriter == "policy":
+            _fail(f"{config}: rag.reference_rewriter=policy reads model.path, which the preset leaves to you (???)")
+        max_response_length = int(cfg.data.max_response_length)
+        from queryrl.apps.query_rewrite.reward import EMBEDDED_OPTIONS
+        from queryrl.apps.query_rewrite.training import reward_kwargs
+
+        options = reward_kwargs(cfg)
+        embedded = {k: options[k] for k in EMBEDDED_OPTIONS}
+    try:  # the options over app.query_rewrite.judge of --config over the defaults
+        settings = judge_settings(
+            jcfg,
+            judge_extra_body,
+            backend=judge,
+            base_url=judge_base_url,
+            model=judge_model,
+            api_key_env=judge_api_key_env,
+            position_swap=position_swap,
+            temperature=judge_temperature,
+            max_tokens=judge_max_tokens,
+            token_limit_param=judge_token_limit_param,
+            reasoning_effort=judge_reasoning_effort,
+        )
+        evaluate(
+            data,
+            systems,
+            out,
+            rag_url=rag_url or (rag.url if rag is not None and corpus is None else None),
+            corpus=corpus or (str(rag.corpus) if rag is not None else "sales_demo"),
+            top_k=top_k if top_k is not None else (int(rag.top_k) if rag is not None else 5),
+            rag_timeout_s=float(rag.timeout_s) if rag is not None else 10.0,
+            rag_max_retries=int(rag.max_retries) if rag is not None else 2,
+            rag_token_env=rag.token_env if rag is not None else None,
+            judge=settings,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens or max_response_length or 64,
+            n_boot=bootstrap,
+            seed=seed,
+            max_samples=max_samples,
+            dtype=dtype,
+            echo=typer.echo,
+            embedded=embedded,
+            warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
+            compare=compare,
+        )
+    except EvalError as exc:
+        _fail(str(exc))
+
+
+def add_commands(cli: CommandLine) -> None:
+    """``queryrl prepare conversations``, ``queryrl prepare kdconv`` and ``queryrl eval``."""
+    cli.prepare.command("conversations", cls=_ConversationsCommand)(prepare_conversations)
+    cli.prepare.command("kdconv")(prepare_kdconv)
+    cli.app.command("eval")(cli.guard(eval_))
