@@ -40,6 +40,7 @@ Limitation: it needs the gold ids, which an LLM-path prompt must not contain, so
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import re
@@ -50,7 +51,7 @@ import numpy as np
 
 from queryrl.apps.query_rewrite.evaluation import mrr, ndcg_at_k, recall_at_k
 from queryrl.rewards.json_extract import validate
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
+from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, JudgeClient, JudgeResult
 
 SCORE_SCALE = 40.0
 DIMENSION_MAX = {"quality": 16.0, "relevance": 8.0, "completeness": 8.0, "retrieval": 8.0}  # 40/20/20/20 %
@@ -170,6 +171,29 @@ def build_judge_messages(
     blob = json.dumps(data, ensure_ascii=False, indent=1)
     user = f"{_USER_HEAD[lang]}\n{DATA_OPEN}\n{blob}\n{DATA_CLOSE}"
     return [{"role": "system", "content": _SYSTEM[lang]}, {"role": "user", "content": user}]
+
+
+async def judge_pair(
+    client: JudgeClient,
+    contexts: Sequence[Mapping[str, Any]],
+    candidate: Mapping[str, Any],
+    reference: Mapping[str, Any],
+    lang: str = "zh",
+    position_swap: bool = False,
+) -> list[JudgeResult]:
+    """An LLM judge's answers on `candidate` against `reference` (the rubric prompt, :data:`RUBRIC_VERDICT_SCHEMA`).
+
+    One result with the candidate as "8b"; with `position_swap` a second one with it as "32b" (both asked
+    at once; :func:`combine_swapped` reads the pair). The reward and ``queryrl eval`` both judge through here.
+    """
+    ab = build_judge_messages(contexts, candidate, reference, lang=lang)
+    if not position_swap:
+        return [await client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA)]
+    ba = build_judge_messages(contexts, reference, candidate, lang=lang)
+    pair = await asyncio.gather(
+        client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA), client.judge(ba, schema=RUBRIC_VERDICT_SCHEMA)
+    )
+    return list(pair)
 
 
 def quality_from_verdict(verdict: Any) -> float | None:

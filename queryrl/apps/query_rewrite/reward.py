@@ -62,13 +62,7 @@ from typing import Any
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn, recall_at_k
-from queryrl.apps.query_rewrite.judging import (
-    RUBRIC_VERDICT_SCHEMA,
-    OfflineJudge,
-    build_judge_messages,
-    combine_swapped,
-    quality_from_verdict,
-)
+from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
 from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, QUERY_FIELD, check_answer_fields
 from queryrl.apps.query_rewrite.reward_modes import (
     TRUNCATED_MISSING_FIELDS_CREDIT,
@@ -349,18 +343,14 @@ async def _judge_quality(
         int(kwargs.get("judge_max_retries", 3)),
         **judge_request_options(kwargs),
     )
-    lang = str(kwargs.get("judge_lang", "zh"))
-    ab = build_judge_messages(contexts, candidate, reference, lang=lang)
-    if not kwargs.get("position_swap", False):
-        result = await client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA)
-        quality = quality_from_verdict(result.verdict)
+    lang, swap = str(kwargs.get("judge_lang", "zh")), bool(kwargs.get("position_swap", False))
+    results = await judge_pair(client, contexts, candidate, reference, lang=lang, position_swap=swap)
+    if not swap:
+        quality = quality_from_verdict(results[0].verdict)
         if quality is None:
-            raise RewardFailure(f"judge failed: {result.error or 'invalid verdict'}")
+            raise RewardFailure(f"judge failed: {results[0].error or 'invalid verdict'}")
         return quality, {}
-    ba = build_judge_messages(contexts, reference, candidate, lang=lang)
-    r_ab, r_ba = await asyncio.gather(
-        client.judge(ab, schema=RUBRIC_VERDICT_SCHEMA), client.judge(ba, schema=RUBRIC_VERDICT_SCHEMA)
-    )
+    r_ab, r_ba = results
     for r in (r_ab, r_ba):
         if r.verdict is None:
             raise RewardFailure(f"judge failed: {r.error or 'invalid verdict'}")
