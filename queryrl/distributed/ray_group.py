@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from queryrl.algos import LossNormalizer
 from queryrl.distributed.dispatch import collect, dispatch
-from queryrl.distributed.worker import PolicyWorker, load_trainable_state, trainable_state
+from queryrl.distributed.worker import PolicyWorker, load_trainable_state, trainable_state, uses_fsdp
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.rollout.base import check_prompts
 from queryrl.trainer.batch import Batch
@@ -364,7 +364,7 @@ class RayWorkers:
         return self.groups[role]
 
     def _check_even(self, group: RayWorkerGroup, rows: int, what: str) -> None:
-        if group.pool.use_gpu and self.cfg.ray.fsdp and rows % group.world_size:
+        if uses_fsdp(self.cfg, group.pool.use_gpu) and rows % group.world_size:
             raise ValueError(
                 f"{what}: {rows} rows do not split evenly over {group.world_size} FSDP ranks (every rank must run the "
                 "same number of forward passes); make the batch and mini-batch sizes multiples of the world size"

@@ -8,6 +8,12 @@ colocated ``ActorRolloutRefWorker`` + ``CriticWorker``. The workers of a group f
 shard with the mini-batch's global loss normaliser, then sums the gradients over the ranks, so
 every rank takes the single-process step.
 
+With FSDP (:func:`uses_fsdp`: ``ray.fsdp`` on GPUs, and on CPUs too with ``ray.fsdp_on_cpu``)
+each module is sharded with torch's FSDP2 (``fully_shard``) over the group: parameters,
+gradients and AdamW state are DTensors, one shard per rank; FSDP reduce-scatters the gradients
+in backward, the gradient norm is clipped over the shards, and the full weights are gathered
+for generation and for the driver (weight sync, checkpoints).
+
 This module does not import Ray: :mod:`queryrl.distributed.ray_group` wraps the class in
 ``ray.remote``; it is also usable in-process (world size 1) by tests.
 """
@@ -16,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -50,6 +57,33 @@ def load_trainable_state(module: nn.Module, state: dict[str, Tensor]) -> None:
 
 
 ROLES = ("actor", "ref", "critic")
+
+
+def uses_fsdp(cfg: DictConfig, use_gpu: bool) -> bool:
+    """Whether a pool's workers shard their modules with FSDP: ``ray.fsdp`` on GPUs; on CPUs (gloo)
+    only with ``ray.fsdp_on_cpu`` too (replicas are otherwise the faster choice for a model that fits)."""
+    return bool(cfg.ray.fsdp) and (use_gpu or bool(cfg.ray.fsdp_on_cpu))
+
+
+@contextlib.contextmanager
+def gathered(module: nn.Module) -> Iterator[None]:
+    """The full parameters of an FSDP2 `module` for the duration of the block.
+
+    Entering is a collective (every rank of the group must enter the same number of times);
+    inside, forward passes run on the gathered weights without collectives, so the ranks may run
+    different numbers of them (rollouts of different lengths, or none). The weights are resharded
+    on exit (``reshard_after_forward``, set at wrapping, is restored).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    assert isinstance(module, FSDPModule)
+    module.unshard()
+    module.set_reshard_after_forward(False)
+    try:
+        yield
+    finally:
+        module.reshard()
+        module.set_reshard_after_forward(True)
 
 
 class PolicyWorker:
@@ -140,9 +174,9 @@ class PolicyWorker:
         return host, port
 
     def init_process_group(self, host: str, port: int) -> dict[str, Any]:
-        """Join the group (gloo on CPU, NCCL on GPU); on GPUs wrap the trained modules in FSDP.
+        """Join the group (gloo on CPU, NCCL on GPU); shard the modules with FSDP when :func:`uses_fsdp`.
 
-        Returns facts about this worker (pid, device, backend) for the driver's messages.
+        Returns facts about this worker (pid, device, backend, whether FSDP shards it) for the driver's messages.
         """
         backend = "nccl" if self.use_gpu else "gloo"
         dist.init_process_group(
@@ -152,47 +186,53 @@ class PolicyWorker:
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=float(self.cfg.ray.collective_timeout_s)),
         )
-        if self.use_gpu and self.cfg.ray.fsdp:
+        if uses_fsdp(self.cfg, self.use_gpu):
             self._wrap_fsdp()
-        return {"rank": self.rank, "pid": os.getpid(), "device": str(self.device), "backend": backend}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "backend": backend,
+            "fsdp": self.fsdp,
+        }
 
     def _wrap_fsdp(self) -> None:
-        """FSDP (full sharding) around every module of this worker; optimizers rebuilt over the sharded parameters.
+        """FSDP2 (``fully_shard``, full sharding over the group) on every module; optimizers rebuilt over the shards.
 
-        FSDP averages gradients over the ranks during backward; the losses are multiplied by the
-        world size (``loss_scale``) so the average is the sum the global normaliser expects.
-        Mixed precision (``model.compute_dtype`` over float32 parameters) is FSDP's own: the flat
-        parameters (the master weights AdamW updates) stay float32, forward/backward run on bf16
-        gathered copies (``param_dtype``), gradients are reduced in float32 (``reduce_dtype``);
-        the autocast the local path uses is switched off, FSDP having done the casting.
+        One FSDP unit per module (the whole model is gathered for a forward, as
+        :mod:`queryrl.trainer.plan` assumes), resharded after every forward. FSDP averages the
+        gradients over the ranks in backward; the losses are multiplied by the world size
+        (``loss_scale``) so the average is the sum the global normaliser expects. Mixed precision
+        (``model.compute_dtype`` over float32 parameters) is FSDP's own: the sharded parameters (the
+        master weights AdamW updates) stay float32, forward/backward run on gathered bf16 copies
+        (``param_dtype``), gradients are reduced in float32 (``reduce_dtype``); the autocast the
+        local path uses is switched off, FSDP having done the casting.
         """
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import MixedPrecision
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from queryrl.models.loading import compute_dtype, set_compute_dtype
         from queryrl.trainer.optim import make_optimizer
 
-        for role in list(self.modules):
-            mixed = compute_dtype(self.modules[role])
-            precision = None
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for role, module in self.modules.items():
+            mixed = compute_dtype(module)
+            precision = MixedPrecisionPolicy()
             if mixed is not None:
-                precision = MixedPrecision(param_dtype=mixed, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-                set_compute_dtype(self.modules[role], None)
-            wrapped = FSDP(self.modules[role], device_id=self.device, use_orig_params=True, mixed_precision=precision)
+                precision = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32)
+                set_compute_dtype(module, None)
+            fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=precision)  # in place
             if role in self.optimizers:
                 settings = role_settings(role, self.cfg)
                 betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)
                 self.optimizers[role], _ = make_optimizer(
-                    wrapped.parameters(),
+                    module.parameters(),
                     lr=settings.lr,
                     weight_decay=settings.weight_decay,
                     betas=betas,
                     warmup_steps=0,
                     total_steps=1,
                 )
-            self.modules[role] = wrapped
-        if self.policy is not None:
-            self.policy.model = self.modules["actor"]
         self.fsdp = True
 
     def pid(self) -> int:
@@ -247,7 +287,7 @@ class PolicyWorker:
         The sampling RNG is seeded with `seed` (the driver draws it from its own, checkpointed RNG),
         so a run, resumed or not, samples the same tokens; this worker's global RNG is left as it
         was. ``prompt_index`` is relative to `prompts`. Under FSDP the full parameters are gathered
-        for the call (every rank must call it the same number of times).
+        for the call (every rank must call it the same number of times, with prompts or without).
         """
         if self.policy is None:
             raise ValueError(f"this worker holds {', '.join(self.roles)}: no actor to generate with")
@@ -267,17 +307,19 @@ class PolicyWorker:
             stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))
             torch.manual_seed(seed)
             if self.fsdp and self.cfg.rollout.backend == "hf":
-                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-                stack.enter_context(FSDP.summon_full_params(self.policy.model, writeback=False))
+                stack.enter_context(gathered(self.policy.model))
             if not prompts:
                 return RolloutOutput.concat([], pad)
             return self._rollout.generate(prompts, params)
 
     def sync_rollout(self) -> None:
-        """After an update: the rollout backend takes the policy's new weights (vLLM; a no-op for hf)."""
+        """After an update: the rollout backend takes the policy's new weights (vLLM; a no-op for hf).
+
+        Under FSDP the full weights are gathered for the copy (every rank calls it).
+        """
         if self._rollout is not None and self.policy is not None:
-            self._rollout.update_weights(self.policy.model)
+            with gathered(self.policy.model) if self.fsdp else contextlib.nullcontext():
+                self._rollout.update_weights(self.policy.model)
 
     def optimizer_step(
         self, role: str, shard: Batch, norm: LossNormalizer, lr: float
@@ -291,7 +333,7 @@ class PolicyWorker:
         params = [p for p in module.parameters() if p.requires_grad]
         clip: Callable[[float], Tensor] | None = None
         if self.fsdp:
-            clip = getattr(module, "clip_grad_norm_")  # noqa: B009 - FSDP's sharded clip
+            clip = functools.partial(_clip_sharded, params)
         return optimizer_step(
             shard.to(self.device),
             norm,
@@ -310,19 +352,25 @@ class PolicyWorker:
     def get_state(self, role: str, with_optimizer: bool = False) -> dict[str, Any] | None:
         """Rank 0: the trainable weights of `role` (and its optimizer state); other ranks: None.
 
-        Every rank must call it (under FSDP, gathering the full state is a collective).
+        Every rank must call it (under FSDP, gathering the full state is a collective). The
+        optimizer state is ``torch.optim``'s own format (parameters numbered in the order of
+        ``module.parameters()``), which the driver's optimizer loads.
         """
         module = self.modules[role]
         if self.fsdp:
-            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+                get_optimizer_state_dict,
+            )
 
-            config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
-            with FSDP.state_dict_type(module, StateDictType.FULL_STATE_DICT, config):
-                full = module.state_dict()
-                optim = FSDP.optim_state_dict(module, self.optimizers[role]) if with_optimizer else None
-            names = {n.replace("_fsdp_wrapped_module.", "") for n, p in module.named_parameters() if p.requires_grad}
-            weights = {k: v for k, v in full.items() if k in names}
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets it, the others {}
+            full = get_model_state_dict(module, options=options)
+            weights: dict[str, Any] = {n: full[n] for n in _trainable_names(module)} if self.rank == 0 else {}
+            optim: dict[str, Any] | None = None
+            if with_optimizer:
+                by_name = get_optimizer_state_dict(module, self.optimizers[role], options=options)
+                optim = _numbered(by_name, _trainable_names(module)) if self.rank == 0 else None
         else:
             weights = trainable_state(module) if self.rank == 0 else {}
             optim = self.optimizers[role].state_dict() if with_optimizer and self.rank == 0 else None
@@ -331,19 +379,72 @@ class PolicyWorker:
         return {"weights": weights, "optimizer": optim}
 
     def set_state(self, role: str, state: dict[str, Any]) -> None:
-        """Load trainable weights (and optimizer state) from the driver; every rank loads the same."""
+        """Load trainable weights (and optimizer state) from the driver; every rank loads the same.
+
+        Under FSDP every rank keeps its shard of the full state it is given (a resume).
+        """
+        module, optim = self.modules[role], state.get("optimizer")
         if self.fsdp:
-            raise NotImplementedError(
-                "loading driver state into FSDP-wrapped workers is not supported: workers are initialised from the "
-                "same weights before wrapping, and resuming a checkpoint under FSDP is not implemented"
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
             )
-        load_trainable_state(self.modules[role], state["weights"])
-        if state.get("optimizer") is not None:
-            self.optimizers[role].load_state_dict(state["optimizer"])
+
+            names = _trainable_names(module)
+            missing = sorted(set(state["weights"]) - set(names))
+            if missing:
+                raise KeyError(f"parameters not in the model: {missing[:5]}")
+            options = StateDictOptions(full_state_dict=True, strict=False)  # the trainable weights only
+            set_model_state_dict(module, state["weights"], options=options)
+            if optim is not None:
+                by_name = _named(optim, names)
+                set_optimizer_state_dict(module, self.optimizers[role], by_name, options=options)
+            return
+        load_trainable_state(module, state["weights"])
+        if optim is not None:
+            self.optimizers[role].load_state_dict(optim)
 
     def checksum(self, role: str) -> float:
-        """Sum of the trainable parameters (tests compare ranks with it)."""
-        return float(sum(p.detach().double().sum() for p in self.modules[role].parameters() if p.requires_grad))
+        """Sum of the trainable parameters (tests compare ranks with it; under FSDP: of all the shards)."""
+        params = [p for p in self.modules[role].parameters() if p.requires_grad]
+        if not self.fsdp:
+            return float(sum(p.detach().double().sum() for p in params))
+        shards = [p.to_local() for p in params]  # type: ignore[attr-defined]  # DTensor parameters
+        total = torch.stack([s.detach().double().sum() for s in shards]).sum()
+        dist.all_reduce(total)
+        return float(total)
+
+
+def _trainable_names(module: nn.Module) -> list[str]:
+    """Names of `module`'s trainable parameters, in the order of ``module.parameters()`` (the optimizer's)."""
+    return [n for n, p in module.named_parameters() if p.requires_grad]
+
+
+def _numbered(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """An optimizer state keyed by parameter name (torch.distributed.checkpoint's) -> by number (torch.optim's):
+    ``names[i]`` is parameter ``i``, as in the driver's optimizer (built over the same model's parameters)."""
+    number = {name: i for i, name in enumerate(names)}
+    return {
+        "state": {number[name]: value for name, value in state["state"].items()},
+        "param_groups": [{**g, "params": [number[n] for n in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def _named(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The inverse of :func:`_numbered`: parameter ``i`` is ``names[i]``."""
+    return {
+        "state": {names[i]: value for i, value in state["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
+
+
+def _clip_sharded(params: list[nn.Parameter], max_norm: float) -> Tensor:
+    """``clip_grad_norm_`` over FSDP's sharded (DTensor) gradients: the norm of the full gradient, as a plain tensor."""
+    from torch.distributed.tensor import DTensor
+
+    norm = nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 def _sum_gradients(params: list[nn.Parameter]) -> None:
