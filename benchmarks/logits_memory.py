@@ -6,7 +6,7 @@
 The model is a Qwen2ForCausalLM with Qwen2-0.5B's shape (hidden 896, 24 layers, intermediate
 4864, vocabulary 151936, 14 heads, 2 KV heads, tied embeddings), built in code with random
 weights (nothing is downloaded), float32 on the CPU. One micro-batch is what
-``queryrl.trainer.update.actor_micro_step`` does in a GRPO update: the forward pass, log-probs and
+``queryrl.engine.update.actor_micro_step`` does in a GRPO update: the forward pass, log-probs and
 entropy of the response tokens, the clipped policy loss, and the backward pass, for ``--batch``
 sequences of ``--prompt`` prompt tokens and ``--response`` response tokens.
 
@@ -65,11 +65,11 @@ def worker(s: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import queryrl.trainer.policy as policy
+    import queryrl.engine.policy as policy
     from queryrl.algos import LossNormalizer
     from queryrl.config import load_config
-    from queryrl.trainer.batch import Batch
-    from queryrl.trainer.update import actor_micro_step
+    from queryrl.engine.batch import Batch
+    from queryrl.engine.update import actor_micro_step
 
     if s["mode"] == "before":  # the old path: every position through the LM head, sliced after
         policy.keeps_logits = lambda model: False  # type: ignore[assignment]

@@ -2,7 +2,7 @@
 
 Notation: `N` rows, `L` columns before padding, `W` the width after. Prompts are left-padded (the
 last prompt token sits next to the first response token), responses right-padded.
-``RolloutOutput.concat`` (``queryrl.rollout.base``) and ``Batch.concat`` (``queryrl.trainer.batch``)
+``RolloutOutput.concat`` (``queryrl.rollout.base``) and ``Batch.concat`` (``queryrl.engine.batch``)
 both stack row-wise with these.
 
 Only torch is imported here: every layer may use it.

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from queryrl.engine.batch import Batch
 from queryrl.padding import cat_padded, pad_to
 from queryrl.rollout import RolloutOutput
-from queryrl.trainer.batch import Batch
 
 PAD = 9
 

@@ -10,5 +10,6 @@ Ray is optional: nothing here imports it until a Ray worker group is built.
 """
 
 from queryrl.distributed.dispatch import collect, dispatch, shard_ranges
+from queryrl.distributed.ray_group import make_ray_workers  # registers trainer.backend=ray
 
-__all__ = ["collect", "dispatch", "shard_ranges"]
+__all__ = ["collect", "dispatch", "make_ray_workers", "shard_ranges"]

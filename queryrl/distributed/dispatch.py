@@ -12,7 +12,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from queryrl.trainer.batch import Batch
+from queryrl.engine.batch import Batch
 
 
 def shard_ranges(num_rows: int, world_size: int) -> list[range]:

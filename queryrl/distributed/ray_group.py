@@ -33,9 +33,10 @@ from torch import Tensor, nn
 from queryrl.algos import LossNormalizer
 from queryrl.distributed.dispatch import collect, dispatch
 from queryrl.distributed.worker import PolicyWorker, load_trainable_state, trainable_state, uses_fsdp
+from queryrl.engine.batch import Batch
+from queryrl.engine.workers import WORKERS
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.rollout.base import check_prompts
-from queryrl.trainer.batch import Batch
 
 
 class WorkerDiedError(RuntimeError):
@@ -414,6 +415,12 @@ class RayWorkers:
                 summed[k] = summed.get(k, 0.0) + v
         return summed, results[0][1]
 
+    def sync_policy(self, model: nn.Module) -> None:
+        """After an actor update with ``ray.rollout=driver``: the driver's copy, which generates, takes the new
+        weights (with ``ray.rollout=workers`` the workers generate with the weights they just updated)."""
+        if self.cfg.ray.rollout == "driver":
+            self.pull_policy(model)
+
     def pull_policy(self, model: nn.Module) -> None:
         """Load rank 0's trainable policy weights into the driver's `model`."""
         state = self._group().call_all("get_state", "actor", False, what="weight sync")[0]
@@ -513,3 +520,19 @@ class RayRollout:
     def update_weights(self, source: nn.Module) -> None:
         """After an update: the workers' rollout backends take their own policies' new weights."""
         self.workers.sync_rollout()
+
+
+@WORKERS.register("ray")
+def make_ray_workers(cfg: DictConfig, c: Any) -> RayWorkers:
+    """``trainer.backend=ray``: the worker groups for the components `c` (whose models become their mirrors).
+
+    With ``ray.rollout=workers`` the components' rollout is :class:`RayRollout` (the workers generate).
+    The driver's optimizers only carry the schedule and the checkpointed states: the workers step.
+    """
+    workers = RayWorkers(cfg, c.policy.model, c.critic)
+    if c.rollout is None:
+        c.rollout = RayRollout(workers, int(c.policy.tokenizer.pad_token_id), cfg.rollout.micro_batch_size)
+    for mirror in (c.optimizer, c.critic_optimizer):
+        if mirror is not None:
+            mirror._opt_called = True  # silences "scheduler before optimizer": the workers step
+    return workers

@@ -4,7 +4,7 @@ Each worker owns, on its device, a copy of the policy (with its reference, or th
 and its optimizer, and the critic with its optimizer when the estimator is GAE: verl's
 colocated ``ActorRolloutRefWorker`` + ``CriticWorker``. The workers of a group form one
 ``torch.distributed`` process group (gloo on CPU, NCCL on GPU). A gradient step runs
-:func:`queryrl.trainer.update.optimizer_step` (the code the local backend runs) on this rank's
+:func:`queryrl.engine.update.optimizer_step` (the code the local backend runs) on this rank's
 shard with the mini-batch's global loss normaliser, then sums the gradients over the ranks, so
 every rank takes the single-process step.
 
@@ -33,11 +33,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from queryrl.algos import LossNormalizer
+from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
+from queryrl.engine.batch import Batch
+from queryrl.engine.update import micro_step_for, optimizer_step, role_settings
 from queryrl.models import PolicyBundle
 from queryrl.rollout import RolloutOutput, SamplingParams
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.update import micro_step_for, optimizer_step, role_settings
 
 
 def trainable_state(module: nn.Module) -> dict[str, Tensor]:
@@ -103,9 +103,9 @@ class PolicyWorker:
     """
 
     def __init__(self, cfg: dict[str, Any], rank: int, world_size: int, roles: tuple[str, ...] = ROLES) -> None:
+        from queryrl.engine.optim import make_optimizer
+        from queryrl.engine.seeding import seed_everything
         from queryrl.models import ValueModel, load_policy, resolve_model_path
-        from queryrl.trainer.components import seed_everything
-        from queryrl.trainer.optim import make_optimizer
 
         unknown = [r for r in roles if r not in ROLES]
         if unknown or not roles:
@@ -144,7 +144,7 @@ class PolicyWorker:
             base = OmegaConf.merge(self.cfg.model, {"lora": {"rank": 0}, "gradient_checkpointing": False})
             ref = load_policy(base, self.device, self.device, need_ref=False).model
             self.modules["ref"] = ref.eval().requires_grad_(False)
-        if "critic" in roles and self.cfg.algo.adv_estimator == "gae":
+        if "critic" in roles and "values" in ADVANTAGE_ESTIMATORS.needs(self.cfg.algo.adv_estimator):
             from pathlib import Path
 
             critic_path = self.cfg.critic.path or str(resolve_model_path(self.cfg.model))
@@ -211,8 +211,8 @@ class PolicyWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        from queryrl.engine.optim import make_optimizer
         from queryrl.models.loading import compute_dtype, set_compute_dtype
-        from queryrl.trainer.optim import make_optimizer
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for role, module in self.modules.items():
@@ -243,7 +243,7 @@ class PolicyWorker:
     @torch.no_grad()
     def compute(self, what: str, shard: Batch) -> Tensor:
         """``logprobs`` | ``ref_logprobs`` | ``values`` (n_r, T) of this rank's shard, on the CPU."""
-        from queryrl.trainer.policy import compute_logprobs, compute_values
+        from queryrl.engine.policy import compute_logprobs, compute_values
 
         cfg = self.cfg
         batch = shard.to(self.device)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -17,17 +15,11 @@ from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.application import enabled_app
 from queryrl.data import PromptDataset, PromptLoader, build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
+from queryrl.engine.optim import make_optimizer
+from queryrl.engine.workers import Workers, make_workers
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
 from queryrl.rewards import load_reward_function, make_reward_manager
 from queryrl.rollout import make_rollout
-from queryrl.trainer.optim import make_optimizer
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (CPU and CUDA) so that a CPU run is reproducible."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)  # noqa: NPY002 - seeds what reward code may use
-    torch.manual_seed(seed)
 
 
 def resolve_device(name: str, default: torch.device | None = None) -> torch.device:
@@ -64,11 +56,10 @@ class Components:
     data_stats: dict[str, float] = field(default_factory=dict)
     # picks the rows of a rollout to score and train on (seed 000's selector); None = every row
     select: Any = None
-    # trainer.backend=ray: the worker groups (queryrl.distributed.ray_group.RayWorkers) that generate
-    # (ray.rollout=workers), compute log-probs and values and take the updates; the driver's
-    # policy/critic/optimizers above are their mirrors, pulled before every checkpoint (and, with
-    # ray.rollout=driver, the policy after every update: it generates)
-    workers: Any = None
+    # what computes log-probs and values and takes the updates (trainer.backend, queryrl.engine.workers):
+    # local = the models above; ray = worker groups whose mirrors are the models above, pulled before
+    # every checkpoint (and, with ray.rollout=driver, the policy after every update: it generates)
+    workers: Workers = None  # type: ignore[assignment]  # set by build_components, after the models
 
 
 def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptDataset]:
@@ -190,18 +181,9 @@ def build_components(cfg: DictConfig) -> Components:
             warmup_steps=cfg.critic.lr_warmup_steps,
             total_steps=total_steps,
         )
-    if on_ray:
-        from queryrl.distributed.ray_group import RayRollout, RayWorkers
+    import queryrl.distributed  # noqa: F401  registers trainer.backend=ray (Ray itself is imported only when used)
 
-        components.workers = RayWorkers(cfg, policy.model, components.critic)
-        if components.rollout is None:
-            components.rollout = RayRollout(
-                components.workers, int(policy.tokenizer.pad_token_id), cfg.rollout.micro_batch_size
-            )
-        # the workers step; the driver's optimizers only carry the schedule (and checkpointed states)
-        for mirror in (optimizer, components.critic_optimizer):
-            if mirror is not None:
-                mirror._opt_called = True  # type: ignore[attr-defined]  # silences "scheduler before optimizer"
+    components.workers = make_workers(cfg, components)
     if cfg.rollout.multi_turn.enable:
         from queryrl.agent import build_agent_rollout
 

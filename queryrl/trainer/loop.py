@@ -29,22 +29,22 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from torch import Tensor, nn
+from torch import Tensor
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
 from queryrl.config import save_config
+from queryrl.engine.batch import Batch
+from queryrl.engine.seeding import seed_everything
+from queryrl.engine.update import add_metrics, role_settings
 from queryrl.redaction import redact, register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.components import Components, build_components, seed_everything
+from queryrl.trainer.components import Components, build_components
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
-from queryrl.trainer.policy import compute_logprobs, compute_values
 from queryrl.trainer.run_folder import plan_resume
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import RewardsFailing, SkipWatch
-from queryrl.trainer.update import add_metrics, micro_step_for, optimizer_step, role_settings
 
 
 class Trainer:
@@ -96,8 +96,7 @@ class Trainer:
         try:
             self.c.reward.close()
         finally:
-            if self.c.workers is not None:
-                self.c.workers.close()
+            self.c.workers.close()
 
     def __enter__(self) -> Trainer:
         return self
@@ -186,29 +185,17 @@ class Trainer:
             for w, on in (("logprobs", needs_old), ("ref_logprobs", c.need_ref), ("values", c.critic is not None))
             if on
         ]
-        started = {w: c.workers.submit(w, batch) for w in wanted} if c.workers is not None else {}
+        started = {w: c.workers.submit(w, batch) for w in wanted}
         if needs_old:
             with timer("old_log_prob"):
-                if started:
-                    batch.old_logprobs = started["logprobs"]()
-                else:
-                    batch.old_logprobs, _ = compute_logprobs(
-                        c.policy.model,
-                        batch,
-                        cfg.actor.ppo_micro_batch_size,
-                        cfg.rollout.temperature,
-                        share_prompt=cfg.actor.share_prompt_forward,
-                    )
+                batch.old_logprobs = started["logprobs"]()
             metrics |= rollout_probs_diff(batch)
         if c.need_ref:
             with timer("ref"):
-                batch.ref_logprobs = started["ref_logprobs"]().to(c.device) if started else self._ref_logprobs(batch)
+                batch.ref_logprobs = started["ref_logprobs"]().to(c.device)
         if c.critic is not None:
             with timer("values"):
-                if started:
-                    batch.values = started["values"]()
-                else:
-                    batch.values = compute_values(c.critic, batch, cfg.critic.ppo_micro_batch_size)
+                batch.values = started["values"]()
         with timer("adv"):
             metrics |= self._advantages(batch, baselines)
         if c.critic is not None:
@@ -347,7 +334,7 @@ class Trainer:
         prompts = cfg.actor.ppo_mini_batch_size or cfg.data.train_batch_size
         return max(prompts * cfg.rollout.n, 1)
 
-    def _ppo_updates(self, batch: Batch, role: str, module: nn.Module, params: list[nn.Parameter]) -> dict[str, float]:
+    def _ppo_updates(self, batch: Batch, role: str) -> dict[str, float]:
         """``ppo_epochs`` x mini-batches x micro-batches of `role` (``actor`` or ``critic``).
 
         One optimizer step per mini-batch; its loss normaliser is computed once from the whole
@@ -360,25 +347,13 @@ class Trainer:
         settings = role_settings(role, cfg)
         optimizer = c.optimizer if role == "actor" else c.critic_optimizer
         assert optimizer is not None
-        micro_step = micro_step_for(role, cfg, module)
         totals: dict[str, float] = {}
         updates = 0
         for _ in range(settings.ppo_epochs):
             for mini in batch.split(self._mini_batch_sequences()):
                 norm = LossNormalizer.from_mask(mini.response_mask, horizon=cfg.data.max_response_length)
-                if c.workers is not None:  # every rank steps on its shard; gradients summed over the ranks
-                    summed, after = c.workers.optimizer_step(role, mini, norm, optimizer.param_groups[0]["lr"])
-                else:
-                    summed, after = optimizer_step(
-                        mini,
-                        norm,
-                        settings.ppo_micro_batch_size,
-                        micro_step,
-                        optimizer,
-                        params,
-                        settings.grad_clip,
-                        role,
-                    )
+                # with Ray every rank steps on its shard; gradients summed over the ranks
+                summed, after = c.workers.optimizer_step(role, mini, norm, optimizer.param_groups[0]["lr"])
                 totals = add_metrics(totals, summed | after)
                 updates += 1
         out = {k: v / updates for k, v in totals.items()}
@@ -388,10 +363,9 @@ class Trainer:
     def _update_actor(self, batch: Batch) -> dict[str, float]:
         c = self.c
         c.policy.model.train()
-        metrics = self._ppo_updates(batch, "actor", c.policy.model, c.trainable_params)
+        metrics = self._ppo_updates(batch, "actor")
         c.scheduler.step()
-        if c.workers is not None and self.cfg.ray.rollout == "driver":  # the driver's copy generates: new weights
-            c.workers.pull_policy(c.policy.model)
+        c.workers.sync_policy(c.policy.model)  # whatever generates the next rollouts takes the new weights
         return metrics
 
     def _update_critic(self, batch: Batch) -> dict[str, float]:
@@ -399,21 +373,9 @@ class Trainer:
         assert c.critic is not None
         assert c.critic_scheduler is not None
         c.critic.train()
-        metrics = self._ppo_updates(batch, "critic", c.critic, list(c.critic.parameters()))
+        metrics = self._ppo_updates(batch, "critic")
         c.critic_scheduler.step()
         return metrics
-
-    def _ref_logprobs(self, batch: Batch) -> Tensor:
-        cfg, c = self.cfg, self.c
-        with c.policy.reference() as ref:
-            logprobs, _ = compute_logprobs(
-                ref,
-                batch.to(c.ref_device),
-                cfg.actor.ppo_micro_batch_size,
-                cfg.rollout.temperature,
-                share_prompt=cfg.actor.share_prompt_forward,
-            )
-        return logprobs.to(c.device)
 
     # --- validation, samples, checkpoints -----------------------------------------------------
 
@@ -494,16 +456,14 @@ class Trainer:
     def _write_checkpoint(self) -> ckpt.Pending:
         """The current step's checkpoint, written under a temporary name; ``commit()`` makes it visible."""
         state = {"kl_coef": self.kl_ctrl.value, "config": _plain(self.run_dir / "config.yaml")}
-        if self.c.workers is not None:  # the driver's mirrors take the workers' optimizer and critic states
-            self.c.workers.pull_state(self.c)
+        self.c.workers.pull_state(self.c)  # Ray: the driver's mirrors take the workers' optimizer and critic states
         return ckpt.write_components(self.c, self.run_dir / "checkpoints", self.step, state, self.cfg.trainer.keep_last)
 
     def _resume(self, folder: Path | None) -> None:
         if folder is None:
             return
         state = ckpt.restore_components(self.c, folder)
-        if self.c.workers is not None:
-            self.c.workers.push_state(self.c)
+        self.c.workers.push_state(self.c)
         self.kl_ctrl.value = state["kl_coef"]
         self.step = int(state["step"])
 

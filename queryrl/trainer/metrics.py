@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from queryrl.algos import masked_mean
-from queryrl.trainer.batch import Batch
+from queryrl.engine.batch import Batch
 
 
 class PhaseTimer:

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from queryrl.engine.batch import Batch, outcome_to_tokens
 from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
-from queryrl.trainer.batch import Batch, outcome_to_tokens
 from queryrl.trainer.metrics import PhaseTimer, zero_std_group_fraction
 
 

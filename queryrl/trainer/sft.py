@@ -36,10 +36,12 @@ from queryrl.config import ConfigError, redacted, save_config
 from queryrl.data import build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
 from queryrl.data.records import DataError
+from queryrl.engine.optim import make_optimizer
+from queryrl.engine.policy import causal_lm_logits
+from queryrl.engine.seeding import seed_everything
+from queryrl.engine.update import clip_and_step
 from queryrl.models import load_policy
-from queryrl.trainer.components import resolve_device, seed_everything
-from queryrl.trainer.optim import make_optimizer
-from queryrl.trainer.policy import causal_lm_logits
+from queryrl.trainer.components import resolve_device
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
@@ -430,16 +432,10 @@ def train_sft(cfg: DictConfig) -> SFTResult:
                 loss, tokens = accumulate_gradients(
                     model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats
                 )
-                grad_norm = nn.utils.clip_grad_norm_(params, s.grad_clip)
                 metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
-                metrics |= stats
-                if torch.isfinite(grad_norm):
-                    optimizer.step()
-                else:  # skip the step, as the RL trainer does, and say so
-                    metrics["sft/grad_norm_nonfinite"] = 1.0
-                optimizer.zero_grad(set_to_none=True)
+                metrics |= stats | clip_and_step(optimizer, params, s.grad_clip, "sft")  # as the RL update steps
                 scheduler.step()
-                metrics |= {"sft/grad_norm": float(grad_norm), "sft/epoch": float(epoch)} | data_stats
+                metrics |= {"sft/epoch": float(epoch)} | data_stats
                 result.losses.append(loss)
                 last = step == total_steps
                 if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):

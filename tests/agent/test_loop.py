@@ -279,9 +279,9 @@ def test_episode_metrics() -> None:
 def test_training_log_probs_match_the_rollout_with_tool_tokens_attended(tmp_path: Path, tiny_bundle: Any) -> None:
     """Real tiny model: rollout log-probs of the policy's tokens equal the trainer's recomputation,
     which attends to the inserted tool tokens (response_attention_mask) as the sampler did."""
+    from queryrl.engine.batch import Batch
+    from queryrl.engine.policy import compute_logprobs
     from queryrl.rollout import HFRollout
-    from queryrl.trainer.batch import Batch
-    from queryrl.trainer.policy import compute_logprobs
 
     tok, model = tiny_bundle.tokenizer, tiny_bundle.model
     prompt = tok(

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from queryrl.config import ConfigError, load_config
 from queryrl.distributed import collect, dispatch, shard_ranges
-from queryrl.trainer.batch import Batch
+from queryrl.engine.batch import Batch
 
 
 def _batch(n: int) -> Batch:

@@ -66,8 +66,8 @@ def _train(tmp_path: Path, model_cache: Path, *overrides: str) -> tuple[dict[str
             start = {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
             trainer.fit()
             end = {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
-            checksums = trainer.c.workers.checksums() if trainer.c.workers is not None else None
-            info = trainer.c.workers.group.info if trainer.c.workers is not None else None
+            checksums = trainer.c.workers.checksums() if isinstance(trainer.c.workers, RayWorkers) else None
+            info = trainer.c.workers.group.info if isinstance(trainer.c.workers, RayWorkers) else None
         return {"start": start, "end": end}, (checksums, info), trainer.run_dir  # type: ignore[return-value]
 
 
@@ -159,7 +159,7 @@ def test_separate_reference_and_critic_pools_match_the_local_backend(tmp_path: P
                 )
                 moved = max((ends[-1]["critic"][k] - v).abs().max().item() for k, v in critic_start.items())
                 assert moved > 1e-3, "the critic did not train"
-                if trainer.c.workers is not None:
+                if isinstance(trainer.c.workers, RayWorkers):
                     groups = trainer.c.workers.groups
                     pools = {role: (g.pool.name, g.roles, g.world_size) for role, g in groups.items()}
                     pids = {i["pid"] for g in groups.values() for i in g.info}

@@ -11,11 +11,11 @@ import torch
 from torch import Tensor, nn
 
 import queryrl.rollout.fast_decode as fast_decode
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import compute_logprobs
 from queryrl.rollout import HFRollout, SamplingParams, make_rollout
 from queryrl.rollout.base import left_pad
 from queryrl.rollout.fast_decode import FastDecoder, draw, unsupported_reason, warp
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import compute_logprobs
 from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config, with_lm_head_bias
 
 

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 import queryrl.rollout.fast_decode as fast_decode
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import compute_logprobs
 from queryrl.models.loading import set_compute_dtype
 from queryrl.rollout import HFRollout, SamplingParams
 from queryrl.rollout.fast_decode import FastDecoder
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import compute_logprobs
 from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config
 
 B_SCALE = 0.02

@@ -9,9 +9,9 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from queryrl.config import load_config
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import logprobs_from_logits
 from queryrl.models import load_policy
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import logprobs_from_logits
 
 TEMPERATURE = 0.7
 

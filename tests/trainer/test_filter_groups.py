@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from queryrl.config import ConfigError
-from queryrl.trainer.batch import Batch
+from queryrl.engine.batch import Batch
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg, metrics_of
 

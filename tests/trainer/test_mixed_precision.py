@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from queryrl.config import ConfigError, load_config
+from queryrl.engine.batch import Batch
+from queryrl.engine.optim import make_optimizer
+from queryrl.engine.policy import forward_logprobs
 from queryrl.models import load_policy
 from queryrl.models.loading import PolicyBundle, compute_dtype
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.optim import make_optimizer
-from queryrl.trainer.policy import forward_logprobs
 
 PRECISIONS = {
     "fp32": ["model.dtype=float32"],
@@ -101,7 +101,7 @@ def test_mixed_precision_keeps_the_updates(model_cache: Path, batch: Batch) -> N
 def test_mixed_precision_computes_in_bf16(model_cache: Path, batch: Batch) -> None:
     """The forward really runs in bf16 (not fp32 under another name): the logits come out bf16 and
     differ from fp32's by bf16 rounding, not by nothing."""
-    from queryrl.trainer.policy import response_logits
+    from queryrl.engine.policy import response_logits
 
     mixed, fp32 = load(model_cache, "bf16-mixed"), load(model_cache, "fp32")
     with torch.no_grad():

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import compute_logprobs, forward_logprobs, keeps_logits
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import compute_logprobs, forward_logprobs, keeps_logits
 from queryrl.trainer.sft import IGNORE_INDEX, SFTExample, collate, sum_target_loss
 from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 

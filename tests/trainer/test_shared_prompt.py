@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import compute_logprobs, forward_logprobs, prompt_groups
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import compute_logprobs, forward_logprobs, prompt_groups
 from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 
 

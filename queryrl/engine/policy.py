@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.algos import entropy_from_logits
+from queryrl.engine.batch import Batch
 from queryrl.models.loading import compute_autocast
-from queryrl.trainer.batch import Batch
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:

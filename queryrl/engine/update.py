@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from queryrl.algos import POLICY_LOSSES, LossNormalizer, agg_loss, kl_penalty, value_loss
-from queryrl.trainer.batch import Batch
-from queryrl.trainer.policy import forward_logprobs, forward_values
+from queryrl.engine.batch import Batch
+from queryrl.engine.policy import forward_logprobs, forward_values
 
 MicroStep = Callable[[Batch, LossNormalizer], dict[str, float]]
 
@@ -68,6 +68,21 @@ def optimizer_step(
         summed = add_metrics(summed, micro_step(micro.trimmed(), norm))
     if reduce_grads is not None:
         reduce_grads(params)
+    return summed, clip_and_step(optimizer, params, grad_clip, prefix, clip_grads)
+
+
+def clip_and_step(
+    optimizer: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    grad_clip: float,
+    prefix: str,
+    clip_grads: Callable[[float], Tensor] | None = None,
+) -> dict[str, float]:
+    """Clip the accumulated gradients to `grad_clip`, step unless their norm is not finite, zero them.
+
+    Returns ``<prefix>/grad_norm`` (before clipping) and, for a skipped step, ``<prefix>/grad_norm_nonfinite``.
+    The RL update (:func:`optimizer_step`) and SFT (``queryrl.trainer.sft``) both end their steps here.
+    """
     grad_norm = clip_grads(grad_clip) if clip_grads is not None else nn.utils.clip_grad_norm_(params, grad_clip)
     after: dict[str, float] = {}
     if torch.isfinite(grad_norm):
@@ -76,7 +91,7 @@ def optimizer_step(
         after[f"{prefix}/grad_norm_nonfinite"] = 1.0
     optimizer.zero_grad(set_to_none=True)
     after[f"{prefix}/grad_norm"] = float(grad_norm)
-    return summed, after
+    return after
 
 
 def actor_micro_step(
