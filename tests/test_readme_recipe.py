@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
 from queryrl.config import load_config
 from queryrl.models import resolve_model_path

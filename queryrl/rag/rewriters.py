@@ -201,5 +201,12 @@ def register_rewriter(name: str, factory: RewriterFactory) -> None:
 
 
 def make_rewriter(name: str = "heuristic", **kwargs: Any) -> Rewriter:
-    """The rewriter registered as `name`, built with `kwargs`; an unknown name lists the valid ones."""
+    """The rewriter registered as `name`, built with `kwargs`; an unknown name lists the valid ones.
+
+    The installed applications register theirs (query_rewrite: ``policy``) when they are loaded.
+    """
+    if name not in REWRITERS:
+        from queryrl.application import load_apps
+
+        load_apps()
     return REWRITERS.get(name)(**kwargs)

@@ -16,8 +16,7 @@ KDCONV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kdcon
 runner = CliRunner()
 
 
-def test_sales_demo_is_a_builtin_dataset_once_the_app_is_imported(tmp_path: Path) -> None:
-    import queryrl.apps  # noqa: F401  registers builtin://sales_demo
+def test_sales_demo_is_a_builtin_dataset_of_the_installed_app(tmp_path: Path) -> None:
     from queryrl.data.builtin import resolve_data_path
 
     rows = load_records(resolve_data_path("builtin://sales_demo/val", str(tmp_path)))

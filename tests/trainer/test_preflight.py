@@ -11,7 +11,6 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
-import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
 from queryrl.cli import app
 from queryrl.config import load_config

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
 from queryrl.cli import app as cli
 from queryrl.config import load_config

@@ -14,7 +14,6 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-import queryrl.apps  # noqa: F401  registers builtin://sales_demo
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
 from queryrl.apps.query_rewrite.training import make_selector, reward_kwargs
 from queryrl.config import ConfigError, load_config
