@@ -75,6 +75,67 @@ def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptD
     ]
 
 
+def _data(cfg: DictConfig, tokenizer: Any) -> tuple[PromptLoader, list[PromptDataset], int]:
+    """The train loader, the validation sets and the number of prompts left out as too long (each warned about)."""
+    train = _datasets(cfg, tokenizer, list(cfg.data.train_files))
+    val = _datasets(cfg, tokenizer, list(cfg.data.val_files))
+    for d in train + val:
+        if d.num_filtered:
+            warnings.warn(
+                f"{d.path}: {d.num_filtered} prompts longer than data.max_prompt_length="
+                f"{cfg.data.max_prompt_length} were left out (logged as data/filtered_prompts)",
+                stacklevel=3,
+            )
+    weights = list(cfg.data.train_weights) or None
+    loader = PromptLoader(
+        train, cfg.data.train_batch_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, weights=weights
+    )
+    return loader, val, sum(d.num_filtered for d in train + val)
+
+
+def _reward(cfg: DictConfig) -> tuple[Any, Any]:
+    """The reward manager and the row selector: the enabled application's, else ``reward.function``'s."""
+    r = cfg.reward
+    app = enabled_app(cfg)
+    spec = app.reward(cfg) if app is not None else None
+    if spec is not None:  # the application brings its reward (and, maybe, a selector of the rows to train on)
+        reward_fn, kwargs, preferred = spec.fn, dict(spec.kwargs), spec.manager
+    else:
+        reward_fn, kwargs, preferred = load_reward_function(r.function.path, r.function.name), dict(r.kwargs), "naive"
+    select = app.selector(cfg) if app is not None else None
+    manager = make_reward_manager(
+        preferred if r.manager == "auto" else r.manager,
+        reward_fn,
+        kwargs,
+        num_workers=r.num_workers,
+        timeout_s=r.timeout_s,
+        max_concurrency=r.max_concurrency,
+        requests_per_minute=r.requests_per_minute,
+        max_retries=r.max_retries,
+        overlong_buffer_len=r.overlong_buffer_len,
+        overlong_penalty_factor=r.overlong_penalty_factor,
+        max_response_length=cfg.data.max_response_length,
+    )
+    return manager, select
+
+
+def _critic(
+    cfg: DictConfig, device: torch.device, total_steps: int
+) -> tuple[ValueModel, torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The value model (``critic.path``, default the policy's weights) and its optimizer and schedule."""
+    path = Path(cfg.critic.path) if cfg.critic.path else resolve_model_path(cfg.model)
+    critic = ValueModel.from_pretrained(path, cfg.model, device)
+    optimizer, scheduler = make_optimizer(
+        critic.parameters(),
+        lr=cfg.critic.lr,
+        weight_decay=cfg.critic.weight_decay,
+        betas=(0.9, 0.999),
+        warmup_steps=cfg.critic.lr_warmup_steps,
+        total_steps=total_steps,
+    )
+    return critic, optimizer, scheduler
+
+
 def build_components(cfg: DictConfig) -> Components:
     """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers."""
     if cfg.trainer.num_threads > 0:
@@ -94,19 +155,7 @@ def build_components(cfg: DictConfig) -> Components:
     # with Ray the workers hold the reference; the driver's policy is a mirror for checkpoints
     policy = load_policy(cfg.model, device, ref_device, need_ref=need_ref and not on_ray)
 
-    train = _datasets(cfg, policy.tokenizer, list(cfg.data.train_files))
-    val = _datasets(cfg, policy.tokenizer, list(cfg.data.val_files))
-    for d in train + val:
-        if d.num_filtered:
-            warnings.warn(
-                f"{d.path}: {d.num_filtered} prompts longer than data.max_prompt_length="
-                f"{cfg.data.max_prompt_length} were left out (logged as data/filtered_prompts)",
-                stacklevel=2,
-            )
-    weights = list(cfg.data.train_weights) or None
-    loader = PromptLoader(
-        train, cfg.data.train_batch_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, weights=weights
-    )
+    loader, val, filtered = _data(cfg, policy.tokenizer)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * loader.steps_per_epoch
 
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
@@ -130,29 +179,7 @@ def build_components(cfg: DictConfig) -> Components:
             device,
             fast_decode=cfg.rollout.fast_decode,
         )
-    r = cfg.reward
-    app = enabled_app(cfg)
-    spec = app.reward(cfg) if app is not None else None
-    if spec is not None:  # the application brings its reward (and, maybe, a selector of the rows to train on)
-        reward_fn, kwargs, preferred = spec.fn, dict(spec.kwargs), spec.manager
-    else:
-        reward_fn, kwargs, preferred = load_reward_function(r.function.path, r.function.name), dict(r.kwargs), "naive"
-    select = app.selector(cfg) if app is not None else None
-    manager = preferred if r.manager == "auto" else r.manager
-    reward = make_reward_manager(
-        manager,
-        reward_fn,
-        kwargs,
-        num_workers=r.num_workers,
-        timeout_s=r.timeout_s,
-        max_concurrency=r.max_concurrency,
-        requests_per_minute=r.requests_per_minute,
-        max_retries=r.max_retries,
-        overlong_buffer_len=r.overlong_buffer_len,
-        overlong_penalty_factor=r.overlong_penalty_factor,
-        max_response_length=cfg.data.max_response_length,
-    )
-
+    reward, select = _reward(cfg)
     components = Components(
         policy=policy,
         rollout=rollout,
@@ -166,21 +193,11 @@ def build_components(cfg: DictConfig) -> Components:
         device=device,
         ref_device=ref_device,
         total_steps=total_steps,
-        data_stats={"data/filtered_prompts": float(sum(d.num_filtered for d in train + val))},
+        data_stats={"data/filtered_prompts": float(filtered)},
         select=select,
     )
     if "values" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):  # a critic
-        path = Path(cfg.critic.path) if cfg.critic.path else resolve_model_path(cfg.model)
-        critic = ValueModel.from_pretrained(path, cfg.model, device)
-        components.critic = critic
-        components.critic_optimizer, components.critic_scheduler = make_optimizer(
-            critic.parameters(),
-            lr=cfg.critic.lr,
-            weight_decay=cfg.critic.weight_decay,
-            betas=(0.9, 0.999),
-            warmup_steps=cfg.critic.lr_warmup_steps,
-            total_steps=total_steps,
-        )
+        components.critic, components.critic_optimizer, components.critic_scheduler = _critic(cfg, device, total_steps)
     import queryrl.distributed  # noqa: F401  registers trainer.backend=ray (Ray itself is imported only when used)
 
     components.workers = make_workers(cfg, components)
