@@ -155,6 +155,7 @@ def prepare_kdconv(
 
 
 def eval_(
+    ctx: typer.Context,
     data: Annotated[str, typer.Option("--data", help="builtin://sales_demo/test, a .parquet or a .jsonl file.")],
     systems: Annotated[
         str,
@@ -162,38 +163,45 @@ def eval_(
     ],
     out: Annotated[Path, typer.Option("--out", help="The JSON summary (eval.png, eval_samples.jsonl beside it).")],
     config: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Defaults from app.query_rewrite.rag/judge and data.")
+        Path | None,
+        typer.Option("--config", "-c", help="A YAML preset: app.query_rewrite.rag/judge and data (default: none)."),
     ] = None,
-    rag_url: Annotated[str | None, typer.Option(help="An external RAG service; default: embedded.")] = None,
-    corpus: Annotated[str | None, typer.Option(help="Embedded service: sales_demo or a corpus file.")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Documents per result (>= 5; default 5).")] = None,
-    judge: Annotated[str | None, typer.Option(help="none, offline or openai (default none).")] = None,
-    judge_base_url: Annotated[str | None, typer.Option(help="--judge openai: the API root.")] = None,
-    judge_model: Annotated[str | None, typer.Option(help="--judge openai: the model name.")] = None,
+    rag_url: Annotated[str | None, typer.Option(help="app.query_rewrite.rag.url: an external RAG service.")] = None,
+    corpus: Annotated[
+        str | None, typer.Option(help="app.query_rewrite.rag.corpus: the embedded service's (rag.url=null).")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(help="app.query_rewrite.rag.top_k: documents per result (>= 5).")] = None,
+    judge: Annotated[
+        str | None, typer.Option(help="none, or app.query_rewrite.judge.backend: offline or openai (default: none).")
+    ] = None,
+    judge_base_url: Annotated[str | None, typer.Option(help="app.query_rewrite.judge.base_url: the API root.")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="app.query_rewrite.judge.model.")] = None,
     judge_api_key_env: Annotated[
-        str | None, typer.Option(help="--judge openai: env var holding the key ('' = a server without key).")
+        str | None, typer.Option(help="app.query_rewrite.judge.api_key_env: the key's env var ('' = no key).")
     ] = None,
     position_swap: Annotated[
-        bool | None, typer.Option("--position-swap/--no-position-swap", help="--judge openai: judge both orders.")
+        bool | None,
+        typer.Option("--position-swap/--no-position-swap", help="app.query_rewrite.judge.position_swap."),
     ] = None,
     judge_temperature: Annotated[
-        float | None, typer.Option(help="--judge openai: sent only when given (GPT-5 / o-series: leave it out).")
+        float | None, typer.Option(help="app.query_rewrite.judge.temperature (GPT-5 / o-series: leave it out).")
     ] = None,
-    judge_max_tokens: Annotated[int | None, typer.Option(help="--judge openai: the verdict's token limit.")] = None,
+    judge_max_tokens: Annotated[int | None, typer.Option(help="app.query_rewrite.judge.max_tokens.")] = None,
     judge_token_limit_param: Annotated[
         str | None,
-        typer.Option(help="Name of that limit: max_completion_tokens (default) or max_tokens (old servers)."),
+        typer.Option(help="app.query_rewrite.judge.token_limit_param: max_completion_tokens or max_tokens."),
     ] = None,
     judge_reasoning_effort: Annotated[
-        str | None, typer.Option(help="--judge openai: minimal, low, medium or high (default: not sent).")
+        str | None, typer.Option(help="app.query_rewrite.judge.reasoning_effort: minimal, low, medium or high.")
     ] = None,
     judge_extra_body: Annotated[
         str | None,
-        typer.Option(help='--judge openai: a JSON object merged into each request, e.g. \'{"verbosity": "low"}\'.'),
+        typer.Option(help='app.query_rewrite.judge.extra_body as a JSON object, e.g. \'{"verbosity": "low"}\'.'),
     ] = None,
     batch_size: Annotated[int, typer.Option(help="Generation micro-batch of a model system.")] = 16,
     max_new_tokens: Annotated[
-        int | None, typer.Option(help="A model's reply budget (default 64, or data.max_response_length).")
+        int | None,
+        typer.Option(help="A model's reply budget (default: data.max_response_length with a config, else 64)."),
     ] = None,
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples of the confidence intervals.")] = 1000,
     seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
@@ -208,73 +216,52 @@ def eval_(
     ] = None,
     debug: Debug = False,
 ) -> None:
-    """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart."""
-    from queryrl.apps.query_rewrite.eval_run import EvalError, evaluate, judge_settings
+    """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart.
 
-    rag: Any = None
-    jcfg: Any = None
-    max_response_length: int | None = None
-    embedded: dict[str, Any] = {}
-    if config is not None:
-        from omegaconf import OmegaConf
+    ``queryrl eval --data D --systems S --out O --config FILE key.sub=value ...``: dotted keys accepted, as for train.
 
-        from queryrl.config import ConfigError, load_config
-        from queryrl.redaction import register_config_secrets
+    The RAG service and the judge are the app's settings app.query_rewrite.rag.* and app.query_rewrite.judge.*:
+    --config, then dotted keys as extra arguments, e.g. app.query_rewrite.rag.top_k=10 (verl keys accepted).
 
-        try:  # eval reads the app's RAG and judge settings and the reply budget: a ??? model or data is fine
-            cfg = load_config(config, [], allow_missing=True)
-        except ConfigError as exc:
-            _fail(str(exc))
-            return
-        register_config_secrets(cfg)
-        rag, jcfg = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge
-        if OmegaConf.is_missing(rag, "url"):
-            if not (rag_url or corpus):
-                _fail(f"{config} leaves app.query_rewrite.rag.url to you (???): give --rag-url URL")
-            rag.url = rag_url
-        if OmegaConf.is_missing(cfg.model, "path") and rag.reference_rewriter == "policy":
-            _fail(f"{config}: rag.reference_rewriter=policy reads model.path, which the preset leaves to you (???)")
-        max_response_length = int(cfg.data.max_response_length)
-        from queryrl.apps.query_rewrite.reward import EMBEDDED_OPTIONS
-        from queryrl.apps.query_rewrite.training import reward_kwargs
+    --rag-url, --corpus, --top-k, --judge and --judge-* are shorthands for those keys. Without --config,
+    nothing is judged unless --judge or app.query_rewrite.judge.backend=... asks for it.
+    """
+    from queryrl.apps.query_rewrite.eval_run import evaluate
+    from queryrl.apps.query_rewrite.eval_samples import EvalError
+    from queryrl.apps.query_rewrite.eval_settings import load_eval_config
 
-        options = reward_kwargs(cfg)
-        embedded = {k: options[k] for k in EMBEDDED_OPTIONS}
-    try:  # the options over app.query_rewrite.judge of --config over the defaults
-        settings = judge_settings(
-            jcfg,
-            judge_extra_body,
-            backend=judge,
-            base_url=judge_base_url,
-            model=judge_model,
-            api_key_env=judge_api_key_env,
-            position_swap=position_swap,
-            temperature=judge_temperature,
-            max_tokens=judge_max_tokens,
-            token_limit_param=judge_token_limit_param,
-            reasoning_effort=judge_reasoning_effort,
-        )
+    shorthands = {
+        "rag_url": rag_url,
+        "corpus": corpus,
+        "top_k": top_k,
+        "judge": judge,
+        "judge_base_url": judge_base_url,
+        "judge_model": judge_model,
+        "judge_api_key_env": judge_api_key_env,
+        "position_swap": position_swap,
+        "judge_temperature": judge_temperature,
+        "judge_max_tokens": judge_max_tokens,
+        "judge_token_limit_param": judge_token_limit_param,
+        "judge_reasoning_effort": judge_reasoning_effort,
+        "judge_extra_body": judge_extra_body,
+    }
+    try:
+        settings = load_eval_config(config, list(ctx.args), **shorthands)
         evaluate(
             data,
             systems,
             out,
-            rag_url=rag_url or (rag.url if rag is not None and corpus is None else None),
-            corpus=corpus or (str(rag.corpus) if rag is not None else "sales_demo"),
-            top_k=top_k if top_k is not None else (int(rag.top_k) if rag is not None else 5),
-            rag_timeout_s=float(rag.timeout_s) if rag is not None else 10.0,
-            rag_max_retries=int(rag.max_retries) if rag is not None else 2,
-            rag_token_env=rag.token_env if rag is not None else None,
-            judge=settings,
+            settings.cfg,
+            judge=settings.judge,
             batch_size=batch_size,
-            max_new_tokens=max_new_tokens or max_response_length or 64,
+            max_new_tokens=max_new_tokens or settings.max_new_tokens,
             n_boot=bootstrap,
             seed=seed,
             max_samples=max_samples,
             dtype=dtype,
-            echo=typer.echo,
-            embedded=embedded,
-            warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
             compare=compare,
+            echo=typer.echo,
+            warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
         )
     except EvalError as exc:
         _fail(str(exc))
@@ -284,4 +271,5 @@ def add_commands(cli: CommandLine) -> None:
     """``queryrl prepare conversations``, ``queryrl prepare kdconv`` and ``queryrl eval``."""
     cli.prepare.command("conversations", cls=_ConversationsCommand)(prepare_conversations)
     cli.prepare.command("kdconv")(prepare_kdconv)
-    cli.app.command("eval")(cli.guard(eval_))
+    extra_args = {"allow_extra_args": True, "ignore_unknown_options": True}  # dotted keys, as for `queryrl train`
+    cli.app.command("eval", context_settings=extra_args)(cli.guard(eval_))

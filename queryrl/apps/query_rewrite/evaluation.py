@@ -1,6 +1,8 @@
 """Evaluation of query rewriters: retrieval metrics of gold documents, judge win/tie/loss with
 bootstrap confidence intervals, paired differences between two systems on the same samples
-(:func:`paired_bootstrap`), the two non-model baselines, and a markdown comparison table.
+(:func:`paired_bootstrap`), one system's whole set of metrics for ``queryrl eval``
+(:func:`system_metrics`, :func:`judge_metrics`), the two non-model baselines, and a markdown
+comparison table.
 
 Notation: ``ranked`` is one result list of document ids, best first (the ``doc_id`` of the RAG
 service's ``response`` entries, in order); ``gold`` the sample's gold document ids
@@ -20,11 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 DEFAULT_KS = (1, 3, 5, 10)
+HEADLINE_K = 5  # recall@5 is the headline metric of queryrl eval
 # kinds (``extra_info.kind`` / ``turn_type``) whose turns need no retrieval when their gold is empty
 NO_RETRIEVAL_KINDS = frozenset({"chitchat"})
 
@@ -228,6 +231,112 @@ def win_tie_loss(
     out["win_rate"], out["win_rate_low"], out["win_rate_high"] = bootstrap_ci(wins, n_boot, alpha, seed)
     scores = [1.0 if o == "8b" else 0.5 if o == "same" else 0.0 for o in valid]
     out["score"], out["score_low"], out["score_high"] = bootstrap_ci(scores, n_boot, alpha, seed)
+    return out
+
+
+# --- one system's metrics (queryrl eval) -----------------------------------------------------------
+
+
+class LabelledTurn(Protocol):
+    """What :func:`system_metrics` reads of a sample (:class:`~.eval_samples.Sample` is one)."""
+
+    gold: list[str]
+    kind: str
+
+
+def _metric_values(ranked: Sequence[str], gold: Sequence[str], ks: Sequence[int]) -> dict[str, float]:
+    values = {f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks}
+    values["mrr"] = mrr(ranked, gold)
+    values.update({f"ndcg@{k}": ndcg_at_k(ranked, gold, k) for k in ks})
+    return values
+
+
+def _with_ci(
+    per_sample: Sequence[Mapping[str, float]], keys: Sequence[str], n_boot: int, seed: int
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in keys:
+        mean, low, high = bootstrap_ci([v[key] for v in per_sample], n_boot, seed=seed)
+        out[key], out[f"{key}_low"], out[f"{key}_high"] = mean, low, high
+    return out
+
+
+def system_metrics(
+    ranked: Sequence[Sequence[str]],
+    samples: Sequence[LabelledTurn],
+    format_ok: Sequence[bool],
+    dependent: Sequence[bool],
+    ks: Sequence[int],
+    n_boot: int,
+    seed: int,
+    abstained: Sequence[bool] | None = None,
+) -> dict[str, Any]:
+    """One system's retrieval metrics with bootstrap intervals, ``format_ok``, ``by_kind`` and ``context_dependent``.
+
+    Retrieval metrics cover the turns with gold only. `abstained` (per sample: the system gave an empty
+    query; default none did) gives ``abstain_accuracy`` on the turns that need no retrieval and
+    ``false_abstain`` on the turns with gold (:func:`abstain_metrics`); in ``by_kind`` a no-retrieval kind
+    shows its ``n`` and ``abstain_accuracy``.
+
+    Args:
+        ranked: per sample, the system's result doc ids, best first.
+        samples: per sample, its ``gold`` ids and ``kind``.
+        format_ok: per sample, the system's answer parsed.
+        dependent: per sample, the turn needs the history (``context_dependent`` covers these).
+        ks: the cutoffs of recall@k and ndcg@k.
+        n_boot, seed: the bootstrap of every interval.
+        abstained: per sample, the system's query was empty.
+    """
+    scored = [
+        (i, _metric_values(r, s.gold, ks)) for i, (r, s) in enumerate(zip(ranked, samples, strict=True)) if s.gold
+    ]
+    quiet = [no_retrieval_turn(s.gold, s.kind) for s in samples]
+    empty = list(abstained) if abstained is not None else [False] * len(samples)
+    out: dict[str, Any] = {
+        "n": len(scored),
+        "n_skipped": len(samples) - len(scored),
+        "format_ok": float(np.mean(format_ok)),
+        **abstain_metrics(empty, quiet, [bool(s.gold) for s in samples]),
+    }
+    quiet_kinds = sorted({s.kind for s, q in zip(samples, quiet, strict=True) if q})
+    by_kind: dict[str, Any] = {}
+    for kind in quiet_kinds:
+        flags = [e for s, q, e in zip(samples, quiet, empty, strict=True) if q and s.kind == kind]
+        by_kind[kind] = {"n": len(flags), "abstain_accuracy": float(np.mean(flags))}
+    if by_kind:
+        out["by_kind"] = by_kind
+    if not scored:
+        return out
+    keys = list(scored[0][1])
+    out.update(_with_ci([v for _, v in scored], keys, n_boot, seed))
+    headline = (f"recall@{HEADLINE_K}", "mrr")
+
+    def subset(members: list[dict[str, float]]) -> dict[str, float]:
+        return {"n": len(members), **_with_ci(members, headline, n_boot, seed)} if members else {"n": 0}
+
+    kinds = sorted({samples[i].kind for i, _ in scored if samples[i].kind})
+    if kinds:
+        by_kind.update({k: subset([v for i, v in scored if samples[i].kind == k]) for k in kinds})
+        out["by_kind"] = dict(sorted(by_kind.items()))
+    out["context_dependent"] = subset([v for i, v in scored if dependent[i]])
+    return out
+
+
+_JUDGE_NAMES = {"n": "judge_n", "failed": "judge_failed", "score": "judge_score"}
+
+
+def judge_metrics(verdicts: Sequence[Mapping[str, Any] | None], n_boot: int, seed: int) -> dict[str, float]:
+    """:func:`win_tie_loss` under the names of a system's metrics: ``judge_`` before ``n``, ``failed`` and
+    ``score`` (and its interval), the rest (``win``, ``tie``, ``loss``, ``win_rate*``) as they are."""
+    out: dict[str, float] = {}
+    for key, value in win_tie_loss(verdicts, n_boot, seed=seed).items():
+        base, _, suffix = key.partition("_")
+        if key in _JUDGE_NAMES:
+            out[_JUDGE_NAMES[key]] = value
+        elif base == "score":
+            out[f"judge_score_{suffix}"] = value
+        else:
+            out[key] = value
     return out
 
 

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
-from queryrl.apps.query_rewrite.eval_run import JudgeSettings, evaluate, load_samples, system_metrics
-from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn
+from queryrl.apps.query_rewrite.eval_run import evaluate
+from queryrl.apps.query_rewrite.eval_samples import load_samples
+from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, system_metrics
 from queryrl.apps.query_rewrite.judging import OfflineJudge, quality_from_verdict
 from queryrl.apps.query_rewrite.reward import compute_score
+from queryrl.config import load_config
 
 WEIGHTS = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2}  # the demo's
 
@@ -128,7 +130,8 @@ def test_evaluation_on_a_mixed_set(tmp_path: Path, model_cache: Path) -> None:
         "builtin://sales_demo/test",
         "raw_turn,concat_last3,reference",
         out,
-        judge=JudgeSettings("offline"),
+        load_config(None, ["app.query_rewrite.judge.backend=offline"], allow_missing=True),
+        judge=True,
         max_samples=60,
         n_boot=50,
         cache_dir=str(model_cache),

@@ -226,7 +226,8 @@ def test_eval_model_answers_fall_back_to_the_samples_profile_and_summary(
     tiny_cfg: DictConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import queryrl.trainer.scoring
-    from queryrl.apps.query_rewrite.eval_run import load_samples, model_answers
+    from queryrl.apps.query_rewrite.eval_generation import model_answers
+    from queryrl.apps.query_rewrite.eval_samples import load_samples
     from queryrl.models.loading import resolve_model_path
 
     samples = [s for s in load_samples("builtin://sales_demo/val") if s.user_profile and s.history_summary][:3]

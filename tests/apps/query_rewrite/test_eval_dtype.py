@@ -12,7 +12,8 @@ import torch
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.eval_run import EvalError, load_samples, model_answers, model_dtype
+from queryrl.apps.query_rewrite.eval_generation import model_answers, model_dtype
+from queryrl.apps.query_rewrite.eval_samples import EvalError, load_samples
 from queryrl.cli import app
 
 

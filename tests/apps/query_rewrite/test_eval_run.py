@@ -11,14 +11,10 @@ import pytest
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.eval_run import (
-    EvalError,
-    JudgeSettings,
-    SystemSpec,
-    evaluate,
-    parse_systems,
-)
+from queryrl.apps.query_rewrite.eval_run import evaluate
+from queryrl.apps.query_rewrite.eval_samples import EvalError, SystemSpec, parse_systems
 from queryrl.cli import app
+from queryrl.config import load_config
 from queryrl.rewards.judge_server import Chaos, running_server
 from queryrl.rewards.judge_server import make_app as make_judge_app
 
@@ -37,6 +33,20 @@ def _closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def _cfg(*overrides: str) -> DictConfig:
+    """The app's settings with dotted overrides, as queryrl eval loads them."""
+    return load_config(None, list(overrides), allow_missing=True)
+
+
+OFFLINE = "app.query_rewrite.judge.backend=offline"
+
+
+def _openai(base_url: str, model: str, **judge: Any) -> DictConfig:
+    """The settings of an OpenAI-compatible judge at `base_url` (`judge`: more app.query_rewrite.judge keys)."""
+    keys = {"backend": "openai", "base_url": base_url, "model": model, **judge}
+    return _cfg(*(f"app.query_rewrite.judge.{k}={'null' if v is None else v}" for k, v in keys.items()))
+
+
 def _samples(out: Path) -> list[dict[str, Any]]:
     lines = (out.parent / "eval_samples.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines]
@@ -48,7 +58,8 @@ def test_baselines_metrics_outputs_and_offline_judge(tmp_path: Path, model_cache
         DATA,
         "raw_turn,concat_last3,reference",
         out,
-        judge=JudgeSettings("offline"),
+        _cfg(OFFLINE),
+        judge=True,
         max_samples=40,
         n_boot=200,
         cache_dir=str(model_cache),
@@ -111,7 +122,8 @@ def test_model_folder_system_counts_format_failures(tmp_path: Path, tiny_cfg: Di
         DATA,
         ["raw_turn", f"tiny={folder}"],
         out,
-        judge=JudgeSettings("offline"),
+        _cfg(OFFLINE),
+        judge=True,
         max_samples=4,
         batch_size=4,
         max_new_tokens=8,
@@ -168,8 +180,7 @@ def test_rag_down_is_one_clear_error(tmp_path: Path, model_cache: Path) -> None:
             DATA,
             "raw_turn,reference",
             tmp_path / "eval.json",
-            rag_url=url,
-            rag_max_retries=0,
+            _cfg(f"app.query_rewrite.rag.url={url}", "app.query_rewrite.rag.max_retries=0"),
             max_samples=2,
             cache_dir=str(model_cache),
             echo=None,
@@ -181,12 +192,10 @@ def test_openai_judge_without_key_is_a_clear_error(
     tmp_path: Path, model_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("QUERYRL_TEST_NO_SUCH_KEY", raising=False)
-    judge = JudgeSettings(
-        "openai", base_url=_closed_port_url() + "/v1", model="m", api_key_env="QUERYRL_TEST_NO_SUCH_KEY"
-    )
+    settings = _openai(_closed_port_url() + "/v1", "m", api_key_env="QUERYRL_TEST_NO_SUCH_KEY")
     with pytest.raises(EvalError, match=r"judge API key: .*QUERYRL_TEST_NO_SUCH_KEY"):
         evaluate(
-            DATA, "raw_turn", tmp_path / "eval.json", judge=judge, max_samples=2, cache_dir=str(model_cache), echo=None
+            DATA, "raw_turn", tmp_path / "eval.json", settings, judge=True, max_samples=2, cache_dir=str(model_cache)
         )
 
 
@@ -273,26 +282,24 @@ def test_services_are_checked_before_any_model_is_loaded(
     out = tmp_path / "eval.json"
     common: dict[str, Any] = {"max_samples": 2, "cache_dir": str(model_cache), "echo": None}
     monkeypatch.delenv("QUERYRL_TEST_NO_SUCH_KEY", raising=False)
-    no_key = JudgeSettings(
-        "openai", base_url="http://127.0.0.1:9/v1", model="gpt-5", api_key_env="QUERYRL_TEST_NO_SUCH_KEY"
-    )
+    no_key = _openai("http://127.0.0.1:9/v1", "gpt-5", api_key_env="QUERYRL_TEST_NO_SUCH_KEY")
     with pytest.raises(EvalError, match=r"^judge API key: environment variable QUERYRL_TEST_NO_SUCH_KEY is not set"):
-        evaluate(DATA, systems, out, judge=no_key, **common)
+        evaluate(DATA, systems, out, no_key, judge=True, **common)
 
-    gone = JudgeSettings("openai", base_url=_closed_port_url() + "/v1", model="gpt-5", api_key_env=None, max_retries=0)
+    gone = _openai(_closed_port_url() + "/v1", "gpt-5", api_key_env=None, max_retries=0)
     with pytest.raises(EvalError, match=r"judge 'gpt-5' at .* does not answer: connection error"):
-        evaluate(DATA, systems, out, judge=gone, **common)
+        evaluate(DATA, systems, out, gone, judge=True, **common)
 
     app_ = make_judge_app(_rubric_judge, strict=True)
     with running_server(app_) as url:
-        cold = JudgeSettings("openai", base_url=url, model="gpt-5", api_key_env=None, temperature=0.0)
+        cold = _openai(url, "gpt-5", api_key_env=None, temperature=0.0)
         with pytest.raises(EvalError, match=r"a test request failed: HTTP 400: .*'temperature' does not support 0\.0"):
-            evaluate(DATA, systems, out, judge=cold, **common)
+            evaluate(DATA, systems, out, cold, judge=True, **common)
     assert app_.state.stats.requests == 1  # one probe, not one call per sample
 
     url = _closed_port_url()
     with pytest.raises(EvalError, match=rf"RAG service at {url} does not answer"):
-        evaluate(DATA, systems, out, rag_url=url, **common)
+        evaluate(DATA, systems, out, _cfg(f"app.query_rewrite.rag.url={url}"), **common)
     assert not out.exists()
 
 
@@ -335,8 +342,9 @@ def test_judge_failures_are_loud_and_all_failed_exits_2(tmp_path: Path, model_ca
     some = make_judge_app(_rubric_judge, chaos=["ok", "400"])
     warnings: list[str] = []
     with running_server(some) as url:
-        judge = JudgeSettings("openai", base_url=url, model="m", api_key_env=None)
-        report = evaluate(DATA, "raw_turn", out, judge=judge, warn=warnings.append, **common)
+        report = evaluate(
+            DATA, "raw_turn", out, _openai(url, "m", api_key_env=None), judge=True, warn=warnings.append, **common
+        )
     assert report["judge_calls"]["failed"] == 1
     assert report["systems"]["raw_turn"]["judge_call_failed"] == 1
     assert len(warnings) == 1

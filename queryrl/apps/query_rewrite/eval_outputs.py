@@ -1,0 +1,174 @@
+"""``queryrl eval``'s outputs, next to the JSON summary ``out`` and each written atomically.
+
+- ``out``: the report (:func:`write_outputs`): ``systems`` (each system's metrics), ``comparisons``,
+  ``eval_file``, ``n_samples``, ``judge_calls`` and ``settings``; a non-finite number is written as null;
+- ``eval.png``: a bar chart of recall@5 and MRR per system with 95 % intervals, and with ``--compare`` a
+  third panel of the paired differences (:func:`plot_systems`);
+- ``eval_samples.jsonl``: per sample, each system's query, its top-5 doc ids, whether it parsed, the
+  judge's verdict and, on turns with gold, its recall@5 / MRR / NDCG@5 (:func:`sample_records`);
+- the printed table (:func:`table_rows`, a subset of the metrics: :data:`TABLE_KEYS`) and, with
+  ``--compare``, the paired differences.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from queryrl.apps.query_rewrite.eval_compare import draw_differences, format_comparisons
+from queryrl.apps.query_rewrite.eval_samples import Answer, Sample, SystemSpec
+from queryrl.apps.query_rewrite.eval_scoring import doc_ids
+from queryrl.apps.query_rewrite.evaluation import HEADLINE_K, format_table
+from queryrl.atomic import atomic_path, atomic_write_text
+
+SAMPLES_TOP = 5  # doc ids per system in eval_samples.jsonl
+TABLE_KEYS = (
+    "n",
+    "format_ok",
+    "recall@1",
+    "recall@3",
+    "recall@5",
+    "recall@5_low",
+    "recall@5_high",
+    "recall@10",
+    "mrr",
+    "ndcg@5",
+    "ndcg@10",
+    "ctx_dep recall@5",
+    "win",
+    "tie",
+    "loss",
+    "win_rate",
+    "judge_score",
+    "abstain_accuracy",
+    "false_abstain",
+)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (JSON has no NaN) and every key a string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """The flat rows of the printed table (a subset of the metrics, see :data:`TABLE_KEYS`)."""
+    rows: dict[str, dict[str, float]] = {}
+    for name, metrics in systems.items():
+        dependent = metrics.get("context_dependent") or {}
+        flat = {**metrics, "ctx_dep recall@5": dependent.get(f"recall@{HEADLINE_K}")}
+        rows[name] = {k: float(flat[k]) for k in TABLE_KEYS if isinstance(flat.get(k), int | float)}
+    return rows
+
+
+def plot_systems(
+    systems: Mapping[str, Mapping[str, Any]], out: Path, comparisons: Mapping[str, Mapping[str, Any]] | None = None
+) -> Path:
+    """A bar chart of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG); with
+    `comparisons`, a third panel of the paired differences (:func:`~.eval_compare.draw_differences`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(systems)
+    width = max(6.0, 1.6 * len(names) + 2.0)
+    fig, axes = plt.subplots(1, 3 if comparisons else 2, figsize=(width + 5.0 if comparisons else width, 4.0))
+    if comparisons:
+        draw_differences(axes[2], comparisons, HEADLINE_K)
+    for ax, key, title in zip(axes[:2], (f"recall@{HEADLINE_K}", "mrr"), (f"Recall@{HEADLINE_K}", "MRR"), strict=True):
+        means = [float(systems[n].get(key, 0.0)) for n in names]
+        lows = [m - float(systems[n].get(f"{key}_low", m)) for n, m in zip(names, means, strict=True)]
+        highs = [float(systems[n].get(f"{key}_high", m)) - m for n, m in zip(names, means, strict=True)]
+        x = np.arange(len(names))
+        ax.bar(x, means, yerr=[lows, highs], capsize=4, color="tab:blue")
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=20, ha="right")
+        ax.set_ylim(0.0, 1.05)
+        ax.set_title(f"{title} (95% bootstrap CI)")
+        for xi, m in zip(x, means, strict=True):
+            ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
+    fig.tight_layout()
+    try:
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def sample_records(
+    samples: Sequence[Sample],
+    specs: Sequence[SystemSpec],
+    answers: Mapping[str, Sequence[Answer] | None],
+    results: Mapping[str, Sequence[Mapping[str, Any] | None]],
+    verdicts: Mapping[str, Sequence[Mapping[str, Any] | None]],
+    values: Mapping[str, Sequence[Mapping[str, float] | None]],
+) -> list[dict[str, Any]]:
+    """One record per sample for ``eval_samples.jsonl`` (see the module doc).
+
+    Args:
+        samples: the rows.
+        specs: the systems, in the report's order.
+        answers: a system's answers per sample (None: the ``reference`` system, whose query is its result's).
+        results: a system's RAG result per sample (None: a format failure).
+        verdicts: a judged system's verdict per sample.
+        values: a system's recall@5 / MRR / NDCG@5 per sample (None without gold).
+    """
+    records = []
+    for i, s in enumerate(samples):
+        per_system: dict[str, Any] = {}
+        for spec in specs:
+            result = results[spec.name][i]
+            system_answers = answers[spec.name]
+            answer = system_answers[i] if system_answers is not None else None
+            entry: dict[str, Any] = {
+                "query": (result or {}).get("rewritten_query") if answer is None else answer.query,
+                "format_ok": answer is None or answer.query is not None,
+                "top5": doc_ids(result)[:SAMPLES_TOP],
+                **(values[spec.name][i] or {}),  # recall@5, mrr, ndcg@5 on a turn with gold: --compare's inputs
+            }
+            if answer is not None and answer.raw is not None:
+                entry["raw"] = answer.raw
+            if spec.name in verdicts:
+                verdict = verdicts[spec.name][i]
+                entry["verdict"] = verdict.get("better") if verdict else None
+            per_system[spec.name] = entry
+        records.append(
+            {
+                "index": s.index,
+                "conversation_id": s.conversation_id,
+                "turn": s.turn,
+                "kind": s.kind,
+                "last_turn": s.contexts[-1]["content"],
+                "gold": s.gold,
+                "systems": per_system,
+            }
+        )
+    return records
+
+
+def write_outputs(
+    report: Mapping[str, Any], records: Sequence[Mapping[str, Any]], out: Path, say: Callable[[str], None]
+) -> None:
+    """Write the report to `out`, `records` to ``eval_samples.jsonl`` and the chart to ``eval.png`` beside
+    it, then print the table (and the paired differences) to `say`."""
+    atomic_write_text(out, json.dumps(json_safe(dict(report)), ensure_ascii=False, indent=2) + "\n")
+    lines = [json.dumps(json_safe(dict(r)), ensure_ascii=False, default=str) + "\n" for r in records]
+    atomic_write_text(out.parent / "eval_samples.jsonl", "".join(lines))
+    comparisons = report["comparisons"]
+    plot_systems(report["systems"], out.parent / "eval.png", comparisons)
+    say(format_table(table_rows(report["systems"])))
+    if comparisons:
+        say(format_comparisons(comparisons, HEADLINE_K))
+    say(f"wrote {out}, {out.parent / 'eval.png'} and {out.parent / 'eval_samples.jsonl'}")
