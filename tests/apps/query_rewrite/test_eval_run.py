@@ -390,3 +390,92 @@ def test_judge_settings_from_the_config_file(tmp_path: Path, model_cache: Path) 
     assert "temperature" not in body
     assert cold.exit_code == 2
     assert "'temperature' does not support 0.0 with this model" in cold.output  # the option over the config
+
+
+# --- one settings object: --config plus dotted overrides, the options as shorthands ----------------------
+
+
+def test_dotted_overrides_reach_the_report(tmp_path: Path, model_cache: Path) -> None:
+    out = tmp_path / "eval.json"
+    args = ["eval", "--data", DATA, "--systems", "raw_turn,reference", "--out", str(out), "--max-samples", "6"]
+    args += ["--bootstrap", "20", "app.query_rewrite.rag.top_k=10", "app.query_rewrite.judge.backend=offline"]
+    result = runner.invoke(app, args, env={"QUERYRL_CACHE": str(model_cache)})
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert (report["settings"]["top_k"], report["settings"]["ks"]) == (10, [1, 3, 5, 10])
+    assert report["settings"]["judge"] == "offline"  # a dotted judge.backend asks for judging, as --judge does
+    assert "recall@10" in report["systems"]["reference"]
+    assert report["systems"]["raw_turn"]["judge_n"] == 6
+
+
+def test_a_bad_dotted_key_is_one_error_naming_it(tmp_path: Path) -> None:
+    out = tmp_path / "eval.json"
+    args = ["eval", "--data", DATA, "--systems", "raw_turn", "--out", str(out), "app.query_rewrite.rag.topk=10"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "error: override 'app.query_rewrite.rag.topk=10': unknown key 'app.query_rewrite.rag.topk'; "
+        "did you mean app.query_rewrite.rag.top_k"
+    )
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    clash = runner.invoke(app, [*args[:-1], "--top-k", "5", "app.query_rewrite.rag.top_k=10"])
+    assert clash.exit_code == 2
+    assert "--top-k and the override 'app.query_rewrite.rag.top_k=10' both set app.query_rewrite.rag.top_k" in (
+        clash.output
+    )
+    wrong_type = runner.invoke(app, [*args[:-1], "app.query_rewrite.rag.top_k=many"])
+    assert wrong_type.exit_code == 2
+    assert "app.query_rewrite.rag.top_k" in wrong_type.output
+
+
+def test_the_help_says_dotted_keys_are_accepted() -> None:
+    result = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "key.sub=value" in result.output
+    assert "dotted keys" in result.output
+
+
+def test_the_shorthands_are_the_dotted_keys(tmp_path: Path) -> None:
+    from queryrl.apps.query_rewrite.eval_settings import load_eval_config
+
+    plain = load_eval_config()  # no config: the app's defaults, no judging, a budget of 64 tokens
+    assert (plain.judge, plain.max_new_tokens, plain.cfg.app.query_rewrite.rag.top_k) == (False, 64, 5)
+    short = load_eval_config(
+        None,
+        [],
+        judge="openai",
+        judge_base_url="http://127.0.0.1:9/v1",
+        judge_api_key_env="",
+        judge_extra_body='{"verbosity": "low"}',
+        top_k=7,
+        corpus="sales_demo",
+    )
+    dotted = load_eval_config(
+        None,
+        [
+            "app.query_rewrite.judge.backend=openai",
+            "app.query_rewrite.judge.base_url=http://127.0.0.1:9/v1",
+            "app.query_rewrite.judge.api_key_env=null",
+            "app.query_rewrite.judge.extra_body.verbosity=low",
+            "app.query_rewrite.rag.top_k=7",
+            "app.query_rewrite.rag.corpus=sales_demo",
+            "app.query_rewrite.rag.url=null",
+        ],
+    )
+    assert (short.judge, dotted.judge) == (True, True)
+    assert short.cfg == dotted.cfg
+    config = tmp_path / "qr.yaml"
+    config.write_text("data:\n  max_response_length: 40\napp:\n  query_rewrite:\n    rag:\n      url: http://r:1\n")
+    from_file = load_eval_config(config, ["app.query_rewrite.rag.top_k=9"], corpus="kdconv:kb.json")
+    assert from_file.judge  # --config: the app's judge (offline by default), as before
+    assert from_file.max_new_tokens == 40
+    rag = from_file.cfg.app.query_rewrite.rag
+    assert (rag.url, rag.corpus, rag.top_k) == (None, "kdconv:kb.json", 9)  # --corpus: the embedded service
+    assert not load_eval_config(config, judge="none").judge
+    with pytest.raises(EvalError, match=r"unknown judge 'gpt'; use one of none, offline, openai"):
+        load_eval_config(judge="gpt")
+    with pytest.raises(EvalError, match=r"--judge-extra-body: expected a JSON object"):
+        load_eval_config(judge_extra_body="[1]")
