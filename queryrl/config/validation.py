@@ -6,6 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from queryrl.application import load_apps
 from queryrl.config.schema import ConfigError
+from queryrl.tracking import TRACKERS
 
 
 def choice(value: str, valid: list[str] | tuple[str, ...], key: str) -> None:
@@ -73,7 +74,7 @@ def validate(cfg: DictConfig) -> None:
                 f"{key} must be >= 0 (0 = colocated with the actor workers), got {OmegaConf.select(cfg, key)}"
             )
     for name in cfg.trainer.logger:
-        choice(name, ["console", "jsonl", "tensorboard", "wandb", "mlflow"], "trainer.logger")
+        choice(name, TRACKERS.names(), "trainer.logger")
     positive = {
         "data.train_batch_size": cfg.data.train_batch_size,
         "data.max_prompt_length": cfg.data.max_prompt_length,

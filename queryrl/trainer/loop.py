@@ -114,7 +114,7 @@ class Trainer:
         cfg = self.cfg.trainer
         stop_at = min(self.c.total_steps, max_steps) if max_steps is not None else self.c.total_steps
         metrics: dict[str, float] = {}
-        from queryrl.trainer.tracking import Tracker
+        from queryrl.tracking import Tracker
 
         with Tracker(
             self.run_dir,

@@ -406,7 +406,7 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     # written in a temporary folder; an existing `out` is replaced only once the new one is complete
     with atomic_dir(out, replace=True) as tmp:
         save_config(cfg, tmp / CONFIG_NAME)
-        from queryrl.trainer.tracking import Tracker
+        from queryrl.tracking import Tracker
 
         t = cfg.trainer
         with Tracker(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from queryrl.trainer.tracking import Tracker, as_finite, flatten_config, mlflow_name
+from queryrl.tracking import Tracker, as_finite, flatten_config, mlflow_name
 
 
 def _tracker(run_dir: Path, loggers: list[str], start_step: int = 0, total: int = 10) -> Tracker:
@@ -84,7 +84,7 @@ def test_console_prints_plain_lines_when_not_a_terminal(tmp_path: Path, capsys: 
 
 
 def test_unknown_logger_lists_the_valid_ones(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"'nope'.*console, jsonl, tensorboard, wandb, mlflow"):
+    with pytest.raises(ValueError, match=r"'nope'.*console, jsonl, mlflow, tensorboard, wandb"):
         _tracker(tmp_path, ["jsonl", "nope"])
     assert not (tmp_path / "metrics.jsonl").exists()  # checked before any backend is opened
 

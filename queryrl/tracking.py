@@ -19,13 +19,15 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 from queryrl.atomic import atomic_write_text
 from queryrl.redaction import redact, redact_data
+from queryrl.registry import Registry
 
 DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
     "critic/score/mean",
@@ -234,7 +236,27 @@ class _MlflowBackend:
         self.mlflow.end_run()
 
 
-VALID_LOGGERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+@dataclass(frozen=True)
+class TrackerContext:
+    """What a logger backend may need: where the run lives, its names, its (redacted) config, its steps."""
+
+    run_dir: Path
+    project: str
+    experiment: str
+    config: dict[str, Any]
+    total_steps: int
+    start_step: int
+    console_keys: tuple[str, ...]
+
+
+# ``trainer.logger`` names -> backends; a plugin may register more (``TRACKERS.register("name")(factory)``)
+TRACKERS: Registry[Callable[[TrackerContext], _Backend]] = Registry("logger")
+TRACKERS.register("console")(lambda c: _ConsoleBackend(c.total_steps, c.start_step, c.console_keys))
+TRACKERS.register("jsonl")(lambda c: _JsonlBackend(c.run_dir, c.start_step))
+TRACKERS.register("tensorboard")(lambda c: _TensorBoardBackend(c.run_dir, c.start_step))
+TRACKERS.register("wandb")(lambda c: _WandbBackend(c.run_dir, c.project, c.experiment, c.config))
+TRACKERS.register("mlflow")(lambda c: _MlflowBackend(c.project, c.experiment, c.config))
+VALID_LOGGERS: tuple[str, ...] = tuple(TRACKERS.names())
 
 
 class Tracker:
@@ -271,24 +293,16 @@ class Tracker:
         console_keys: tuple[str, ...] = DEFAULT_CONSOLE_KEYS,
     ) -> None:
         config = redact_data(config)  # sent to wandb / mlflow: no secret value, whatever its field
-        unknown = [name for name in loggers if name not in VALID_LOGGERS]
+        unknown = [name for name in loggers if name not in TRACKERS]
         if unknown:
-            raise ValueError(f"unknown logger(s) {unknown}; valid: {', '.join(VALID_LOGGERS)}")
+            raise ValueError(f"unknown logger(s) {unknown}; valid: {', '.join(TRACKERS.names())}")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.backends: list[_Backend] = []
         try:
+            context = TrackerContext(self.run_dir, project, experiment, config, total_steps, start_step, console_keys)
             for name in dict.fromkeys(loggers):  # de-duplicated, in order
-                if name == "console":
-                    self.backends.append(_ConsoleBackend(total_steps, start_step, console_keys))
-                elif name == "jsonl":
-                    self.backends.append(_JsonlBackend(self.run_dir, start_step))
-                elif name == "tensorboard":
-                    self.backends.append(_TensorBoardBackend(self.run_dir, start_step))
-                elif name == "wandb":
-                    self.backends.append(_WandbBackend(self.run_dir, project, experiment, config))
-                else:
-                    self.backends.append(_MlflowBackend(project, experiment, config))
+                self.backends.append(TRACKERS.get(name)(context))
         except BaseException:
             self.close()  # do not leave the backends already opened dangling
             raise
