@@ -225,11 +225,11 @@ def _check_arguments(
     rag: Any, judge: Any | None, batch_size: int, max_new_tokens: int, n_boot: int, dtype: str | None
 ) -> JudgeClient | None:
     """The checks that cost nothing; returns the OpenAI-compatible judge's client (None: offline or none)."""
-    openai = judge is not None and judge.backend == "openai"
-    if openai and (OmegaConf.is_missing(judge, "base_url") or not judge.base_url or not judge.model):
+    llm = judge if judge is not None and judge.backend == "openai" else None
+    if llm is not None and (OmegaConf.is_missing(llm, "base_url") or not llm.base_url or not llm.model):
         raise EvalError("the openai judge needs app.query_rewrite.judge.base_url and .model (--judge-base-url)")
     try:
-        judge_check = _judge_client(judge) if openai else None
+        judge_check = _judge_client(llm) if llm is not None else None
     except ValueError as exc:  # a judge setting out of range (temperature, reasoning effort, ...)
         raise EvalError(str(exc)) from None
     if int(rag.top_k) < HEADLINE_K:
@@ -355,7 +355,7 @@ def _metrics(
 def _settings(specs: Sequence[SystemSpec], rag: Any, judge: Any | None, ks: Sequence[int]) -> dict[str, Any]:
     """The report's ``settings`` of the systems, the RAG service and the judge (``extra_body`` by its keys
     only: its values may be private)."""
-    openai = judge is not None and judge.backend == "openai"
+    llm = judge if judge is not None and judge.backend == "openai" else None
     settings: dict[str, Any] = {
         "systems": [{"name": s.name, "kind": s.kind, "path": str(s.path) if s.path else None} for s in specs],
         "rag_url": rag.url,
@@ -363,16 +363,16 @@ def _settings(specs: Sequence[SystemSpec], rag: Any, judge: Any | None, ks: Sequ
         "top_k": int(rag.top_k),
         "ks": list(ks),
         "judge": judge.backend if judge is not None else "none",
-        "judge_model": judge.model if openai else None,
-        "judge_base_url": judge.base_url if openai else None,
-        "position_swap": bool(judge.position_swap) if openai else False,
+        "judge_model": llm.model if llm is not None else None,
+        "judge_base_url": llm.base_url if llm is not None else None,
+        "position_swap": bool(llm.position_swap) if llm is not None else False,
     }
-    if openai:
+    if llm is not None:
         settings |= {
-            "judge_temperature": judge.temperature,
-            "judge_max_tokens": judge.max_tokens,
-            "judge_token_limit_param": judge.token_limit_param,
-            "judge_reasoning_effort": judge.reasoning_effort,
-            "judge_extra_body_keys": sorted(judge.extra_body or {}),
+            "judge_temperature": llm.temperature,
+            "judge_max_tokens": llm.max_tokens,
+            "judge_token_limit_param": llm.token_limit_param,
+            "judge_reasoning_effort": llm.reasoning_effort,
+            "judge_extra_body_keys": sorted(llm.extra_body or {}),
         }
     return settings
