@@ -24,19 +24,11 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ra
 
 from queryrl.distributed.ray_group import RayWorkers
 from queryrl.trainer.loop import Trainer
+from tests.distributed.helpers import COMMON
 from tests.helpers import make_cfg
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-# as in the Ray parity tests: two optimizer steps per training step (the old log-probs are computed)
-# and a KL loss (the reference log-probs are): every worker computation is on the path
-COMMON = (
-    "trainer.resume=disable",
-    "actor.use_kl_loss=true",
-    "actor.ppo_mini_batch_size=2",
-    "ray.num_cpus_per_worker=1",
-    "ray.num_threads=1",
-)
 FSDP = ("trainer.backend=ray", "trainer.n_gpus_per_node=2", "ray.fsdp=true", "ray.fsdp_on_cpu=true")
 CLIP = "actor.grad_clip=0.05"  # far below every step's gradient norm (above 1): every step clips
 

@@ -38,19 +38,10 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quer
 from queryrl.distributed.ray_group import RayRollout, RayWorkers, WorkerDiedError  # noqa: E402
 from queryrl.rollout import HFRollout, SamplingParams  # noqa: E402
 from queryrl.trainer.loop import Trainer  # noqa: E402
+from tests.distributed.helpers import COMMON  # noqa: E402
 from tests.helpers import make_cfg  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-# two optimizer steps per training step (two mini-batches) so the old log-probs are computed too,
-# and a KL loss so the reference log-probs are: every worker computation is on the path
-COMMON = (
-    "trainer.resume=disable",
-    "actor.use_kl_loss=true",
-    "actor.ppo_mini_batch_size=2",
-    "ray.num_cpus_per_worker=1",
-    "ray.num_threads=1",
-)
 
 
 def _grad_norms(run_dir: Path) -> list[float]:
