@@ -53,6 +53,7 @@ profile and summary: a cached result is only reused for the very same request). 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import weakref
@@ -321,7 +322,7 @@ async def _judge_quality(
     top_k: int,
 ) -> tuple[float, dict[str, float]]:
     """(quality q in [0, 1], extra values); raises :class:`RewardFailure` on a failed / inconsistent verdict."""
-    judge = kwargs.get("judge", "offline")
+    judge = kwargs["judge"]
     if judge == "offline":
         with _LOCK:
             offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
@@ -338,12 +339,12 @@ async def _judge_quality(
     client = judge_client(
         str(base_url),
         str(model),
-        kwargs.get("judge_api_key_env", "OPENAI_API_KEY"),
-        float(kwargs.get("judge_timeout_s", 30.0)),
-        int(kwargs.get("judge_max_retries", 3)),
+        kwargs["judge_api_key_env"],
+        float(kwargs["judge_timeout_s"]),
+        int(kwargs["judge_max_retries"]),
         **judge_request_options(kwargs),
     )
-    lang, swap = str(kwargs.get("judge_lang", "zh")), bool(kwargs.get("position_swap", False))
+    lang, swap = str(kwargs["judge_lang"]), bool(kwargs["position_swap"])
     results = await judge_pair(client, contexts, candidate, reference, lang=lang, position_swap=swap)
     if not swap:
         quality = quality_from_verdict(results[0].verdict)
@@ -424,6 +425,29 @@ async def _shared_judge(
 _NOT_CUT = {"format/truncated": 0.0}  # an unparsed reply is a format failure, not a truncated answer
 
 
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from queryrl.apps.query_rewrite.config import QueryRewriteConfig, SeedHybridConfig
+    from queryrl.apps.query_rewrite.training import reward_kwargs
+
+    node = OmegaConf.structured(QueryRewriteConfig)
+    out = reward_kwargs(OmegaConf.create({"app": {"query_rewrite": node}, "reward": {"kwargs": {}}}))
+    hybrid = SeedHybridConfig()
+    out |= {"gpt5_weight": hybrid.gpt5_weight, "grpo_weight": hybrid.grpo_weight}
+    for key in ("mode", "weights"):  # no mode: not seed_hybrid; no weights: DEFAULT_WEIGHTS
+        out.pop(key)
+    return out
+
+
+def default_kwargs() -> dict[str, Any]:
+    """:func:`compute_score`'s keyword arguments when the caller gives none: those of the default
+    ``app.query_rewrite`` node (:mod:`.config`, through :func:`.training.reward_kwargs`), so the defaults
+    are written once, in the dataclasses; without ``mode`` and ``weights`` (:data:`DEFAULT_WEIGHTS`)."""
+    return dict(_defaults())
+
+
 def _weights(kwargs: Mapping[str, Any]) -> dict[str, float]:
     weights = {**DEFAULT_WEIGHTS, **{str(k): float(v) for k, v in dict(kwargs.get("weights") or {}).items()}}
     unknown = sorted(set(weights) - set(COMPONENTS))
@@ -456,7 +480,7 @@ def _abstain_score(
         out["recall_at_5"] = 0.0
     if kwargs.get("mode") == "seed_hybrid":
         z = float(info.get("seed_hybrid_z", 0.0))
-        weights_j_g = float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
+        weights_j_g = float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"])
         hybrid = hybrid_reward(quality, z, *weights_j_g)
         return {"score": hybrid, **out, "selected_z": z}
     score = mix_rewards(components, weights)
@@ -504,10 +528,11 @@ async def compute_score(
         ValueError: a bad configuration.
     """
     del data_source
+    kwargs = default_kwargs() | kwargs  # what the caller leaves out: the app's config defaults
     info = dict(extra_info or {})
     weights = _weights(kwargs)
-    top_k = int(kwargs.get("top_k", 5))
-    max_query_chars = int(kwargs.get("max_query_chars", MAX_QUERY_CHARS))
+    top_k = int(kwargs["top_k"])
+    max_query_chars = int(kwargs["max_query_chars"])
     gold = _gold(ground_truth)
 
     parsed = parse_answer(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
@@ -515,9 +540,7 @@ async def compute_score(
         components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
         if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
             z = float(info.get("seed_hybrid_z", 0.0))
-            hybrid = hybrid_reward(
-                0.0, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
-            )
+            hybrid = hybrid_reward(0.0, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
             return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
         score = mix_rewards(components, weights)
         assert score is not None
@@ -542,9 +565,9 @@ async def compute_score(
         history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
         rewritten_query=query,
     )
-    rag_url = kwargs.get("rag_url")
-    corpus = str(kwargs.get("corpus", "sales_demo"))
-    timeout_s, retries = float(kwargs.get("rag_timeout_s", 10.0)), int(kwargs.get("rag_max_retries", 2))
+    rag_url = kwargs["rag_url"]
+    corpus = str(kwargs["corpus"])
+    timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
     embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
     client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
     candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
@@ -563,9 +586,7 @@ async def compute_score(
     if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
         quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
         z = float(info.get("seed_hybrid_z", 0.0))
-        hybrid = hybrid_reward(
-            quality, z, float(kwargs.get("gpt5_weight", 0.85)), float(kwargs.get("grpo_weight", 0.15))
-        )
+        hybrid = hybrid_reward(quality, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
         return {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
     if weights.get("judge", 0.0) != 0.0:
         quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
