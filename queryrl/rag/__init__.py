@@ -18,6 +18,7 @@ from queryrl.rag.rewriters import (
     LastTurnRewriter,
     OpenAICompatibleRewriter,
     Rewriter,
+    build_rewriter,
     make_rewriter,
     register_rewriter,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "RAGError",
     "RAGFailure",
     "Rewriter",
+    "build_rewriter",
     "load_corpus",
     "make_app",
     "make_rewriter",

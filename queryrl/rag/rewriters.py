@@ -8,6 +8,7 @@ register its own (e.g. the frozen initial policy) and the CLI can choose by name
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -200,13 +201,44 @@ def register_rewriter(name: str, factory: RewriterFactory) -> None:
     REWRITERS.register(name)(factory)
 
 
+def _factory(name: str) -> RewriterFactory:
+    if name not in REWRITERS:  # an installed application's rewriter (query_rewrite's "policy")
+        from queryrl.application import load_apps
+
+        load_apps()
+    return REWRITERS.get(name)
+
+
+def missing_parameters(name: str, available: Mapping[str, Any]) -> list[str]:
+    """The required parameters of rewriter `name`'s factory that `available` lacks or holds as None."""
+    params = inspect.signature(_factory(name)).parameters
+    required = [
+        k for k, p in params.items() if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    return [k for k in required if available.get(k) is None]
+
+
+def build_rewriter(name: str, available: Mapping[str, Any], given: Mapping[str, Any] | None = None) -> Rewriter:
+    """The rewriter `name`, built from the values in `available` that its factory takes, and `given`.
+
+    Each factory takes what it needs by keyword (``entities`` and ``latin_entities`` for ``heuristic``;
+    ``base_url``, ``model``, ``api_key_env``, ``fallback`` for ``openai``; an application's own, e.g.
+    ``model_path`` for query_rewrite's ``policy``), so the caller offers every value it has and never
+    asks which rewriter it builds. `given` (the user's own settings) are passed as they are and win over
+    `available`. A required parameter that neither has (or that is None) is an error naming it.
+    """
+    factory = _factory(name)
+    params = inspect.signature(factory).parameters
+    kwargs = {k: v for k, v in available.items() if k in params} | dict(given or {})
+    missing = missing_parameters(name, kwargs)
+    if missing:
+        raise ValueError(f"rewriter {name!r} needs {', '.join(missing)}")
+    return factory(**kwargs)
+
+
 def make_rewriter(name: str = "heuristic", **kwargs: Any) -> Rewriter:
     """The rewriter registered as `name`, built with `kwargs`; an unknown name lists the valid ones.
 
     The installed applications register theirs (query_rewrite: ``policy``) when they are loaded.
     """
-    if name not in REWRITERS:
-        from queryrl.application import load_apps
-
-        load_apps()
-    return REWRITERS.get(name)(**kwargs)
+    return _factory(name)(**kwargs)

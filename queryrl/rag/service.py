@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from queryrl.rag.index import BM25Index, Hit, Index, load_corpus, title_entities
-from queryrl.rag.rewriters import HeuristicRewriter, Rewriter, make_rewriter
+from queryrl.rag.rewriters import HeuristicRewriter, Rewriter, build_rewriter
 
 if TYPE_CHECKING:  # fastapi is only needed to serve over HTTP; InProcessRAG works without it
     from fastapi import FastAPI
@@ -225,7 +225,6 @@ def serve(
         from queryrl.rag.retrievers import make_index
 
         index = make_index(documents, retriever, embedder)
-    if rewriter == "heuristic":
-        rewriter_kwargs.setdefault("entities", entities)
-    app = make_app(index, make_rewriter(rewriter, **rewriter_kwargs), top_k=top_k, token=token)
+    reference = build_rewriter(rewriter, {"entities": entities}, rewriter_kwargs)  # heuristic: the titles
+    app = make_app(index, reference, top_k=top_k, token=token)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -386,7 +386,7 @@ def _reward(cfg: DictConfig, plan: Plan) -> None:
     app = enabled_app(cfg)
     spec = app.reward(cfg) if app is not None else None
     manager = r.manager if r.manager != "auto" else (spec.manager if spec is not None else "naive")
-    if spec is None:
+    if app is None or spec is None:
         fn = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
         plan.add("reward", f"function {fn}, manager {manager}")
     else:

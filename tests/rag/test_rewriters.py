@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from queryrl.rag import REWRITERS, BM25Index, HeuristicRewriter, LastTurnRewriter, make_rewriter, register_rewriter
+from queryrl.rag import (
+    REWRITERS,
+    BM25Index,
+    HeuristicRewriter,
+    LastTurnRewriter,
+    build_rewriter,
+    make_rewriter,
+    register_rewriter,
+)
 from queryrl.rag.rewriters import OpenAICompatibleRewriter
 from queryrl.rewards.judge_server import make_app as make_judge_app
 from queryrl.rewards.judge_server import running_server
@@ -65,3 +73,20 @@ def test_openai_compatible_rewriter_and_fallback() -> None:
                 await rw.client.aclose()
 
         assert asyncio.run(run()) == ["iPhone 15 价格", "它多少钱？"]  # unparseable -> last user turn
+
+
+def test_build_rewriter_takes_what_each_factory_needs() -> None:
+    offered = {"entities": ["颐和园"], "latin_entities": True, "base_url": None, "model": None}
+    heuristic = build_rewriter("heuristic", offered)
+    assert isinstance(heuristic, HeuristicRewriter)
+    talk = [
+        {"role": "user", "content": "颐和园在哪"},
+        {"role": "assistant", "content": "在海淀"},
+        {"role": "user", "content": "门票多少钱"},
+    ]
+    assert heuristic.rewrite_sync(talk) == "颐和园 门票多少钱"  # the entities reached it (without: "门票多少钱")
+    assert isinstance(build_rewriter("last_turn", offered), LastTurnRewriter)  # takes none of them
+    with pytest.raises(ValueError, match="rewriter 'openai' needs base_url, model"):
+        build_rewriter("openai", offered)
+    with pytest.raises(TypeError):  # the user's own settings are passed as they are: a typo is not dropped
+        build_rewriter("heuristic", offered, {"max_termz": 2})

@@ -126,10 +126,10 @@ def _sales_demo_rows(split: str) -> list[dict[str, Any]]:
     return sales_demo_rows(split)
 
 
-def _policy_rewriter(**kwargs: Any) -> Any:
+def _policy_rewriter(model_path: str, **kwargs: Any) -> Any:
     from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
 
-    return PolicyRewriter(**kwargs)
+    return PolicyRewriter(model_path, **kwargs)
 
 
 def demo_fallback_problem(cfg: DictConfig) -> str | None:

