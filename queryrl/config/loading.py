@@ -13,6 +13,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, StringNode, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from queryrl.application import load_apps
+from queryrl.atomic import atomic_write_text
 from queryrl.config.aliases import VERL_WITHOUT_MEANING, all_aliases, translate_key
 from queryrl.config.schema import ConfigError, build_schema
 from queryrl.config.validation import validate
@@ -220,9 +221,7 @@ def redacted(cfg: DictConfig) -> dict[str, Any]:
 
 def save_config(cfg: DictConfig, path: Path) -> None:
     """Write the resolved config, secrets redacted, to `path` (via a temporary name)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
-    tmp.replace(path)
+    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(redacted(cfg))))
 
 
 def as_list(value: ListConfig | list[Any] | str | None) -> list[Any]:

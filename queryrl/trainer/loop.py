@@ -33,6 +33,7 @@ from torch import Tensor
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
+from queryrl.atomic import atomic_write_text
 from queryrl.config import save_config
 from queryrl.engine.batch import Batch
 from queryrl.engine.seeding import seed_everything
@@ -439,9 +440,8 @@ class Trainer:
                     default=str,
                 )
             )
-        tmp = folder / f".step_{self.step}.jsonl.tmp"
-        tmp.write_text(redact("\n".join(lines) + "\n"))  # a secret pasted in a prompt, echoed in a reply
-        tmp.replace(folder / f"step_{self.step}.jsonl")
+        # a secret pasted in a prompt, echoed in a reply, is redacted
+        atomic_write_text(folder / f"step_{self.step}.jsonl", redact("\n".join(lines) + "\n"))
 
     def _stop(self, message: str, saved: bool) -> None:
         """End a run whose rewards keep failing; what it learned before is checkpointed, to resume once fixed."""
