@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,6 +339,45 @@ def _warn_left_out(data: SFTData, cfg: DictConfig, what: str) -> None:
 # --- the run ------------------------------------------------------------------------------------
 
 
+def _train_and_val(cfg: DictConfig, tokenizer: Any) -> tuple[SFTData, SFTData]:
+    """The SFT train and validation examples (``sft.train_files`` / ``val_files``, else ``data.*``)."""
+    s = cfg.sft
+
+    def load(files: list[str], what: str) -> SFTData:
+        data = build_sft_data(
+            files,
+            tokenizer,
+            s.target_key,
+            cfg.data.max_prompt_length,
+            cfg.data.max_response_length,
+            filter_overlong=cfg.data.filter_overlong_prompts,
+            prompt_key=cfg.data.prompt_key,
+            cache_dir=cfg.model.cache_dir,
+        )
+        _warn_left_out(data, cfg, what)
+        return data
+
+    train = load(list(s.train_files) or list(cfg.data.train_files), "train")
+    if not train.examples:
+        raise DataError(f"no SFT examples to train on ({train.num_filtered} prompts were filtered as overlong)")
+    return train, load(list(s.val_files) or list(cfg.data.val_files), "val")
+
+
+def batch_schedule(
+    n: int, batch_size: int, total_steps: int, seed: int, shuffle: bool
+) -> Iterator[tuple[int, int, list[int]]]:
+    """(step from 1, epoch from 0, example indices) of each of `total_steps` optimizer steps over `n` examples:
+    consecutive slices of each epoch's order (:func:`epoch_order`; the last, smaller batch is kept)."""
+    step, epoch, order, pos = 0, 0, epoch_order(n, seed, 0, shuffle), 0
+    while step < total_steps:
+        if pos >= len(order):
+            epoch, pos = epoch + 1, 0
+            order = epoch_order(n, seed, epoch, shuffle)
+        step += 1
+        yield step, epoch, order[pos : pos + batch_size]
+        pos += batch_size
+
+
 def train_sft(cfg: DictConfig) -> SFTResult:
     """Fine-tune the policy of `cfg` on the SFT targets and write the model folder.
 
@@ -364,24 +403,7 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     model, tokenizer = bundle.model, bundle.tokenizer
     pad_id = int(tokenizer.pad_token_id)
 
-    def load(files: list[str], what: str) -> SFTData:
-        data = build_sft_data(
-            files,
-            tokenizer,
-            s.target_key,
-            cfg.data.max_prompt_length,
-            cfg.data.max_response_length,
-            filter_overlong=cfg.data.filter_overlong_prompts,
-            prompt_key=cfg.data.prompt_key,
-            cache_dir=cfg.model.cache_dir,
-        )
-        _warn_left_out(data, cfg, what)
-        return data
-
-    train = load(list(s.train_files) or list(cfg.data.train_files), "train")
-    if not train.examples:
-        raise DataError(f"no SFT examples to train on ({train.num_filtered} prompts were filtered as overlong)")
-    val = load(list(s.val_files) or list(cfg.data.val_files), "val")
+    train, val = _train_and_val(cfg, tokenizer)
 
     steps_per_epoch = math.ceil(len(train.examples) / s.batch_size)  # the last, smaller batch is kept
     total_steps = s.max_steps or s.epochs * steps_per_epoch
@@ -419,14 +441,11 @@ def train_sft(cfg: DictConfig) -> SFTResult:
             console_keys=CONSOLE_KEYS,
         ) as tracker:
             model.train()
-            step, epoch, order, pos = 0, 0, epoch_order(len(train.examples), t.seed, 0, cfg.data.shuffle), 0
-            while step < total_steps:
-                if pos >= len(order):
-                    epoch, pos = epoch + 1, 0
-                    order = epoch_order(len(train.examples), t.seed, epoch, cfg.data.shuffle)
-                batch = [train.examples[i] for i in order[pos : pos + s.batch_size]]
-                pos += s.batch_size
-                step += 1
+            step = 0
+            for step, epoch, indices in batch_schedule(
+                len(train.examples), s.batch_size, total_steps, t.seed, cfg.data.shuffle
+            ):
+                batch = [train.examples[i] for i in indices]
                 optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = {}
                 loss, tokens = accumulate_gradients(

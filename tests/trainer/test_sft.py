@@ -335,3 +335,13 @@ def test_negative_prompt_loss_weight_is_refused(tmp_path: Path, model_cache: Pat
     data = write_rows(tmp_path / "train.jsonl")
     with pytest.raises(sft_module.ConfigError, match=r"sft\.prompt_loss_weight"):
         train_sft(make_cfg(tmp_path, model_cache, data, "sft.prompt_loss_weight=-1"))
+
+
+def test_batch_schedule_walks_each_epoch_in_slices_and_keeps_the_last_small_batch() -> None:
+    from queryrl.trainer.sft import batch_schedule, epoch_order
+
+    plain = list(batch_schedule(5, 2, 6, seed=0, shuffle=False))
+    assert plain == [(1, 0, [0, 1]), (2, 0, [2, 3]), (3, 0, [4]), (4, 1, [0, 1]), (5, 1, [2, 3]), (6, 1, [4])]
+    shuffled = list(batch_schedule(5, 2, 4, seed=3, shuffle=True))
+    assert [i for _, e, b in shuffled if e == 0 for i in b] == epoch_order(5, 3, 0, True)  # epoch 0, in order
+    assert shuffled[3][1:] == (1, epoch_order(5, 3, 1, True)[:2])  # then epoch 1's own order
