@@ -245,7 +245,8 @@ def _resources(cfg: DictConfig, plan: Plan, command: str) -> int:
         "backend",
         f"ray: {t.nnodes} node(s) x {t.n_gpus_per_node} worker(s) per node = {world} actor workers, one GPU each "
         f"where the cluster has GPUs (ray.use_gpu={rc.use_gpu}), else {rc.num_cpus_per_worker} CPU(s) each",
-        f"cluster: {'a new local one' if not rc.address else rc.address}; FSDP on GPUs: {rc.fsdp}",
+        f"cluster: {'a new local one' if not rc.address else rc.address}; FSDP on GPUs: {rc.fsdp}, "
+        f"on CPU workers: {bool(rc.fsdp and rc.fsdp_on_cpu)} (ray.fsdp_on_cpu)",
     )
     ref = "none (no KL term)"
     if need_ref:
@@ -260,7 +261,9 @@ def _resources(cfg: DictConfig, plan: Plan, command: str) -> int:
         f"reference: {ref}; critic: {crit}",
         f"driver: a mirror of the policy on trainer.device={t.device} (for checkpoints)",
     )
-    return world if rc.fsdp and str(rc.use_gpu).lower() != "false" else 1
+    # sharded: on GPUs with ray.fsdp (unless ray.use_gpu=false), on CPU workers only with ray.fsdp_on_cpu too
+    on_gpu = str(rc.use_gpu).lower() != "false"
+    return world if rc.fsdp and (on_gpu or rc.fsdp_on_cpu) else 1
 
 
 def _model(cfg: DictConfig, plan: Plan) -> ModelShape | None:

@@ -141,6 +141,17 @@ def test_plan_of_the_2gpu_preset_reads_config_json_only(tmp_path: Path, monkeypa
     assert not (tmp_path / "runs").exists()
 
 
+def test_plan_shards_cpu_workers_only_with_fsdp_on_cpu() -> None:
+    ray_cpu = ["trainer.backend=ray", "trainer.n_gpus_per_node=2", "ray.use_gpu=false"]
+    toy = Path(__file__).resolve().parents[2] / "configs" / "toy_grpo.yaml"
+    replicas = build_plan(load_config(toy, ray_cpu)).render()
+    sharded = build_plan(load_config(toy, [*ray_cpu, "ray.fsdp_on_cpu=true"])).render()
+    assert "on CPU workers: False" in replicas
+    assert "FSDP ranks" not in replicas
+    assert "on CPU workers: True" in sharded
+    assert "sharded over 2 FSDP ranks" in sharded
+
+
 def test_plan_problems_name_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     cfg = load_config(
