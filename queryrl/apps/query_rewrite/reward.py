@@ -64,7 +64,7 @@ from typing import Any
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
-from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, QUERY_FIELD, check_answer_fields
+from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, QUERY_FIELD, ParsedRewrite, check_answer_fields
 from queryrl.apps.query_rewrite.reward_modes import (
     TRUNCATED_MISSING_FIELDS_CREDIT,
     abstain_components,
@@ -497,6 +497,41 @@ def _abstain_score(
     return {"score": score, **out}
 
 
+def _unparsed_score(kwargs: Mapping[str, Any], info: Mapping[str, Any], weights: dict[str, float]) -> dict[str, float]:
+    """The score of a reply that does not parse: every component at its floor (seed_hybrid: quality 0)."""
+    if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
+        z = float(info.get("seed_hybrid_z", 0.0))
+        hybrid = hybrid_reward(0.0, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
+        return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
+    components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
+    score = mix_rewards(components, weights)
+    assert score is not None
+    out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
+    return {"score": score, **out0, **_NOT_CUT}
+
+
+async def _retrieve_both(
+    kwargs: Mapping[str, Any],
+    info: Mapping[str, Any],
+    parsed: ParsedRewrite,
+    query: str,
+    contexts: list[dict[str, str]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The RAG service's answers for the candidate (``/rag/chat_8b``) and the reference (``/rag/chat``)."""
+    fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
+    fields.update(  # the policy's profile/summary where it gave them, else the row's own (the input)
+        contexts=contexts,
+        user_profile=parsed.user_profile or str(info.get("user_profile") or ""),
+        history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
+        rewritten_query=query,
+    )
+    rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), int(kwargs["top_k"])
+    timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
+    embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
+    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
+    return await _shared_both(client, (rag_url, corpus, top_k), fields)
+
+
 async def compute_score(
     data_source: str,
     solution_str: str,
@@ -546,15 +581,7 @@ async def compute_score(
 
     parsed = parse_answer(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
     if parsed is None:  # the policy's fault: every component at its floor, no service call
-        components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
-        if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
-            z = float(info.get("seed_hybrid_z", 0.0))
-            hybrid = hybrid_reward(0.0, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
-            return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
-        score = mix_rewards(components, weights)
-        assert score is not None
-        out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
-        return {"score": score, **out0, **_NOT_CUT}
+        return _unparsed_score(kwargs, info, weights)
 
     query = normalise_rewrite(parsed.rewritten_query)
     # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
@@ -567,19 +594,7 @@ async def compute_score(
             decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
         return {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
-    fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
-    fields.update(  # the policy's profile/summary where it gave them, else the row's own (the input)
-        contexts=contexts,
-        user_profile=parsed.user_profile or str(info.get("user_profile") or ""),
-        history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
-        rewritten_query=query,
-    )
-    rag_url = kwargs["rag_url"]
-    corpus = str(kwargs["corpus"])
-    timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
-    embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
-    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
-    candidate, reference = await _shared_both(client, (rag_url, corpus, top_k), fields)
+    candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
 
     out: dict[str, float] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
