@@ -95,12 +95,24 @@ def agg_loss(
         normalizer: the mini-batch's denominators. ``None`` uses this batch's own counts
             (verl's behaviour for a single micro-batch on one rank).
         dp_size: data-parallel ranks whose gradients are *averaged* afterwards (DDP/FSDP); the
-            loss is scaled by it so the average equals the global-batch gradient.
+            loss is scaled by it so the average equals the global-batch gradient. Above 1 every
+            mode but ``token-sum`` needs the global `normalizer` (verl raises too): this rank's own
+            counts would silently give another gradient.
 
     Returns:
         The scalar loss.
+
+    Raises:
+        ValueError: an unknown `loss_agg_mode`, or ``dp_size > 1`` without a `normalizer` in a
+            mode that divides by a count.
     """
     check_loss_agg_mode(loss_agg_mode)
+    if dp_size > 1 and normalizer is None and loss_agg_mode != "token-sum":
+        counts = "token count" if loss_agg_mode == "token-mean" else "sequence count"
+        raise ValueError(
+            f"agg_loss(dp_size={dp_size}, loss_agg_mode={loss_agg_mode!r}) needs the global batch's {counts}: "
+            "pass normalizer=LossNormalizer.from_mask(<the whole mini-batch's response_mask>)"
+        )
     if loss_agg_mode == "token-mean":
         num_tokens = loss_mask.sum() if normalizer is None else normalizer.num_tokens
         return masked_sum(loss_mat, loss_mask) / num_tokens * dp_size

@@ -93,6 +93,23 @@ def test_normalizer_of_the_same_batch_changes_nothing() -> None:
         )
 
 
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_dp_size_needs_the_global_counts(mode: str) -> None:
+    # verl 0.9.1 raises when dp_size > 1 comes without batch_num_tokens / global_batch_size: this
+    # rank's own counts times dp_size is not the global-batch gradient once ranks hold different counts
+    g = torch.Generator().manual_seed(2)
+    loss_mat, mask = torch.randn(N, T, generator=g), ragged_mask()
+    norm = LossNormalizer.from_mask(mask)
+    torch.testing.assert_close(agg_loss(loss_mat, mask, mode, norm, dp_size=2), 2 * agg_loss(loss_mat, mask, mode))
+    if mode == "token-sum":  # no count to divide by: nothing is missing
+        torch.testing.assert_close(agg_loss(loss_mat, mask, mode, dp_size=2), 2 * agg_loss(loss_mat, mask, mode))
+        return
+    missing = "token count" if mode == "token-mean" else "sequence count"
+    with pytest.raises(ValueError, match=f"dp_size=2.*{missing}.*LossNormalizer.from_mask"):
+        agg_loss(loss_mat, mask, mode, dp_size=2)
+    torch.testing.assert_close(agg_loss(loss_mat, mask, mode, dp_size=1), agg_loss(loss_mat, mask, mode))
+
+
 # --- micro-batch invariance ---------------------------------------------------------------------
 
 
