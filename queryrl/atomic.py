@@ -124,3 +124,21 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
         old.rename(path)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def readable_as_umask(folder: str | os.PathLike[str]) -> None:
+    """Give the files under `folder` the permissions a new file gets (``0o666 & ~umask``, e.g. 0644).
+
+    For folders written by libraries that create private files: safetensors writes ``model.safetensors``
+    as 0600, so a model folder saved on a shared server could not be read by a teammate. Only files more
+    private than that are widened; nothing becomes more open than the umask allows.
+    """
+    mask = os.umask(0)
+    os.umask(mask)
+    wanted = 0o666 & ~mask
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            mode = os.stat(path).st_mode & 0o777
+            if mode | wanted != mode:
+                os.chmod(path, mode | wanted)

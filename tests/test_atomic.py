@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,3 +138,32 @@ def test_atomic_dir_mode(tmp_path: Path) -> None:
         os.umask(old_umask)
     assert _mode(tmp_path / "shared") == 0o755
     assert _mode(tmp_path / "plain") == 0o700
+
+
+def test_readable_as_umask_widens_private_files_to_what_the_umask_allows(tmp_path: Path) -> None:
+    from queryrl.atomic import readable_as_umask
+
+    (tmp_path / "sub").mkdir()
+    private, secret_dir_file = tmp_path / "model.safetensors", tmp_path / "sub" / "w.bin"
+    for f in (private, secret_dir_file):
+        f.write_bytes(b"x")
+        f.chmod(0o600)  # as safetensors writes it
+    old = os.umask(0o027)
+    try:
+        readable_as_umask(tmp_path)
+    finally:
+        os.umask(old)
+    assert private.stat().st_mode & 0o777 == 0o640  # group-readable: the umask allows it, others not
+    assert secret_dir_file.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_saved_model_folder_is_readable_by_others(tmp_path: Path, tiny_bundle: Any) -> None:
+    from queryrl.trainer.checkpoint import save_model
+
+    old = os.umask(0o022)
+    try:
+        save_model(tiny_bundle.model, tmp_path / "m", tiny_bundle.tokenizer)
+    finally:
+        os.umask(old)
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "m").iterdir()}
+    assert modes["model.safetensors"] == 0o644, modes  # safetensors alone writes 0600

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queryrl.atomic import atomic_dir
+from queryrl.atomic import atomic_dir, readable_as_umask
 
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -202,5 +202,6 @@ def convert_gguf(src: Path | str, out: Path, dtype: str = "float32") -> Conversi
     with atomic_dir(out, mode=0o755) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        readable_as_umask(tmp)  # safetensors writes 0600
         (tmp / SOURCE_FILE).write_text(json.dumps(info.record(), indent=1, ensure_ascii=False) + "\n")
     return info

@@ -44,6 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from queryrl.atomic import readable_as_umask
+
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used: none intact to resume from, or one holding code (its message names it)."""
@@ -121,6 +123,7 @@ def save_model(model: nn.Module, out: Path, tokenizer: Any = None) -> None:
     model.save_pretrained(out)  # type: ignore[operator]
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    readable_as_umask(out)  # safetensors writes 0600
 
 
 def load_model_weights(model: nn.Module, folder: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from queryrl.atomic import atomic_dir
+from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.models import load_policy
 from queryrl.trainer.checkpoint import latest_checkpoint, load_model_weights
 
@@ -47,4 +47,5 @@ def export_checkpoint(checkpoint: Path, out: Path) -> Path:
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp)  # type: ignore[operator]
         bundle.tokenizer.save_pretrained(tmp)
+        readable_as_umask(tmp)  # safetensors writes 0600
     return out

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from queryrl.atomic import atomic_dir
+from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.config import ConfigError, redacted, save_config
 from queryrl.data import build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
@@ -304,6 +304,7 @@ def _save_model(model: nn.Module, tokenizer: Any, lora: bool, folder: Path) -> N
     merged = model.merge_and_unload() if lora else model  # type: ignore[operator]
     merged.save_pretrained(folder)  # type: ignore[operator]
     tokenizer.save_pretrained(folder)
+    readable_as_umask(folder)  # safetensors writes 0600
 
 
 def _check(cfg: DictConfig) -> None:
