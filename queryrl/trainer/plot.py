@@ -130,11 +130,42 @@ PLOTS: tuple[PlotSpec, ...] = (
             Panel(_fixed("response_length/clip_ratio"), "clipped fraction"),
         ),
     ),
-    PlotSpec("validation.png", "Validation", (Panel(_matching(r"^val/"), "value", markers=True),)),
+    PlotSpec(
+        "validation.png",
+        "Validation",
+        (  # one quantity per axis: a score of 1.5 beside a length of 27 would look flat
+            Panel(_matching(r"^val/.*(score|reward)s?/mean$"), "score", markers=True),
+            Panel(_matching(r"^val/.*(recall|mrr|ndcg|acc)"), "retrieval / accuracy", markers=True),
+            Panel(_matching(r"^val/response_length/"), "tokens", markers=True),
+            Panel(_matching(r"^val/reward/failed"), "failed samples", markers=True),
+        ),
+    ),
     PlotSpec("timing.png", "Time per step", (Panel(_matching(r"^timing_s/"), "seconds"),)),
+    PlotSpec(
+        "sft.png",
+        "Supervised fine-tuning",
+        (
+            Panel(_fixed("sft/loss", "sft/val_loss", "sft/prompt_loss"), "loss (nats/token)"),
+            Panel(_fixed("sft/grad_norm"), "gradient norm"),
+            Panel(_fixed("sft/lr"), "learning rate"),
+        ),
+    ),
 )
 
 _FEW_POINTS = 20  # below this many points a line gets markers, so a lone point is visible
+
+
+def _distinct(series: Series, keys: list[str]) -> list[tuple[str, str]]:
+    """(key, label) per distinct curve: a key whose points equal an earlier one's joins its label
+    (``critic/score/mean = critic/rewards/mean`` without a KL penalty) instead of a second, hidden line."""
+    drawn: list[tuple[str, list[str]]] = []
+    for key in keys:
+        same = next((names for first, names in drawn if series[first] == series[key]), None)
+        if same is not None:
+            same.append(key)
+        else:
+            drawn.append((key, [key]))
+    return [(first, " = ".join(names)) for first, names in drawn]
 
 
 def _draw(spec: PlotSpec, series: Series) -> Figure | None:
@@ -147,11 +178,11 @@ def _draw(spec: PlotSpec, series: Series) -> Figure | None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (panel, keys) in zip(axes, panels, strict=True):
-        for key in keys:
+        for key, label in _distinct(series, keys):
             steps, values = series[key]
             sparse = panel.markers or key.startswith("val/") or len(steps) < _FEW_POINTS
             marker = "o" if sparse else None
-            ax.plot(steps, values, marker=marker, markersize=3, label=key)
+            ax.plot(steps, values, marker=marker, markersize=3, label=label)
         ax.set_ylabel(panel.ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
@@ -163,8 +194,8 @@ def _draw(spec: PlotSpec, series: Series) -> Figure | None:
 def plot_run(run_dir: Path) -> list[Path]:
     """Draw a run's curves from ``run_dir/metrics.jsonl`` into ``run_dir/plots/``.
 
-    Figures: reward, losses, kl, entropy, response_length, validation, timing; each only
-    when at least one of its metrics has data.
+    Figures: reward, losses, kl, entropy, response_length, validation, timing, sft (an SFT run's
+    loss, gradient norm and learning rate); each only when at least one of its metrics has data.
 
     Args:
         run_dir: the run's folder, holding ``metrics.jsonl``.
@@ -174,7 +205,7 @@ def plot_run(run_dir: Path) -> list[Path]:
 
     Raises:
         FileNotFoundError: no ``metrics.jsonl``.
-        ValueError: an empty file or a malformed line (named by number).
+        ValueError: an empty file, a malformed line (named by number), or no metric any figure draws.
     """
     series = to_series(read_metrics(Path(run_dir) / "metrics.jsonl"))
     out_dir = Path(run_dir) / "plots"
@@ -186,4 +217,9 @@ def plot_run(run_dir: Path) -> list[Path]:
         with atomic_path(out_dir / spec.name) as tmp:  # a reader never sees a half-written image
             fig.savefig(tmp, format="png", dpi=100)
         written.append(out_dir / spec.name)
+    if not written:
+        raise ValueError(
+            f"{Path(run_dir) / 'metrics.jsonl'}: none of its metrics is one the plots draw "
+            f"(e.g. critic/score/mean, actor/pg_loss, val/..., sft/loss); keys: {', '.join(sorted(series)[:8])}"
+        )
     return written

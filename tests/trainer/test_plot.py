@@ -91,3 +91,27 @@ def test_malformed_line_names_its_number(tmp_path: Path) -> None:
 def test_to_series_sorts_steps_keeps_the_last_duplicate_and_drops_gaps() -> None:
     records = [{"step": 2, "x": 2.0}, {"step": 1, "x": 1.0, "y": None}, {"step": 2, "x": 20.0}]
     assert to_series(records) == {"x": ([1, 2], [1.0, 20.0])}
+
+
+def test_an_sft_run_gets_its_curves(tmp_path: Path) -> None:
+    rows = [{"step": s, "sft/loss": 3.0 / s, "sft/grad_norm": 1.0, "sft/lr": 1e-3} for s in range(1, 30)]
+    rows[-1]["sft/val_loss"] = 0.5
+    _write_metrics(tmp_path, rows)  # type: ignore[arg-type]
+    assert [p.name for p in plot_run(tmp_path)] == ["sft.png"]
+
+
+def test_metrics_no_plot_draws_are_an_error_not_an_empty_folder(tmp_path: Path) -> None:
+    _write_metrics(tmp_path, [{"step": 1, "other/x": 1.0}])
+    with pytest.raises(ValueError, match="none of its metrics is one the plots draw"):
+        plot_run(tmp_path)
+
+
+def test_identical_curves_share_one_line_and_validation_keeps_one_quantity_per_axis() -> None:
+    from queryrl.trainer.plot import PLOTS, _distinct
+
+    series = {"a": ([1, 2], [0.5, 0.7]), "b": ([1, 2], [0.5, 0.7]), "c": ([1, 2], [0.5, 0.8])}
+    assert _distinct(series, ["a", "b", "c"]) == [("a", "a = b"), ("c", "c")]
+    validation = next(spec for spec in PLOTS if spec.name == "validation.png")
+    keys = ["val/score/mean", "val/response_length/mean", "val/reward/failed", "val/src/recall@5"]
+    chosen = [panel.select(keys) for panel in validation.panels]
+    assert chosen == [["val/score/mean"], ["val/src/recall@5"], ["val/response_length/mean"], ["val/reward/failed"]]
