@@ -464,6 +464,10 @@ def train_sft(cfg: DictConfig) -> SFTResult:
                 if step % max(t.log_every, 1) == 0 or last:
                     tracker.log(metrics, step=step)
         result.steps, result.final_loss = step, result.losses[-1]
+        if t.plot and "jsonl" in t.logger:  # plots/sft.png from the metrics just written
+            from queryrl.trainer.plot import plot_run
+
+            plot_run(tmp)
         model.eval()
         _save_model(model, tokenizer, bundle.lora, tmp)
     return result

@@ -78,6 +78,7 @@ def test_the_tiny_model_learns_a_fixed_target(tmp_path: Path, model_cache: Path)
     assert "sft/val_loss" in rows[-1]
     assert rows[0]["sft/tokens"] == 4 * (len(encode_tokens(out, TARGET)) + 1)
     assert (out / "sft_config.yaml").is_file()
+    assert (out / "plots" / "sft.png").read_bytes()[:4] == b"\x89PNG"  # the curves, drawn at the end
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
