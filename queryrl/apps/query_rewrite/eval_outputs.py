@@ -72,32 +72,54 @@ def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
 
 
 def plot_systems(
-    systems: Mapping[str, Mapping[str, Any]], out: Path, comparisons: Mapping[str, Mapping[str, Any]] | None = None
+    systems: Mapping[str, Mapping[str, Any]],
+    out: Path,
+    comparisons: Mapping[str, Mapping[str, Any]] | None = None,
+    trained: Sequence[str] = (),
 ) -> Path:
-    """A bar chart of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG); with
-    `comparisons`, a third panel of the paired differences (:func:`~.eval_compare.draw_differences`)."""
+    """Bars of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG).
+
+    Baselines (grey) and the `trained` systems (blue) are told apart; with judge verdicts a panel of the
+    judge score (wins + ties/2 against the reference, with its interval); with `comparisons`, a panel of
+    the paired differences (:func:`~.eval_compare.draw_differences`).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     names = list(systems)
-    width = max(6.0, 1.6 * len(names) + 2.0)
-    fig, axes = plt.subplots(1, 3 if comparisons else 2, figsize=(width + 5.0 if comparisons else width, 4.0))
+    panels = [(f"recall@{HEADLINE_K}", f"Recall@{HEADLINE_K}"), ("mrr", "MRR")]
+    if any(systems[n].get("judge_score") is not None for n in names):
+        panels.append(("judge_score", "judge score vs reference"))
+    count = len(panels) + bool(comparisons)
+    cols = 2 if count > 2 else count  # 3 or 4 panels: two rows, so the PNG stays readable at its size
+    rows = -(-count // cols)
+    width = max(5.0, 1.1 * len(names) + 1.5)
+    fig, grid = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for unused in axes[count:]:
+        unused.set_visible(False)
     if comparisons:
-        draw_differences(axes[2], comparisons, HEADLINE_K)
-    for ax, key, title in zip(axes[:2], (f"recall@{HEADLINE_K}", "mrr"), (f"Recall@{HEADLINE_K}", "MRR"), strict=True):
-        means = [float(systems[n].get(key, 0.0)) for n in names]
-        lows = [m - float(systems[n].get(f"{key}_low", m)) for n, m in zip(names, means, strict=True)]
-        highs = [float(systems[n].get(f"{key}_high", m)) - m for n, m in zip(names, means, strict=True)]
-        x = np.arange(len(names))
-        ax.bar(x, means, yerr=[lows, highs], capsize=4, color="tab:blue")
+        draw_differences(axes[count - 1], comparisons, HEADLINE_K)
+    colors = ["tab:blue" if n in trained else "tab:gray" for n in names]
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        shown = [n for n in names if systems[n].get(key) is not None]
+        means = [float(systems[n][key]) for n in shown]
+        lows = [m - float(systems[n].get(f"{key}_low") or m) for n, m in zip(shown, means, strict=True)]
+        highs = [float(systems[n].get(f"{key}_high") or m) - m for n, m in zip(shown, means, strict=True)]
+        x = np.arange(len(shown))
+        ax.bar(x, means, yerr=[lows, highs], capsize=4, color=[colors[names.index(n)] for n in shown])
         ax.set_xticks(x)
-        ax.set_xticklabels(names, rotation=20, ha="right")
+        ax.set_xticklabels(shown, rotation=20, ha="right")
         ax.set_ylim(0.0, 1.05)
-        ax.set_title(f"{title} (95% bootstrap CI)")
+        ax.set_title(f"{title} (95% CI)")
         for xi, m in zip(x, means, strict=True):
             ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
+    if trained and len(trained) < len(names):
+        legend = [Patch(color="tab:gray", label="baseline"), Patch(color="tab:blue", label="trained model")]
+        axes[0].legend(handles=legend, fontsize="small", loc="upper left")
     fig.tight_layout()
     try:
         with atomic_path(out) as tmp:
@@ -167,7 +189,8 @@ def write_outputs(
     lines = [json.dumps(json_safe(dict(r)), ensure_ascii=False, default=str) + "\n" for r in records]
     atomic_write_text(out.parent / "eval_samples.jsonl", "".join(lines))
     comparisons = report["comparisons"]
-    plot_systems(report["systems"], out.parent / "eval.png", comparisons)
+    trained = [spec["name"] for spec in report["settings"]["systems"] if spec.get("kind") == "model"]
+    plot_systems(report["systems"], out.parent / "eval.png", comparisons, trained)
     say(format_table(table_rows(report["systems"])))
     if comparisons:
         say(format_comparisons(comparisons, HEADLINE_K))
