@@ -1,8 +1,13 @@
-"""The command line: ``queryrl train | prepare | export | plot | serve-judge | serve-rag``."""
+"""The command line: ``queryrl train | sft | prepare | export | convert-gguf | plot | serve-judge | serve-rag``.
+
+A command's help is its docstring's text as written: plain text, no RST markup (``queryrl --help``
+shows it verbatim; a test runs ``--help`` of every command).
+"""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -18,6 +23,60 @@ app = typer.Typer(
 )
 prepare_app = typer.Typer(no_args_is_help=True, help="Turn raw data into verl-format parquet.")
 app.add_typer(prepare_app, name="prepare")
+
+
+def _version(value: bool) -> None:
+    """``--version``: print the installed package's version and exit 0."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"queryrl {version('queryrl')}")
+        raise typer.Exit()
+
+
+def _warnings_as_lines() -> Callable[[], None]:
+    """From now on a warning prints as ``warning: <message>`` (redacted), each distinct message once, instead of
+    Python's ``file.py:123: UserWarning: message`` and the source line. Returns what puts the old hook back."""
+    from queryrl.redaction import redact
+
+    seen: set[str] = set()
+    previous = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        text = redact(str(message))
+        if text in seen:
+            return
+        seen.add(text)
+        if file is not None:
+            file.write(f"warning: {text}\n")
+        else:
+            typer.secho(f"warning: {text}", err=True, fg=typer.colors.YELLOW)
+
+    warnings.showwarning = show
+
+    def restore() -> None:
+        warnings.showwarning = previous
+
+    return restore
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Post-train language models with RL."""
+    ctx.call_on_close(_warnings_as_lines())  # the hook is the command's: restored when it ends (tests run many)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -94,7 +153,7 @@ def train(
     dry_run: DryRun = False,
     debug: Debug = False,
 ) -> None:
-    """Train: ``queryrl train --config FILE key.sub=value ...`` (verl keys accepted)."""
+    """Train with RL: queryrl train --config FILE key.sub=value ... (verl keys accepted)."""
     from queryrl.config import ConfigError, load_config
     from queryrl.data import DataError
 
@@ -130,7 +189,7 @@ def sft(
     dry_run: DryRun = False,
     debug: Debug = False,
 ) -> None:
-    """Supervised fine-tuning (a warm start before RL): ``queryrl sft --config FILE key.sub=value ...``."""
+    """Supervised fine-tuning (a warm start before RL): queryrl sft --config FILE key.sub=value ..."""
     from queryrl.config import ConfigError, load_config
     from queryrl.data import DataError
 
@@ -222,10 +281,28 @@ def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics
         typer.echo(f"wrote {p}")
 
 
-@app.command("serve-judge")
+class _ServeJudgeCommand(typer.core.TyperCommand):
+    """Appends the built-in judges to ``--help``, generated from the code's list when shown."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from queryrl.rewards.judge_server import BUILTIN_JUDGES  # imported here: it pulls in the web server
+
+        width = max(map(len, BUILTIN_JUDGES)) + 2
+        lines = ["Built-in judges (--judge NAME; the module doc of queryrl.rewards.judge_server has the details):", ""]
+        for name, fn in BUILTIN_JUDGES.items():
+            doc = (fn.__doc__ or "").strip().splitlines()
+            lines.append(f"  {name.ljust(width)}{doc[0] if doc else ''}")
+        self.epilog = "\n".join(lines)
+        super().format_help(ctx, formatter)
+
+
+@app.command("serve-judge", cls=_ServeJudgeCommand)
 def serve_judge(
     judge: Annotated[
-        str, typer.Option(help="A local judge: 'file.py:function' (messages -> reply text) or a built-in name.")
+        str,
+        typer.Option(
+            help="A local judge: 'file.py:function' (messages -> reply text) or a built-in name (listed below)."
+        ),
     ] = "constant",
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8300,
@@ -247,7 +324,7 @@ def serve_judge(
         ),
     ] = None,
     token: Annotated[
-        str | None, typer.Option(help="The key itself. Discouraged: every user of this machine sees it in `ps`.")
+        str | None, typer.Option(help="The key itself. Discouraged: every user of this machine sees it in ps.")
     ] = None,
 ) -> None:
     """Serve an OpenAI-compatible judge (POST /v1/chat/completions, GET /v1/models) from a local function."""
@@ -293,7 +370,7 @@ def serve_rag(
         ),
     ] = None,
     token: Annotated[
-        str | None, typer.Option(help="The token itself. Discouraged: every user of this machine sees it in `ps`.")
+        str | None, typer.Option(help="The token itself. Discouraged: every user of this machine sees it in ps.")
     ] = None,
 ) -> None:
     """Serve the RAG endpoints (POST /rag/chat_8b, POST /rag/chat, GET /health) over a BM25 index."""

@@ -218,7 +218,7 @@ def eval_(
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart.
 
-    ``queryrl eval --data D --systems S --out O --config FILE key.sub=value ...``: dotted keys accepted, as for train.
+    queryrl eval --data D --systems S --out O --config FILE key.sub=value ...: dotted keys accepted, as for train.
 
     The RAG service and the judge are the app's settings app.query_rewrite.rag.* and app.query_rewrite.judge.*:
     --config, then dotted keys as extra arguments, e.g. app.query_rewrite.rag.top_k=10 (verl keys accepted).
