@@ -94,7 +94,7 @@ def plot_systems(
     if any(systems[n].get("judge_score") is not None for n in names):
         panels.append(("judge_score", "judge score vs reference"))
     count = len(panels) + bool(comparisons)
-    cols = 2 if count > 2 else count  # 3 or 4 panels: two rows, so the PNG stays readable at its size
+    cols = count if count <= 3 else 2  # 4 panels: two rows, so the PNG stays readable at its size
     rows = -(-count // cols)
     width = max(5.0, 1.1 * len(names) + 1.5)
     fig, grid = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
