@@ -27,27 +27,18 @@ from queryrl.apps.query_rewrite.evaluation import HEADLINE_K, format_table
 from queryrl.atomic import atomic_path, atomic_write_text
 
 SAMPLES_TOP = 5  # doc ids per system in eval_samples.jsonl
-TABLE_KEYS = (
-    "n",
-    "format_ok",
-    "recall@1",
-    "recall@3",
-    "recall@5",
-    "recall@5_low",
-    "recall@5_high",
-    "recall@10",
-    "mrr",
-    "ndcg@5",
-    "ndcg@10",
-    "ctx_dep recall@5",
-    "win",
-    "tie",
-    "loss",
-    "win_rate",
-    "judge_score",
-    "abstain_accuracy",
-    "false_abstain",
-)
+# the printed table's columns (metric -> header), a few that fit a terminal; every metric is in eval.json
+TABLE_KEYS = {
+    "n": "n",
+    f"recall@{HEADLINE_K}": f"R@{HEADLINE_K}",
+    f"recall@{HEADLINE_K} CI": "95% CI",
+    "mrr": "MRR",
+    f"ndcg@{HEADLINE_K}": f"NDCG@{HEADLINE_K}",
+    f"ctx_dep recall@{HEADLINE_K}": f"ctx R@{HEADLINE_K}",
+    "format_ok": "format",
+    "judge_score": "judge",
+    "abstain_accuracy": "abstain acc",
+}
 
 
 def json_safe(value: Any) -> Any:
@@ -61,13 +52,22 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
-    """The flat rows of the printed table (a subset of the metrics, see :data:`TABLE_KEYS`)."""
-    rows: dict[str, dict[str, float]] = {}
+def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float | str]]:
+    """The rows of the printed table: the columns of :data:`TABLE_KEYS` a system has, under their headers."""
+    rows: dict[str, dict[str, float | str]] = {}
+    k = HEADLINE_K
     for name, metrics in systems.items():
         dependent = metrics.get("context_dependent") or {}
-        flat = {**metrics, "ctx_dep recall@5": dependent.get(f"recall@{HEADLINE_K}")}
-        rows[name] = {k: float(flat[k]) for k in TABLE_KEYS if isinstance(flat.get(k), int | float)}
+        flat: dict[str, Any] = {**metrics, f"ctx_dep recall@{k}": dependent.get(f"recall@{k}")}
+        low, high = metrics.get(f"recall@{k}_low"), metrics.get(f"recall@{k}_high")
+        if isinstance(low, int | float) and isinstance(high, int | float):
+            flat[f"recall@{k} CI"] = f"[{low:.3f}, {high:.3f}]"
+        row: dict[str, float | str] = {}
+        for key, header in TABLE_KEYS.items():
+            value = flat.get(key)
+            if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+                row[header] = value if isinstance(value, str) else float(value)
+        rows[name] = row
     return rows
 
 

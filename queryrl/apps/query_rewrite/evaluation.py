@@ -340,7 +340,7 @@ def judge_metrics(verdicts: Sequence[Mapping[str, Any] | None], n_boot: int, see
     return out
 
 
-def format_table(rows: Mapping[str, Mapping[str, float]], digits: int = 3) -> str:
+def format_table(rows: Mapping[str, Mapping[str, float | str]], digits: int = 3) -> str:
     """A markdown table, one row per system (in the given order), one column per metric (first-seen order).
 
     A metric a system lacks shows as ``-``; counts (``n_*``, ``n``, ``win``, ...) that are whole numbers
@@ -356,9 +356,11 @@ def format_table(rows: Mapping[str, Mapping[str, float]], digits: int = 3) -> st
     return "\n".join(lines)
 
 
-def _cell(value: float | None, digits: int) -> str:
+def _cell(value: float | str | None, digits: int) -> str:
     if value is None:
         return "-"
+    if isinstance(value, str):
+        return value
     if float(value).is_integer() and abs(value) >= 1:
         return str(int(value))
     return f"{value:.{digits}f}"

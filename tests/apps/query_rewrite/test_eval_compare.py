@@ -220,3 +220,17 @@ def test_cli_unknown_compare_name_fails_before_anything_runs(tmp_path: Path) -> 
     assert result.exit_code == 2
     assert "--compare: unknown system 'sft'; the systems evaluated are raw_turn, grpo" in result.output
     assert not out.parent.exists()  # nothing written
+
+
+def test_the_printed_table_fits_a_terminal() -> None:
+    from queryrl.apps.query_rewrite.eval_outputs import table_rows
+    from queryrl.apps.query_rewrite.evaluation import format_table
+
+    metrics = {"n": 250, "recall@5": 0.714, "recall@5_low": 0.662, "recall@5_high": 0.766, "mrr": 0.513}
+    metrics |= {"ndcg@5": 0.559, "recall@1": 0.3, "recall@3": 0.5, "ndcg@1": 0.3, "ndcg@3": 0.4, "win": 12.0}
+    metrics |= {"tie": 3.0, "loss": 1.0, "win_rate": 0.7, "judge_score": 0.576, "format_ok": 0.997}
+    metrics |= {"context_dependent": {"recall@5": 0.676}}
+    table = format_table(table_rows({"baseline_with_a_long_name": metrics, "grpo": metrics}))
+    assert max(len(line) for line in table.splitlines()) <= 120
+    assert "| grpo | 250 | 0.714 | [0.662, 0.766] | 0.513 | 0.559 | 0.676 | 0.997 | 0.576 |" in table
+    assert "recall@1" not in table  # in eval.json, not in the table
