@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from queryrl.atomic import atomic_dir
+from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.data.builtin import cache_root
 
 # ChatML, as Qwen2 uses; the generation prompt opens the assistant turn.
@@ -143,6 +145,8 @@ def build_tiny_model(tiny: Any, cache_dir: str | None = None) -> Path:
     out = tiny_model_dir(tiny, cache_dir)
     if (out / "config.json").is_file():
         return out
+    started = time.monotonic()  # a status line: training the tokenizer takes a while on a large corpus
+    print(f"building the tiny model and its tokenizer (once; cached in {out}) ...", file=sys.stderr, flush=True)
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -175,7 +179,9 @@ def build_tiny_model(tiny: Any, cache_dir: str | None = None) -> Path:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / "queryrl_tiny.json").write_text(json.dumps(settings, ensure_ascii=False, indent=1))
+            readable_as_umask(tmp)  # safetensors writes 0600
     except OSError:  # the rename fails when another process built it first: use that one
         if not (out / "config.json").is_file():
             raise
+    print(f"built the tiny model in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     return out
