@@ -6,6 +6,9 @@ The contract (verl's, so reward files move between the two)::
 
 A dict carries ``"score"`` plus extra numeric values (logged as ``reward/<key>/mean``). The
 function may be ``async def``. ``kwargs`` are ``reward.kwargs`` from the config.
+
+TRL's contract, ``def reward(prompts, completions, **kwargs) -> list[float | None]``, is taken too
+(``reward.function.style``; :mod:`queryrl.rewards.trl_style`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queryrl.plugins import PluginError, load_callable
-from queryrl.rewards import arithmetic, gsm8k, toy
+from queryrl.rewards import arithmetic, gsm8k, math_dapo, toy
 from queryrl.rewards import code as code_reward
 from queryrl.rewards import math as math_reward
 
@@ -39,6 +42,10 @@ def _toy(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None
     return toy.compute_score("toy/target_string", solution_str, ground_truth, extra_info, **kwargs)
 
 
+def _math_dapo(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None, **kwargs: Any) -> Any:
+    return math_dapo.compute_score(solution_str, ground_truth, **kwargs)  # kwargs: strict_box_verify
+
+
 def _math(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None, **kwargs: Any) -> float:
     return math_reward.compute_score(solution_str, ground_truth, **kwargs)  # kwargs: timeout_s, use_math_verify
 
@@ -54,15 +61,18 @@ def _arithmetic(solution_str: str, ground_truth: Any, extra_info: dict[str, Any]
 
 
 # data_source -> scorer. verl routes "openai/gsm8k"; the bare "gsm8k" is a common spelling.
-# The MATH and code names are verl's (default_compute_score), plus bare "math", "leetcode", "code".
-MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math")
+# The MATH, DAPO and code names are verl's (default_compute_score), plus bare "leetcode", "code".
+# As in verl, the bare "math" is DAPO's scorer (+-1, the answer after "Answer:"), not the boxed MATH one.
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+MATH_DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")  # and every name starting with "aime"
 CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco", "leetcode", "code")
-BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
+BUILTIN_SCORERS: dict[str, Callable[..., Any]] = {
     "openai/gsm8k": _gsm8k,
     "gsm8k": _gsm8k,
     "toy/target_string": _toy,
     "arithmetic/tool": _arithmetic,
     **dict.fromkeys(MATH_SOURCES, _math),
+    **dict.fromkeys(MATH_DAPO_SOURCES, _math_dapo),
     **dict.fromkeys(CODE_SOURCES, _code),
 }
 
@@ -73,34 +83,41 @@ def default_compute_score(
     ground_truth: Any,
     extra_info: dict[str, Any] | None = None,
     **kwargs: Any,
-) -> float:
-    """Score with the built-in scorer for `data_source`.
+) -> Any:
+    """Score with the built-in scorer for `data_source` (verl's routing, where verl has the name).
 
     ``openai/gsm8k`` and ``gsm8k``: :func:`queryrl.rewards.gsm8k.compute_score` (strict unless
     ``reward.kwargs.method=flexible``); ``toy/target_string``: :func:`queryrl.rewards.toy.compute_score`;
     ``arithmetic/tool``: :func:`queryrl.rewards.arithmetic.compute_score` (uses ``num_tool_calls``);
     :data:`MATH_SOURCES` (``lighteval/MATH``, ``HuggingFaceH4/MATH-500``, ...):
     :func:`queryrl.rewards.math.compute_score` (last ``\\boxed{}``, symbolic equivalence);
-    :data:`CODE_SOURCES` (``codecontests``, ``apps``, ``taco``, ``leetcode``, ...):
-    :func:`queryrl.rewards.code.compute_score` (the code runs against the tests in a sandbox).
-    `kwargs` go to the scorer; one it does not take is an error, not silently ignored.
+    :data:`MATH_DAPO_SOURCES` (``math_dapo``, ``math``, ``math_dapo_reasoning``) and ``aime*``:
+    :func:`queryrl.rewards.math_dapo.compute_score` (+1/-1, the answer after the last ``Answer:``; a dict
+    with ``acc``), as verl routes them; :data:`CODE_SOURCES` (``codecontests``, ``apps``, ``taco``,
+    ``leetcode``, ...): :func:`queryrl.rewards.code.compute_score` (the code runs against the tests in a
+    sandbox). `kwargs` go to the scorer; one it does not take is an error, not silently ignored.
 
     Raises:
         RewardError: no built-in scorer for `data_source` (the message says how to use your own).
     """
-    scorer = BUILTIN_SCORERS.get(data_source)
+    scorer = BUILTIN_SCORERS.get(data_source) or (_math_dapo if data_source.startswith("aime") else None)
     if scorer is None:
         raise RewardError(
             f"no built-in reward for data_source {data_source!r}; built-in data sources: "
-            f"{', '.join(sorted(BUILTIN_SCORERS))}; {CUSTOM_REWARD_HINT}"
+            f"{', '.join(sorted(BUILTIN_SCORERS))}, aime* (as in verl, math, math_dapo and aime* are DAPO's "
+            f"+-1 'Answer:' scorer; the boxed MATH scorer is {', '.join(MATH_SOURCES)}); {CUSTOM_REWARD_HINT}"
         )
     return scorer(solution_str, ground_truth, extra_info, **kwargs)
 
 
-def load_reward_function(path: str | None, name: str = "compute_score") -> RewardFn:
+def load_reward_function(path: str | None, name: str = "compute_score", style: str = "auto") -> RewardFn:
     """The reward function: the built-ins when `path` is None, else `name` from the ``.py`` file at `path`,
     or from the importable module `path` (a dotted name such as ``queryrl.apps.query_rewrite.reward``:
     used when `path` is not an existing file and does not end in ``.py``).
+
+    `style` (``reward.function.style``): ``verl``, ``trl`` or ``auto`` (detect by the signature,
+    :func:`queryrl.rewards.trl_style.is_trl_style`). A TRL-style function comes back wrapped in a
+    :class:`queryrl.rewards.trl_style.TRLRewardFunction`, which the managers call once per batch.
 
     Loaded as :func:`queryrl.plugins.load_callable` loads ``path:name``: a file is imported as a module
     of its own (registered in ``sys.modules`` under a name unique to its absolute path, so dataclasses
@@ -109,11 +126,16 @@ def load_reward_function(path: str | None, name: str = "compute_score") -> Rewar
     Raises:
         RewardError: the file is missing or not a ``.py`` file, the module is not found, either fails
             to import (the message carries the original error), has no attribute `name`, or that
-            attribute is not callable.
+            attribute is not callable; `style` is unknown, or ``trl`` for the built-ins.
     """
+    from queryrl.rewards.trl_style import with_style  # here: it imports manager, which imports this module
+
     if path is None or path == "":
-        return default_compute_score
+        if style == "trl":
+            raise RewardError(f"reward.function.style=trl needs a function of yours; {CUSTOM_REWARD_HINT}")
+        return with_style(default_compute_score, "verl")
     try:
-        return load_callable(f"{path}:{name}", what="reward function", hint="set reward.function.name")
+        fn = load_callable(f"{path}:{name}", what="reward function", hint="set reward.function.name")
     except PluginError as e:
         raise RewardError(str(e)) from e
+    return with_style(fn, style)
