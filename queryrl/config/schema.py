@@ -191,6 +191,10 @@ class CriticConfig:
 class RewardFunctionConfig:
     path: str | None = None  # a .py file; empty = the built-in scorers, routed by data_source
     name: str = "compute_score"
+    # the function's contract: verl (per sample: data_source, solution_str, ground_truth, extra_info) |
+    # trl (per batch: prompts, completions, ...; None = failed sample) | auto: trl when its first two
+    # positional parameters are prompts, completions, or it takes completions and **kwargs and no solution_str
+    style: str = "auto"
 
 
 @dataclass

@@ -49,6 +49,7 @@ def validate(cfg: DictConfig) -> None:
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     choice(cfg.reward.manager, ["auto", *REWARD_MANAGERS.names()], "reward.manager")
+    choice(cfg.reward.function.style, ["auto", "verl", "trl"], "reward.function.style")
     choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
     choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")
     choice(str(cfg.ray.use_gpu).lower(), ["auto", "true", "false"], "ray.use_gpu")

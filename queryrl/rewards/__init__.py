@@ -1,4 +1,4 @@
-"""Rewards: the verl ``compute_score`` contract, built-in scorers, and the managers that call them.
+"""Rewards: the verl ``compute_score`` contract (and TRL's), built-in scorers, and the managers that call them.
 
 Typical wiring (``cfg.reward`` is a :class:`queryrl.config.RewardConfig`)::
 
@@ -42,6 +42,7 @@ from queryrl.rewards.manager import (
 )
 from queryrl.rewards.parallel import ParallelRewardManager
 from queryrl.rewards.reward_model import RewardModelScorer
+from queryrl.rewards.trl_style import TrainerState, TRLRewardFunction, is_trl_style
 
 __all__ = [
     "BUILTIN_SCORERS",
@@ -65,10 +66,13 @@ __all__ = [
     "RewardManager",
     "RewardModelScorer",
     "RewardResult",
+    "TRLRewardFunction",
+    "TrainerState",
     "collect_judge_metrics",
     "default_compute_score",
     "extract_json",
     "gsm8k",
+    "is_trl_style",
     "json_objects",
     "load_reward_function",
     "make_reward_manager",

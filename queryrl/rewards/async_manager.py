@@ -46,6 +46,7 @@ from queryrl.rewards.manager import (
     failure,
     to_result,
 )
+from queryrl.rewards.trl_style import TRLRewardFunction
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ class _CallTimeout(Exception):
     """One attempt ran past ``timeout_s``."""
 
 
+class _GaveUp(Exception):
+    """Every attempt of one call failed; the message says why."""
+
+
 def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
     if not future.done():  # a timed-out call's late result goes nowhere
         if error is not None:
@@ -101,6 +106,26 @@ def _in_thread(loop: asyncio.AbstractEventLoop, call: Callable[[], Any]) -> asyn
 
     threading.Thread(target=target, daemon=True, name="queryrl-reward-call").start()
     return future
+
+
+def _fan_out(batch: Future[list[RewardResult]], n: int) -> list[Future[RewardResult]]:
+    """One future per sample, each set from `batch`'s list when it is done (cancelled if it was)."""
+    futures: list[Future[RewardResult]] = [Future() for _ in range(n)]
+
+    def settle(done: Future[list[RewardResult]]) -> None:
+        if done.cancelled():
+            for f in futures:
+                f.cancel()
+            return
+        error = done.exception()
+        for i, f in enumerate(futures):
+            if error is not None:
+                f.set_exception(error)
+            else:
+                f.set_result(done.result()[i])
+
+    batch.add_done_callback(settle)
+    return futures
 
 
 def _is_coroutine_function(fn: Any) -> bool:
@@ -135,7 +160,8 @@ class AsyncRewardManager:
 
     Uses ``max_concurrency``, ``requests_per_minute`` (0: no limit), ``timeout_s`` (per attempt;
     <= 0: none) and ``max_retries``; ignores the other options. The function may be ``async def``
-    (awaited on the loop) or synchronous (run in a thread per call).
+    (awaited on the loop) or synchronous (run in a thread per call). A TRL-style function is called
+    once per :meth:`submit`, and that call is the one request that is timed, retried and rate-limited.
 
     Metrics (:meth:`pop_metrics`, counts since the last pop): ``reward/retries`` (attempts that were
     retried) and ``reward/timeouts`` (attempts that timed out, retried or not).
@@ -173,7 +199,7 @@ class AsyncRewardManager:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self._is_async = _is_coroutine_function(fn)
+        self._is_async = _is_coroutine_function(fn.fn if isinstance(fn, TRLRewardFunction) else fn)
         self._semaphore = asyncio.Semaphore(max_concurrency)  # binds to the loop on first use
         self._limiter = RateLimiter(requests_per_minute)
         self._counts_lock = threading.Lock()
@@ -184,12 +210,18 @@ class AsyncRewardManager:
         self._finalizer = weakref.finalize(self, _stop_loop, self._loop, thread)
 
     def submit(self, inputs: list[RewardInput]) -> PendingRewards:
-        """Start scoring `inputs` on the manager's loop and return at once."""
+        """Start scoring `inputs` on the manager's loop and return at once.
+
+        A TRL-style function gets one task for all of `inputs`; its results reach each sample's future.
+        """
         if self._loop.is_closed():
             raise RewardError("the async reward manager is closed")
-        futures: list[Future[RewardResult]] = [
-            asyncio.run_coroutine_threadsafe(self._score(x), self._loop) for x in inputs
-        ]
+        if isinstance(self.fn, TRLRewardFunction):
+            futures = _fan_out(
+                asyncio.run_coroutine_threadsafe(self._score_batch(self.fn, inputs), self._loop), len(inputs)
+            )
+        else:
+            futures = [asyncio.run_coroutine_threadsafe(self._score(x), self._loop) for x in inputs]
         return PendingRewards(futures, [x.data_source for x in inputs])
 
     def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
@@ -223,6 +255,35 @@ class AsyncRewardManager:
         self._count("reward/retries")
 
     async def _score(self, x: RewardInput) -> RewardResult:
+        kwargs = {
+            "data_source": x.data_source,
+            "solution_str": x.solution_str,
+            "ground_truth": x.ground_truth,
+            "extra_info": x.extra_info,
+            **self.kwargs,
+        }
+        try:
+            value = await self._with_retries(self.fn, kwargs)
+        except _GaveUp as e:
+            return failure(x.data_source, str(e))
+        return to_result(value, x.data_source)
+
+    async def _score_batch(self, trl: TRLRewardFunction, inputs: list[RewardInput]) -> list[RewardResult]:
+        """A TRL-style function's one call on `inputs`, as one request (timeout, retries, rate limit)."""
+        if not inputs:
+            return []
+        try:
+            value = await self._with_retries(trl.fn, trl.call_kwargs(inputs, self.kwargs))
+        except (_GaveUp, RewardError) as e:
+            return [failure(x.data_source, f"TRL-style reward function {trl.name}: {e}") for x in inputs]
+        return trl.results(value, inputs)
+
+    async def _with_retries(self, fn: RewardFn, kwargs: dict[str, Any]) -> Any:
+        """``fn(**kwargs)`` with the retries of the module doc.
+
+        Raises:
+            _GaveUp: the last attempt failed too (the message says why and after how many attempts).
+        """
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=wait_random_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
@@ -235,37 +296,30 @@ class AsyncRewardManager:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    value = await self._attempt(x)
+                    value = await self._attempt(fn, kwargs)
         except Exception as e:
             reason = str(e) if isinstance(e, _CallTimeout) else f"{type(e).__name__}: {e}"
-            return failure(x.data_source, f"{reason}; gave up after {attempts} attempt(s)")
-        return to_result(value, x.data_source)
+            raise _GaveUp(f"{reason}; gave up after {attempts} attempt(s)") from None
+        return value
 
-    async def _attempt(self, x: RewardInput) -> Any:
+    async def _attempt(self, fn: RewardFn, kwargs: dict[str, Any]) -> Any:
         async with self._semaphore:
             await self._limiter.acquire()
             timeout = asyncio.timeout(self.timeout_s if self.timeout_s > 0 else None)
             try:
                 async with timeout:
-                    return await self._call(x)
+                    return await self._call(fn, kwargs)
             except TimeoutError:
                 if not timeout.expired():
                     raise  # the function's own TimeoutError, not our deadline
                 self._count("reward/timeouts")
                 raise _CallTimeout(f"timed out after {self.timeout_s:g} s") from None
 
-    async def _call(self, x: RewardInput) -> Any:
-        kwargs = {
-            "data_source": x.data_source,
-            "solution_str": x.solution_str,
-            "ground_truth": x.ground_truth,
-            "extra_info": x.extra_info,
-            **self.kwargs,
-        }
+    async def _call(self, fn: RewardFn, kwargs: dict[str, Any]) -> Any:
         if self._is_async:
-            value = self.fn(**kwargs)
+            value = fn(**kwargs)
         else:
-            value = await _in_thread(asyncio.get_running_loop(), lambda: self.fn(**kwargs))
+            value = await _in_thread(asyncio.get_running_loop(), lambda: fn(**kwargs))
         if inspect.isawaitable(value):
             value = await value
         return value

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import inspect
 
-from queryrl.rewards.manager import REWARD_MANAGERS, InProcessManager, RewardInput, RewardResult, failure, to_result
+from queryrl.rewards.manager import (
+    REWARD_MANAGERS,
+    BatchScorer,
+    InProcessManager,
+    RewardInput,
+    RewardResult,
+    failure,
+    to_result,
+)
 
 
 @REWARD_MANAGERS.register("batch")
@@ -14,7 +22,7 @@ class BatchRewardManager(InProcessManager):
     ``fn(data_sources=[...], solution_strs=[...], ground_truths=[...], extra_infos=[...], **kwargs)``
     returns one ``float | dict`` per input, each checked by :func:`to_result`. An exception, or a
     return of the wrong length, fails every sample of the call with an error saying so. It may be
-    ``async def``.
+    ``async def``. A TRL-style function (a :class:`BatchScorer`, itself a batch form) is called as such.
     """
 
     name = "batch"
@@ -22,6 +30,8 @@ class BatchRewardManager(InProcessManager):
     def _score_all(self, inputs: list[RewardInput]) -> list[RewardResult]:
         if not inputs:
             return []
+        if isinstance(self.fn, BatchScorer):
+            return self.fn.score_batch(inputs, self.kwargs, self._loop)
         try:
             values = self.fn(
                 data_sources=[x.data_source for x in inputs],

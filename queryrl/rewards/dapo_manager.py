@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from queryrl.rewards.functions import RewardError, RewardFn
-from queryrl.rewards.manager import REWARD_MANAGERS, InProcessManager, RewardInput, RewardResult, score_sample
+from queryrl.rewards.manager import REWARD_MANAGERS, InProcessManager, RewardInput, RewardResult, score_each
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,8 @@ class DAPORewardManager(InProcessManager):
     Extra values (logged as ``reward/<key>/mean``), as verl's ``reward_extra_info``: ``acc``, the
     unpenalised score (the function's own ``acc`` where its dict has one); and, when the penalty is
     on, ``overlong_reward`` (the penalty, <= 0) and ``overlong`` (1 when penalised, else 0). A
-    failed sample stays failed (no penalty is added to nothing).
+    failed sample stays failed (no penalty is added to nothing). A TRL-style function is called once
+    per call (:func:`score_each`).
     """
 
     name = "dapo"
@@ -74,7 +75,7 @@ class DAPORewardManager(InProcessManager):
         self._warned_no_length = False
 
     def _score_all(self, inputs: list[RewardInput]) -> list[RewardResult]:
-        results = [score_sample(self.fn, x, self.kwargs, self._loop) for x in inputs]
+        results = score_each(self.fn, inputs, self.kwargs, self._loop)
         on = self.overlong_buffer_len > 0
         if on and inputs and all(x.response_length <= 0 for x in inputs) and not self._warned_no_length:
             self._warned_no_length = True

@@ -32,6 +32,11 @@ each with the options it uses:
   concurrency, rate limit, timeout, retries. ``max_concurrency``, ``requests_per_minute``,
   ``timeout_s``, ``max_retries``.
 
+A TRL-style function (:mod:`queryrl.rewards.trl_style`) is called once per :meth:`submit` under
+``naive``, ``batch`` and ``dapo`` (same thing: one in-process call; ``dapo`` adds its penalty) and
+``async`` (the call is one request: timeout, retries and rate limit apply to it); ``parallel``, which
+runs one sample per worker process, refuses it when built.
+
 Every one is built as ``cls(fn, kwargs, **options)`` where ``options`` are the fields of
 :class:`queryrl.config.RewardConfig` named in :data:`MANAGER_OPTIONS` (plus
 ``max_response_length``, the data's, in response tokens); a manager ignores the options it does
@@ -51,7 +56,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 from queryrl.registry import Registry, RegistryError
 from queryrl.rewards.functions import RewardError, RewardFn
@@ -78,6 +83,9 @@ class RewardInput:
     """One response to score, with what the verl contract passes alongside it.
 
     ``response_length`` is the response's length in tokens (used by ``dapo``; 0 when unknown).
+    ``row`` (the data row: ``prompt`` and the other columns), ``completion_ids`` (the response's trained
+    token ids) and ``step`` (the training step; None outside training or when unknown) are what a
+    TRL-style function gets besides (:mod:`queryrl.rewards.trl_style`); the verl contract ignores them.
     """
 
     data_source: str
@@ -85,6 +93,9 @@ class RewardInput:
     ground_truth: Any
     extra_info: dict[str, Any] = field(default_factory=dict)
     response_length: int = 0
+    row: Mapping[str, Any] = field(default_factory=dict)
+    completion_ids: Sequence[int] = ()
+    step: int | None = None
 
 
 @dataclass
@@ -189,7 +200,7 @@ class RewardManager(Protocol):
 REWARD_MANAGERS: Registry[Callable[..., RewardManager]] = Registry("reward manager")
 
 
-def _as_number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     """`value` as a float if it is a real number (numpy and 0-d torch scalars included), else None."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()
@@ -217,10 +228,10 @@ def to_result(value: Any, data_source: str) -> RewardResult:
             return failure(data_source, f"returned a dict without 'score' (keys: {sorted(map(str, value))})")
         raw = value["score"]
         for key, item in value.items():
-            number = _as_number(item)
+            number = as_number(item)
             if key != "score" and number is not None and math.isfinite(number):
                 extra[str(key)] = number
-    score = _as_number(raw)
+    score = as_number(raw)
     if score is None:
         return failure(data_source, f"score is {raw!r} ({type(raw).__name__}), not a number")
     if not math.isfinite(score):
@@ -281,6 +292,27 @@ class LoopRunner:
         self._loop = None
 
 
+@runtime_checkable
+class BatchScorer(Protocol):
+    """A reward function scored a batch at a time (TRL-style: :class:`.trl_style.TRLRewardFunction`).
+
+    :meth:`score_batch` returns one result per input, in order; it fails samples rather than raise.
+    """
+
+    def score_batch(
+        self, inputs: Sequence[RewardInput], kwargs: Mapping[str, Any], loop: LoopRunner
+    ) -> list[RewardResult]: ...
+
+
+def score_each(
+    fn: RewardFn, inputs: list[RewardInput], kwargs: Mapping[str, Any], loop: LoopRunner
+) -> list[RewardResult]:
+    """Score `inputs` in this thread: one call of a :class:`BatchScorer`, else one call per input."""
+    if isinstance(fn, BatchScorer):
+        return fn.score_batch(inputs, kwargs, loop)
+    return [score_sample(fn, x, kwargs, loop) for x in inputs]
+
+
 def call_reward_fn(fn: RewardFn, x: RewardInput, kwargs: Mapping[str, Any]) -> Any:
     """Call `fn` on one input by the verl contract (keyword arguments; `kwargs` appended)."""
     return fn(
@@ -293,7 +325,12 @@ def call_reward_fn(fn: RewardFn, x: RewardInput, kwargs: Mapping[str, Any]) -> A
 
 
 def score_sample(fn: RewardFn, x: RewardInput, kwargs: Mapping[str, Any], loop: LoopRunner) -> RewardResult:
-    """Score one input in this thread: an exception or a bad return value is a failed result."""
+    """Score one input in this thread: an exception or a bad return value is a failed result.
+
+    A :class:`BatchScorer` scores it as a batch of one.
+    """
+    if isinstance(fn, BatchScorer):
+        return fn.score_batch([x], kwargs, loop)[0]
     try:
         value = call_reward_fn(fn, x, kwargs)
         if inspect.isawaitable(value):
@@ -348,7 +385,7 @@ class NaiveRewardManager(InProcessManager):
     """Scores one sample after another in this process (verl's ``naive``). Uses no options.
 
     An ``async def`` reward function is awaited on an event loop the manager owns and reuses
-    (see :class:`LoopRunner`).
+    (see :class:`LoopRunner`). A TRL-style function (a :class:`BatchScorer`) is called once per call.
 
     Args:
         fn: the reward function (see :mod:`queryrl.rewards.functions`).
@@ -358,7 +395,7 @@ class NaiveRewardManager(InProcessManager):
     name = "naive"
 
     def _score_all(self, inputs: list[RewardInput]) -> list[RewardResult]:
-        return [score_sample(self.fn, x, self.kwargs, self._loop) for x in inputs]
+        return score_each(self.fn, inputs, self.kwargs, self._loop)
 
 
 def registered_managers() -> Registry[Callable[..., RewardManager]]:

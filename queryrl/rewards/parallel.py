@@ -54,6 +54,7 @@ from queryrl.plugins import file_module_name
 from queryrl.rewards.functions import RewardError, RewardFn, load_reward_function
 from queryrl.rewards.manager import (
     REWARD_MANAGERS,
+    BatchScorer,
     LoopRunner,
     PendingRewards,
     RewardInput,
@@ -395,6 +396,12 @@ class ParallelRewardManager:
         **options: Any,
     ) -> None:
         check_options("parallel", options)
+        if isinstance(fn, BatchScorer):
+            raise RewardError(
+                f"reward.manager=parallel scores one sample per worker process, but {fn} is TRL-style (one call "
+                "scores a batch): use reward.manager=naive, batch, dapo or async (or reward.function.style=verl "
+                "if it is a per-sample function)"
+            )
         if num_workers < 1:
             raise RewardError(f"reward.num_workers must be >= 1 for the parallel manager, got {num_workers}")
         self.fn = fn

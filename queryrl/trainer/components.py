@@ -101,7 +101,8 @@ def _reward(cfg: DictConfig) -> tuple[Any, Any]:
     if spec is not None:  # the application brings its reward (and, maybe, a selector of the rows to train on)
         reward_fn, kwargs, preferred = spec.fn, dict(spec.kwargs), spec.manager
     else:
-        reward_fn, kwargs, preferred = load_reward_function(r.function.path, r.function.name), dict(r.kwargs), "naive"
+        reward_fn = load_reward_function(r.function.path, r.function.name, r.function.style)
+        kwargs, preferred = dict(r.kwargs), "naive"
     select = app.selector(cfg) if app is not None else None
     manager = make_reward_manager(
         preferred if r.manager == "auto" else r.manager,

@@ -226,7 +226,7 @@ class Trainer:
         """
         cfg, c = self.cfg, self.c
         batch, results = generate_and_score(
-            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, select=c.select
+            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, c.select, self.step
         )
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None

@@ -46,12 +46,14 @@ class RewardSpec:
     path: str | None
     name: str
     kwargs: Mapping[str, Any]
+    style: str = "auto"  # reward.function.style
 
 
 def config_reward_spec(cfg: DictConfig) -> RewardSpec:
     kwargs = OmegaConf.to_container(cfg.reward.kwargs, resolve=True) if cfg.reward.kwargs else {}
     assert isinstance(kwargs, dict)
-    return RewardSpec(cfg.reward.function.path, cfg.reward.function.name, {str(k): v for k, v in kwargs.items()})
+    f = cfg.reward.function
+    return RewardSpec(f.path, f.name, {str(k): v for k, v in kwargs.items()}, f.style)
 
 
 def run_preflight(
@@ -80,12 +82,14 @@ def probe_input(row: Mapping[str, Any]) -> RewardInput:
         solution_str=truth if isinstance(truth, str) else "",
         ground_truth=truth,
         extra_info=dict(row.get("extra_info") or {}),
+        row=row,  # a TRL-style function's prompts and columns
     )
 
 
 def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
     """The reward function loads and scores the first training row (see the module doc)."""
-    fn = load_reward_function(spec.path, spec.name)  # RewardError: missing file, failed import, no such name
+    # RewardError: missing file, failed import, no such name
+    fn = load_reward_function(spec.path, spec.name, spec.style)
     what = f"reward function {spec.name!r} of {spec.path}" if spec.path else "the built-in reward"
     path, row = first_row(cfg)
     timeout_s = float(cfg.reward.timeout_s)

@@ -29,12 +29,16 @@ def decode_responses(tokenizer: Any, out: RolloutOutput) -> list[str]:
     ]
 
 
-def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any]) -> list[RewardInput]:
-    """What the reward function sees for each response of `out` (verl's contract)."""
+def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any], step: int | None = None) -> list[RewardInput]:
+    """What the reward function sees for each response of `out` (verl's contract; plus, for a TRL-style
+    function, the data row, the response's trained token ids and the training `step`)."""
     inputs = []
     lengths = out.response_mask.sum(dim=-1).long().tolist()
     extras = out.extras if out.extras is not None else [{}] * len(out)
-    for prompt, text, length, extra in zip(out.prompt_index.tolist(), texts, lengths, extras, strict=True):
+    ids = [r[m.bool()].tolist() for r, m in zip(out.response_ids, out.response_mask, strict=True)]
+    for prompt, text, length, extra, completion_ids in zip(
+        out.prompt_index.tolist(), texts, lengths, extras, ids, strict=True
+    ):
         row = items[prompt].row
         reward_model = row.get("reward_model") or {}
         inputs.append(
@@ -44,6 +48,9 @@ def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any]) -> lis
                 ground_truth=reward_model.get("ground_truth"),
                 extra_info=dict(row.get("extra_info") or {}) | extra,  # + the rollout's (num_tool_calls, ...)
                 response_length=int(length),
+                row=row,
+                completion_ids=completion_ids,
+                step=step,
             )
         )
     return inputs
@@ -61,12 +68,14 @@ def generate_and_score(
     timer: PhaseTimer,
     device: torch.device,
     select: Selector | None = None,
+    step: int | None = None,
 ) -> tuple[Batch, list[RewardResult]]:
     """Generate for `items` and score every response; rewards overlap generation.
 
     With `select` (e.g. seed 000's candidate selector), everything is generated first, then
     ``select(output)`` returns the rows to keep and, for each kept row, extra ``extra_info`` entries
-    for its reward; only those rows are scored and returned.
+    for its reward; only those rows are scored and returned. `step` (the training step; None
+    outside training) reaches a TRL-style reward function as ``trainer_state.global_step``.
 
     Phases: ``gen`` (generation, decoding and submitting), then ``reward_wait``.
     """
@@ -80,7 +89,7 @@ def generate_and_score(
         for chunk in rollout.generate_chunks(prompts, sampling, **rows):
             chunk_texts = decode_responses(tokenizer, chunk)
             if select is None:
-                pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items)))
+                pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items, step)))
             chunks.append(chunk)
             texts += chunk_texts
         out = RolloutOutput.concat(chunks, int(tokenizer.pad_token_id))
@@ -88,7 +97,7 @@ def generate_and_score(
             keep, extras = select(out)
             out = out.select(keep)
             texts = [texts[int(i)] for i in keep]
-            inputs = reward_inputs(out, texts, items)
+            inputs = reward_inputs(out, texts, items, step)
             for inp, extra in zip(inputs, extras, strict=True):
                 inp.extra_info.update(extra)
             pending.append(reward.submit(inputs))

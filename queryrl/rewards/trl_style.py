@@ -1,0 +1,224 @@
+"""TRL-style reward functions: ``fn(prompts, completions, **kwargs) -> list[float | None]``, taken as they are.
+
+TRL's ``GRPOTrainer`` (``reward_funcs``; https://huggingface.co/docs/trl/main/en/grpo_trainer, "Using a
+custom reward function") calls each reward function once per batch with keyword arguments:
+
+- ``prompts``: one per completion; a list of ``{"role", "content"}`` messages when the data is
+  conversational, else a string;
+- ``completions``: one per completion; conversational: ``[{"role": "assistant", "content": text}]``,
+  else the text;
+- ``completion_ids``: the completion's token ids;
+- every other dataset column, as a list with one value per completion;
+- ``trainer_state``: the trainer's state (TRL's ``TrainerState``; here :class:`TrainerState`, or None).
+
+It returns one float per completion; ``None`` means "this function does not score this sample".
+queryrl takes that ``None`` (and NaN, which TRL uses for the same) as a failed sample: dropped from
+the update and counted in ``reward/failed``, never scored 0.
+
+What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, one rollout
+micro-batch):
+
+- ``prompts``: the data row's ``prompt`` column (verl's layout). The loader makes every prompt a
+  list of chat messages (a string becomes one user message) and the trainer applies the chat
+  template, so in training the data is conversational: prompts are message lists and each
+  completion is ``[{"role": "assistant", "content": text}]``. Completions are plain strings only when
+  some input carries no prompt messages (a :class:`RewardInput` made without ``row``, e.g. a manager
+  used directly); then prompts are the row's ``prompt`` value or None.
+- ``completion_ids``: :attr:`RewardInput.completion_ids` (the response's trained tokens).
+- the columns: every column of the data row except ``prompt``, the union over the batch (None where
+  a row lacks one), with ``data_source`` and ``extra_info`` as the verl contract sees them (the
+  rollout's facts such as ``num_tool_calls`` merged in) and ``ground_truth`` added from
+  ``reward_model.ground_truth`` (unless the row has a ``ground_truth`` column of its own).
+- ``trainer_state``: ``TrainerState(global_step=...)`` when the inputs carry the step, else None.
+- ``reward.kwargs``; one that has the name of an argument above is an error.
+
+Detection (``reward.function.style=auto``; :func:`is_trl_style`): a function is TRL-style when its
+first two positional parameters are named ``prompts`` and ``completions``, or when it has a
+parameter named ``completions``, takes ``**kwargs``, and has no parameter named ``solution_str``.
+Everything else is verl-style. ``style=trl`` or ``style=verl`` skips the detection.
+
+A list of the wrong length, or a value that is neither a number nor None, is one error naming the
+function, on every sample of the call (so the step is skipped and, repeated, stops the run with it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from queryrl.plugins import file_module_name
+from queryrl.rewards.functions import RewardError, RewardFn
+from queryrl.rewards.manager import LoopRunner, RewardInput, RewardResult, as_number, failure
+
+STYLES = ("auto", "verl", "trl")
+# the arguments queryrl names itself; a dataset column never overrides them, a reward.kwargs key may not either
+_RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state"})
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What queryrl tells a TRL-style function about training (TRL passes its ``TrainerState``).
+
+    Attributes:
+        global_step: the training step being scored (1-based, as the trainer counts).
+    """
+
+    global_step: int
+
+
+def is_trl_style(fn: RewardFn) -> bool:
+    """Whether `fn` looks TRL-style (the rule of the module doc); a signature that cannot be read is verl's."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    names = {p.name for p in params}
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if positional[:2] == ["prompts", "completions"]:
+        return True
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
+    return "completions" in names and var_keyword and "solution_str" not in names
+
+
+def function_name(fn: Any) -> str:
+    """How messages name `fn`: ``file.py:name`` for one loaded from a file, else ``module.qualname``."""
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None:
+        return str(qualname)
+    file = getattr(module, "__file__", None)
+    if file and module.__name__ == file_module_name(Path(file).resolve()):  # loaded by reward.function.path
+        return f"{file}:{qualname}"
+    return f"{module.__name__}.{qualname}"
+
+
+def _is_chat(prompt: Any) -> bool:
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+class TRLRewardFunction:
+    """A TRL-style function, called once per batch; the managers that can take one call :meth:`score_batch`.
+
+    Args:
+        fn: the user's function (may be ``async def``).
+    """
+
+    def __init__(self, fn: RewardFn) -> None:
+        self.fn = fn
+        self.name = function_name(fn)
+
+    def __repr__(self) -> str:
+        return f"TRLRewardFunction({self.name})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The user's function itself (TRL's arguments), e.g. to try it by hand."""
+        return self.fn(*args, **kwargs)
+
+    def call_kwargs(self, inputs: Sequence[RewardInput], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of one call on `inputs` (see the module doc).
+
+        Raises:
+            RewardError: a key of `kwargs` is also the name of an argument queryrl passes.
+        """
+        prompts = [x.row.get("prompt") for x in inputs]
+        chat = all(_is_chat(p) for p in prompts)
+        completions: list[Any] = (
+            [[{"role": "assistant", "content": x.solution_str}] for x in inputs]
+            if chat
+            else [x.solution_str for x in inputs]
+        )
+        rows = [
+            {k: v for k, v in x.row.items() if k != "prompt"}
+            | {"data_source": x.data_source, "extra_info": x.extra_info}
+            | ({} if "ground_truth" in x.row else {"ground_truth": x.ground_truth})
+            for x in inputs
+        ]
+        names = sorted({k for r in rows for k in r} - _RESERVED)
+        steps = {x.step for x in inputs}
+        step = steps.pop() if len(steps) == 1 else None
+        clash = sorted(set(kwargs) & (_RESERVED | set(names)))
+        if clash:
+            raise RewardError(
+                f"reward.kwargs {', '.join(clash)} of TRL-style reward function {self.name} have the names of "
+                "arguments queryrl passes (prompts, completions, completion_ids, trainer_state, the data columns)"
+            )
+        return {
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": [list(x.completion_ids) for x in inputs],
+            **{name: [r.get(name) for r in rows] for name in names},
+            "trainer_state": TrainerState(global_step=step) if step is not None else None,
+            **kwargs,
+        }
+
+    def results(self, values: Any, inputs: Sequence[RewardInput]) -> list[RewardResult]:
+        """Check what one call returned: one number or None per input; None and NaN are failed samples.
+
+        A return that is not a list of len(inputs), or holds something else, fails every sample with
+        one error naming the function.
+        """
+        try:
+            values = list(values)
+        except TypeError:
+            return self._fail_all(inputs, f"returned {type(values).__name__}, not a list of numbers")
+        if len(values) != len(inputs):
+            return self._fail_all(inputs, f"returned {len(values)} values for {len(inputs)} completions")
+        results = []
+        for i, (value, x) in enumerate(zip(values, inputs, strict=True)):
+            number = as_number(value)
+            if value is not None and number is None:
+                reason = f"returned {value!r} ({type(value).__name__}) for completion {i}: expected a number or None"
+                return self._fail_all(inputs, reason)
+            if number is None or math.isnan(number):
+                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {value}"))
+            elif math.isinf(number):
+                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {number}"))
+            else:
+                results.append(RewardResult(score=number))
+        return results
+
+    def _fail_all(self, inputs: Sequence[RewardInput], reason: str) -> list[RewardResult]:
+        return [failure(x.data_source, f"TRL-style reward function {self.name} {reason}") for x in inputs]
+
+    def score_batch(
+        self, inputs: Sequence[RewardInput], kwargs: Mapping[str, Any], loop: LoopRunner
+    ) -> list[RewardResult]:
+        """One call on all of `inputs` in this thread (awaited on `loop` if it is a coroutine).
+
+        An exception fails every sample with the error.
+        """
+        if not inputs:
+            return []
+        try:
+            values = self.fn(**self.call_kwargs(inputs, kwargs))
+            if inspect.isawaitable(values):
+                values = loop.run(values)
+        except Exception as e:
+            return self._fail_all(inputs, f"raised {type(e).__name__}: {e}")
+        return self.results(values, inputs)
+
+
+def with_style(fn: RewardFn, style: str) -> RewardFn:
+    """`fn` as the managers take it: wrapped in :class:`TRLRewardFunction` when it is TRL-style.
+
+    Args:
+        fn: the loaded function.
+        style: ``trl``, ``verl`` or ``auto`` (:func:`is_trl_style`).
+
+    Raises:
+        RewardError: an unknown `style`.
+    """
+    if style not in STYLES:
+        raise RewardError(f"reward.function.style must be one of {', '.join(STYLES)}, got {style!r}")
+    if style == "trl" or (style == "auto" and is_trl_style(fn)):
+        return TRLRewardFunction(fn)
+    return fn
