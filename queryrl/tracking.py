@@ -1,6 +1,6 @@
 """Experiment tracking: one ``Tracker`` fans each step's metrics out to the chosen backends.
 
-Backends by name: ``console`` (a rich progress bar on a terminal, one plain line per step
+Backends by name: ``console`` (a rich progress bar on a terminal, a plain line every few steps
 elsewhere), ``jsonl`` (``run_dir/metrics.jsonl``), ``tensorboard`` (``run_dir/tensorboard``),
 ``wandb`` and ``mlflow`` (optional packages, imported only when asked for).
 
@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from queryrl.atomic import atomic_write_text
-from queryrl.redaction import redact, redact_data
+from queryrl.redaction import RedactingStream, redact, redact_data
 from queryrl.registry import Registry
 
 DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
@@ -68,6 +68,8 @@ def as_finite(value: Any) -> float | None:
 
 
 class _Backend(Protocol):
+    """A logger backend; one may also have ``mark_failed()``, called before ``close()`` when the run raised."""
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -79,11 +81,20 @@ def _fmt_duration(seconds: float) -> str:
 
 
 class _ConsoleBackend:
-    """A live rich progress bar on a terminal; one plain line per step when stdout is not one."""
+    """A live rich progress bar on a terminal; plain progress lines, every few steps, when stdout is not one.
+
+    Without a terminal (CI, ``nohup``, output sent to a file) a line is printed for the first step logged,
+    then once at least ``max(1, total_steps // 20)`` steps have passed since the last line, and for the last
+    step: about 20 lines for a whole run, whatever its length (and whatever ``trainer.log_every`` is).
+    """
+
+    LINES_PER_RUN = 20
 
     def __init__(self, total_steps: int, start_step: int, keys: tuple[str, ...]) -> None:
         self.total, self.start_step, self.keys = total_steps, start_step, keys
         self.t0 = time.monotonic()
+        self.every = max(1, total_steps // self.LINES_PER_RUN)
+        self.last_printed: int | None = None  # the step of the last plain line
         isatty = getattr(sys.stdout, "isatty", None)
         self.progress: Any = None
         if callable(isatty) and isatty():
@@ -108,6 +119,10 @@ class _ConsoleBackend:
         if self.progress is not None:
             self.progress.update(self.task, completed=step, numbers=numbers_)
             return
+        due = self.last_printed is None or step - self.last_printed >= self.every or step >= self.total
+        if not due:
+            return
+        self.last_printed = step
         elapsed = time.monotonic() - self.t0
         done = step - self.start_step
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
@@ -184,15 +199,34 @@ def _import_optional(package: str) -> ModuleType:
 
 
 class _WandbBackend:
+    """A wandb run in ``run_dir/wandb`` (``WANDB_MODE=offline`` keeps it there; ``wandb sync`` uploads it later).
+
+    wandb copies what the process prints into the run (``output.log``) by patching the ``write`` of the
+    ``sys.stdout``/``sys.stderr`` it found at import, and its copy sees the text before any redaction there;
+    while the run is open a :class:`~queryrl.redaction.RedactingStream` sits on top, so the copy sees it redacted.
+    """
+
     def __init__(self, run_dir: Path, project: str, experiment: str, config: dict[str, Any]) -> None:
-        self.wandb = _import_optional("wandb")
-        self.run = self.wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+        wandb = _import_optional("wandb")
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+        self.failed = False
+        self.streams = (sys.stdout, sys.stderr)
+        sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+        self.wrappers = (sys.stdout, sys.stderr)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        self.wandb.log(dict(metrics), step=step)
+        self.run.log(dict(metrics), step=step)
+
+    def mark_failed(self) -> None:
+        self.failed = True
 
     def close(self) -> None:
-        self.run.finish()
+        # streams put back only if nobody replaced them since (then the extra redacting layer stays: harmless)
+        if sys.stdout is self.wrappers[0]:
+            sys.stdout = self.streams[0]
+        if sys.stderr is self.wrappers[1]:
+            sys.stderr = self.streams[1]
+        self.run.finish(exit_code=1 if self.failed else 0)
 
 
 _MLFLOW_BAD_CHARS = re.compile(r"[^\w\-. :/]")  # mlflow names allow alnum, _ - . space : /
@@ -216,12 +250,15 @@ def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 
 
 class _MlflowBackend:
+    """An mlflow run in the experiment ``project`` of the tracking URI (``MLFLOW_TRACKING_URI``); config as params."""
+
     _PARAM_BATCH, _PARAM_MAX_LEN = 100, 6000  # mlflow limits per log_params call / per value
 
     def __init__(self, project: str, experiment: str, config: dict[str, Any]) -> None:
         self.mlflow = _import_optional("mlflow")
         self.mlflow.set_experiment(project)
         self.mlflow.start_run(run_name=experiment)
+        self.failed = False
         params = {mlflow_name(k): str(v)[: self._PARAM_MAX_LEN] for k, v in flatten_config(config).items()}
         items = list(params.items())
         for i in range(0, len(items), self._PARAM_BATCH):
@@ -232,8 +269,11 @@ class _MlflowBackend:
         if clean:
             self.mlflow.log_metrics(clean, step=step)
 
+    def mark_failed(self) -> None:
+        self.failed = True
+
     def close(self) -> None:
-        self.mlflow.end_run()
+        self.mlflow.end_run(status="FAILED" if self.failed else "FINISHED")
 
 
 @dataclass(frozen=True)
@@ -313,10 +353,16 @@ class Tracker:
         for backend in self.backends:
             backend.log(metrics, step)
 
-    def close(self) -> None:
-        """Flush and close every backend (safe to call twice)."""
+    def close(self, failed: bool = False) -> None:
+        """Flush and close every backend (safe to call twice).
+
+        Args:
+            failed: the run ended with an exception; wandb and mlflow record it as failed, not finished.
+        """
         backends, self.backends = self.backends, []
         for backend in backends:
+            if failed and (mark_failed := getattr(backend, "mark_failed", None)) is not None:
+                mark_failed()
             try:
                 backend.close()
             except Exception as err:  # one failing backend must not keep the others open
@@ -325,5 +371,5 @@ class Tracker:
     def __enter__(self) -> Tracker:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self.close(failed=exc_type is not None)

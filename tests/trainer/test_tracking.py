@@ -1,10 +1,14 @@
-"""Tracker backends: jsonl content and resume truncation, TensorBoard, console lines, errors."""
+"""Tracker backends: jsonl content and resume truncation, TensorBoard, console lines, errors.
+
+wandb and mlflow run for real in ``test_tracking_backends.py``.
+"""
 
 from __future__ import annotations
 
-import importlib.util
+import itertools
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +87,29 @@ def test_console_prints_plain_lines_when_not_a_terminal(tmp_path: Path, capsys: 
     assert "\x1b[" not in lines[0]  # plain text, no ANSI escapes
 
 
+def test_console_without_a_terminal_prints_every_n_steps_plus_first_and_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 100 steps: a line every 100 // 20 = 5 steps; logged every 3 steps (trainer.log_every=3), a line is printed
+    # once 5 steps have passed since the last one; the first and the last step logged always print.
+    assert not sys.stdout.isatty()
+    with _tracker(tmp_path, ["console"], total=100) as tracker:
+        for step in [*range(1, 100, 3), 100]:
+            tracker.log({"critic/score/mean": step / 100}, step=step)
+    steps = [int(line.split()[1].split("/")[0]) for line in capsys.readouterr().out.splitlines()]
+    assert steps[:4] == [1, 7, 13, 19]
+    assert steps[-2:] == [97, 100]
+    assert all(b - a >= 5 for a, b in itertools.pairwise(steps[:-1]))
+    assert len(steps) == 18
+
+
+def test_console_resumed_run_prints_its_first_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with _tracker(tmp_path, ["console"], start_step=40, total=100) as tracker:
+        for step in range(41, 47):
+            tracker.log({"x": 1.0}, step=step)
+    assert [line.split(" |")[0] for line in capsys.readouterr().out.splitlines()] == ["step 41/100", "step 46/100"]
+
+
 def test_unknown_logger_lists_the_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'nope'.*console, jsonl, mlflow, tensorboard, wandb"):
         _tracker(tmp_path, ["jsonl", "nope"])
@@ -90,16 +117,16 @@ def test_unknown_logger_lists_the_valid_ones(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("package", ["wandb", "mlflow"])
-def test_missing_optional_backend_names_the_package(tmp_path: Path, package: str) -> None:
-    if importlib.util.find_spec(package) is not None:
-        pytest.skip(f"{package} is installed")
+def test_missing_optional_backend_names_the_package(
+    tmp_path: Path, package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError, installed or not
     with pytest.raises(ImportError, match=f"pip install {package}"):
         _tracker(tmp_path, ["jsonl", package])
 
 
-def test_failed_backend_closes_the_ones_already_open(tmp_path: Path) -> None:
-    if importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed")
+def test_failed_backend_closes_the_ones_already_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError):
         _tracker(tmp_path, ["jsonl", "wandb"])
     # The jsonl file handle was closed: on resume the file can be rewritten and reopened.
