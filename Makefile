@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+FONTS  := $(VENV)/.fonts
 # tiny models run best on one thread
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
@@ -20,7 +21,7 @@ export MKL_NUM_THREADS ?= 1
 DEMO_CFG := configs/query_rewrite_demo.yaml
 DEMO_DIR := runs/demo
 
-demo: $(STAMP)
+demo: $(STAMP) $(FONTS)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/queryrl sft --config $(DEMO_CFG)
 	$(BIN)/queryrl train --config $(DEMO_CFG) model.path=$(DEMO_DIR)/sft trainer.resume=disable
@@ -117,8 +118,8 @@ bench-judge-calls: $(STAMP)
 
 test: lint pytest
 
-pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+pytest: $(STAMP) $(FONTS)
+	QUERYRL_REQUIRE_CJK_FONT=$$(test -f $(FONTS) && grep -q installed $(FONTS) && echo 1) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check queryrl tests tools benchmarks
@@ -138,6 +139,17 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# A CJK font for the plots' Chinese labels (data_source names in legends): Debian's fonts-noto-cjk (SIL OFL),
+# installed once where this user may (root with apt-get); elsewhere the labels show boxes, and make says so.
+# The file records the outcome: "installed" makes the CJK plot test fail rather than skip when the font is missing.
+$(FONTS): | $(BIN)/python
+	@if ls /usr/share/fonts/opentype/noto/NotoSansCJK* >/dev/null 2>&1; then echo installed > $(FONTS); \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -qq --no-install-recommends fonts-noto-cjk >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends fonts-noto-cjk >/dev/null 2>&1)) \
+		&& echo installed > $(FONTS) || { echo "note: fonts-noto-cjk did not install: Chinese plot labels show boxes"; echo missing > $(FONTS); }; \
+	else echo "note: no CJK font (sudo apt-get install fonts-noto-cjk): Chinese plot labels show boxes"; echo missing > $(FONTS); fi
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from queryrl.atomic import atomic_path
+from queryrl.fonts import cjk_fonts
 
 Series = dict[str, tuple[list[int], list[float]]]  # key -> (steps, values), sorted by step
 KeySelector = Callable[[Sequence[str]], list[str]]
@@ -211,11 +212,12 @@ def plot_run(run_dir: Path) -> list[Path]:
     out_dir = Path(run_dir) / "plots"
     written = []
     for spec in PLOTS:
-        fig = _draw(spec, series)
-        if fig is None:
-            continue
-        with atomic_path(out_dir / spec.name) as tmp:  # a reader never sees a half-written image
-            fig.savefig(tmp, format="png", dpi=100)
+        with cjk_fonts():  # Chinese data_source names in the legends
+            fig = _draw(spec, series)
+            if fig is None:
+                continue
+            with atomic_path(out_dir / spec.name) as tmp:  # a reader never sees a half-written image
+                fig.savefig(tmp, format="png", dpi=100)
         written.append(out_dir / spec.name)
     if not written:
         raise ValueError(

@@ -115,3 +115,26 @@ def test_identical_curves_share_one_line_and_validation_keeps_one_quantity_per_a
     keys = ["val/score/mean", "val/response_length/mean", "val/reward/failed", "val/src/recall@5"]
     chosen = [panel.select(keys) for panel in validation.panels]
     assert chosen == [["val/score/mean"], ["val/src/recall@5"], ["val/response_length/mean"], ["val/reward/failed"]]
+
+
+def test_chinese_metric_names_render_without_missing_glyphs(tmp_path: Path) -> None:
+    """A data_source like 销售对话_202506 ends up in the legend; with the set-up's font it has real glyphs.
+
+    ``make`` installs Debian's fonts-noto-cjk where it can and then sets QUERYRL_REQUIRE_CJK_FONT=1: there a
+    missing font fails this test instead of skipping it.
+    """
+    import os
+    import warnings
+
+    from queryrl.fonts import cjk_family
+
+    if cjk_family() is None:
+        if os.environ.get("QUERYRL_REQUIRE_CJK_FONT") == "1":
+            pytest.fail("no Noto Sans CJK font although make installed one (fonts-noto-cjk)")
+        pytest.skip("no CJK font here (apt-get install fonts-noto-cjk; make does it where it can)")
+    rows = [{"step": s, "val/销售对话_202506/score/mean": 0.1 * s, "critic/score/mean": 0.2} for s in range(1, 5)]
+    _write_metrics(tmp_path, rows)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plot_run(tmp_path)
+    assert not [str(w.message) for w in caught if "Glyph" in str(w.message)]

@@ -25,6 +25,7 @@ from queryrl.apps.query_rewrite.eval_samples import Answer, Sample, SystemSpec
 from queryrl.apps.query_rewrite.eval_scoring import doc_ids
 from queryrl.apps.query_rewrite.evaluation import HEADLINE_K, format_table
 from queryrl.atomic import atomic_path, atomic_write_text
+from queryrl.fonts import cjk_fonts
 
 SAMPLES_TOP = 5  # doc ids per system in eval_samples.jsonl
 # the printed table's columns (metric -> header), a few that fit a terminal; every metric is in eval.json
@@ -89,43 +90,44 @@ def plot_systems(
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    names = list(systems)
-    panels = [(f"recall@{HEADLINE_K}", f"Recall@{HEADLINE_K}"), ("mrr", "MRR")]
-    if any(systems[n].get("judge_score") is not None for n in names):
-        panels.append(("judge_score", "judge score vs reference"))
-    count = len(panels) + bool(comparisons)
-    cols = count if count <= 3 else 2  # 4 panels: two rows, so the PNG stays readable at its size
-    rows = -(-count // cols)
-    width = max(5.0, 1.1 * len(names) + 1.5)
-    fig, grid = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
-    axes = list(grid.flat)
-    for unused in axes[count:]:
-        unused.set_visible(False)
-    if comparisons:
-        draw_differences(axes[count - 1], comparisons, HEADLINE_K)
-    colors = ["tab:blue" if n in trained else "tab:gray" for n in names]
-    for ax, (key, title) in zip(axes, panels, strict=False):
-        shown = [n for n in names if systems[n].get(key) is not None]
-        means = [float(systems[n][key]) for n in shown]
-        lows = [m - float(systems[n].get(f"{key}_low") or m) for n, m in zip(shown, means, strict=True)]
-        highs = [float(systems[n].get(f"{key}_high") or m) - m for n, m in zip(shown, means, strict=True)]
-        x = np.arange(len(shown))
-        ax.bar(x, means, yerr=[lows, highs], capsize=4, color=[colors[names.index(n)] for n in shown])
-        ax.set_xticks(x)
-        ax.set_xticklabels(shown, rotation=20, ha="right")
-        ax.set_ylim(0.0, 1.05)
-        ax.set_title(f"{title} (95% CI)")
-        for xi, m in zip(x, means, strict=True):
-            ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
-    if trained and len(trained) < len(names):
-        legend = [Patch(color="tab:gray", label="baseline"), Patch(color="tab:blue", label="trained model")]
-        axes[0].legend(handles=legend, fontsize="small", loc="upper left")
-    fig.tight_layout()
-    try:
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    with cjk_fonts():  # Chinese system names render
+        names = list(systems)
+        panels = [(f"recall@{HEADLINE_K}", f"Recall@{HEADLINE_K}"), ("mrr", "MRR")]
+        if any(systems[n].get("judge_score") is not None for n in names):
+            panels.append(("judge_score", "judge score vs reference"))
+        count = len(panels) + bool(comparisons)
+        cols = count if count <= 3 else 2  # 4 panels: two rows, so the PNG stays readable at its size
+        rows = -(-count // cols)
+        width = max(5.0, 1.1 * len(names) + 1.5)
+        fig, grid = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
+        axes = list(grid.flat)
+        for unused in axes[count:]:
+            unused.set_visible(False)
+        if comparisons:
+            draw_differences(axes[count - 1], comparisons, HEADLINE_K)
+        colors = ["tab:blue" if n in trained else "tab:gray" for n in names]
+        for ax, (key, title) in zip(axes, panels, strict=False):
+            shown = [n for n in names if systems[n].get(key) is not None]
+            means = [float(systems[n][key]) for n in shown]
+            lows = [m - float(systems[n].get(f"{key}_low") or m) for n, m in zip(shown, means, strict=True)]
+            highs = [float(systems[n].get(f"{key}_high") or m) - m for n, m in zip(shown, means, strict=True)]
+            x = np.arange(len(shown))
+            ax.bar(x, means, yerr=[lows, highs], capsize=4, color=[colors[names.index(n)] for n in shown])
+            ax.set_xticks(x)
+            ax.set_xticklabels(shown, rotation=20, ha="right")
+            ax.set_ylim(0.0, 1.05)
+            ax.set_title(f"{title} (95% CI)")
+            for xi, m in zip(x, means, strict=True):
+                ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
+        if trained and len(trained) < len(names):
+            legend = [Patch(color="tab:gray", label="baseline"), Patch(color="tab:blue", label="trained model")]
+            axes[0].legend(handles=legend, fontsize="small", loc="upper left")
+        fig.tight_layout()
+        try:
+            with atomic_path(out) as tmp:
+                fig.savefig(tmp, format="png", dpi=100)
+        finally:
+            plt.close(fig)
     return out
 
 
