@@ -281,6 +281,19 @@ def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics
         typer.echo(f"wrote {p}")
 
 
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (metrics.jsonl, samples/).")]) -> None:
+    """Write report.html, one self-contained page of a run: curves, eval table, rollout inspector."""
+    from queryrl.report import write_report
+
+    try:
+        path = write_report(run_dir)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+        return
+    typer.echo(f"wrote {path}")
+
+
 class _ServeJudgeCommand(typer.core.TyperCommand):
     """Appends the built-in judges to ``--help``, generated from the code's list when shown."""
 

@@ -17,7 +17,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "queryrl"
 # top to bottom; a unit is a subpackage or a top-level module of queryrl
 LAYERS: list[set[str]] = [
     # utilities: the standard library (padding: torch), nothing else of queryrl but each other
-    {"registry", "application", "atomic", "padding", "plugins", "redaction", "service_auth", "tracking", "fonts"},
+    {
+        "registry",
+        "application",
+        "atomic",
+        "padding",
+        "plugins",
+        "redaction",
+        "service_auth",
+        "tracking",
+        "fonts",
+        "report",
+    },
     {"algos"},
     {"data"},
     {"models"},

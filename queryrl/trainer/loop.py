@@ -159,9 +159,14 @@ class Trainer:
                 if stop:
                     self._stop(stop, saved=pending is not None)
         if cfg.plot and self.step == self.c.total_steps:
+            from queryrl.report import write_report
             from queryrl.trainer.plot import plot_run
 
             plot_run(self.run_dir)
+            try:  # the run page is a convenience: a failure to write it must not fail the run
+                write_report(self.run_dir)
+            except Exception as exc:
+                warnings.warn(f"report.html not written: {exc!r}", stacklevel=2)
         return metrics
 
     def train_step(self, items: list[Any], timer: PhaseTimer) -> dict[str, float]:

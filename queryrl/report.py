@@ -1,0 +1,380 @@
+"""A run's page: ``write_report(run_dir)`` writes ``run_dir/report.html``, one self-contained file.
+
+The page needs no server and no network (inline CSS and JS, no external URL): the training curves
+drawn as inline SVG by a few lines of JS, the eval table when ``run_dir/eval.json`` exists (the file
+``queryrl eval --out`` writes beside a run; only the run's own folder is looked at), and a rollout
+inspector over ``samples/step_N.jsonl``.
+
+Size: the samples of at most ``MAX_STEPS`` steps are embedded: every k-th step with the smallest k that
+keeps the count under the bound, the last step always in (the page says which); a text field longer
+than ``MAX_TEXT`` characters is cut. Metrics are embedded only for the charted keys. All data sits in
+``<script type="application/json">`` tags with ``<`` escaped, and the JS puts text in the page through
+``textContent`` only, so no data can inject HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from queryrl.atomic import atomic_write_text
+
+MAX_STEPS = 200  # steps whose samples are embedded
+MAX_TEXT = 4000  # characters kept of one text field
+
+# chart title -> key patterns; one chart per group, one quantity per axis for validation
+CHARTS: tuple[tuple[str, str], ...] = (
+    ("Reward", r"^(critic/score/mean|critic/rewards/mean|reward/(?!failed|retries|timeouts|zero_std).*/mean)$"),
+    ("KL and losses", r"^(actor/(pg_loss|kl_loss|entropy_loss|ppo_kl)|critic/(vf_loss|kl))$"),
+    ("Entropy", r"^actor/entropy$"),
+    ("Response length", r"^response_length/(mean|max|min)$"),
+    ("Validation: score", r"^val/.*(score|reward)s?/mean$"),
+    ("Validation: retrieval / accuracy", r"^val/.*(recall|mrr|ndcg|acc)"),
+    ("Validation: response length", r"^val/response_length/"),
+    ("Timing (s)", r"^timing_s/"),
+    ("SFT loss", r"^sft/(loss|val_loss|prompt_loss)$"),
+)
+
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.S)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line of a run that was killed: the rest still shows
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
+def _curves(run_dir: Path) -> list[dict[str, Any]]:
+    """[{title, series: {key: [[step, value], ...]}}] for each chart with data."""
+    path = run_dir / "metrics.jsonl"
+    points: dict[str, dict[int, float]] = {}
+    for record in _read_jsonl(path) if path.is_file() else []:
+        step = record.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, value in record.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                points.setdefault(key, {})[step] = float(value)
+    charts = []
+    for title, pattern in CHARTS:
+        regex = re.compile(pattern)
+        keys = sorted(k for k in points if k != "step" and regex.search(k))
+        if keys:
+            charts.append({"title": title, "series": {k: sorted(points[k].items()) for k in keys}})
+    return charts
+
+
+def _sample_steps(run_dir: Path) -> tuple[list[int], list[int], int]:
+    """(all steps with samples, the embedded ones, k): every k-th step, the last one always in."""
+    folder = run_dir / "samples"
+    steps = sorted(
+        int(m.group(1)) for p in folder.glob("step_*.jsonl") if (m := re.fullmatch(r"step_(\d+)\.jsonl", p.name))
+    )
+    k = max(1, math.ceil(len(steps) / MAX_STEPS))
+    chosen = steps[::-1][::k][::-1]  # counted from the last step, so the last is in
+    return steps, chosen, k
+
+
+def _cut(value: Any) -> Any:
+    """``value`` with every string longer than ``MAX_TEXT`` cut (nested too)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_TEXT else value[:MAX_TEXT] + f" [... {len(value) - MAX_TEXT} characters cut]"
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; a NaN score is a failed sample
+    return value
+
+
+def conversation(sample: dict[str, Any]) -> list[dict[str, str]]:
+    """The sample's prompt as [{role, content}]: its ``messages`` when present, else the turns of a
+    ChatML prompt (``<|im_start|>role ... <|im_end|>``), else the whole prompt as one ``prompt`` turn."""
+    messages = sample.get("messages")
+    if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+        return [{"role": str(m.get("role", "?")), "content": str(m.get("content", ""))} for m in messages]
+    prompt = str(sample.get("prompt") or "")
+    turns = [{"role": role, "content": text.strip()} for role, text in _TURN.findall(prompt)]
+    turns = [t for t in turns if t["content"] or t["role"] != "assistant"]  # the generation prompt's empty turn
+    return turns or ([{"role": "prompt", "content": prompt}] if prompt else [])
+
+
+def _samples(run_dir: Path, steps: list[int]) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for step in steps:
+        rows = []
+        for sample in _read_jsonl(run_dir / "samples" / f"step_{step}.jsonl"):
+            rest = {k: v for k, v in sample.items() if k not in ("prompt", "messages")}
+            rows.append(_cut({"conversation": conversation(sample), **rest}))
+        out[str(step)] = rows
+    return out
+
+
+def _eval(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _json_tag(tag_id: str, data: Any) -> str:
+    # "<" as \u003c: no "</script>" or "<!--" in the tag, whatever the data holds
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False).replace("<", "\\u003c")
+    return f'<script type="application/json" id="data-{tag_id}">{text}</script>'
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write ``run_dir/report.html``: curves, eval table, rollout inspector, in one file.
+
+    Args:
+        run_dir: a run folder (``metrics.jsonl``, ``samples/step_N.jsonl``, optionally ``eval.json``).
+
+    Returns:
+        The page's path.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a folder.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run folder at {run_dir}")
+    all_steps, chosen, k = _sample_steps(run_dir)
+    info = {
+        "run": run_dir.resolve().name,
+        "sample_steps": len(all_steps),
+        "embedded": chosen,
+        "every": k,
+        "max_text": MAX_TEXT,
+    }
+    body = "\n".join(
+        [
+            _json_tag("info", info),
+            _json_tag("curves", _curves(run_dir)),
+            _json_tag("eval", _eval(run_dir)),
+            _json_tag("samples", _samples(run_dir, chosen)),
+        ]
+    )
+    page = _PAGE.replace("@TITLE@", html.escape(f"queryrl run: {info['run']}")).replace("@DATA@", body)
+    page = page.replace("@CSS@", _CSS).replace("@JS@", _JS)
+    out = run_dir / "report.html"
+    atomic_write_text(out, page)
+    return out
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>@TITLE@</title><style>@CSS@</style></head>
+<body><h1 id="title">@TITLE@</h1>
+<nav><a href="#curves">Curves</a> · <a href="#evalsec">Evaluation</a> · <a href="#inspector">Rollouts</a></nav>
+<section id="curves"><h2>Training curves</h2><div id="charts"></div></section>
+<section id="evalsec"><h2>Evaluation</h2><div id="evaltable"></div></section>
+<section id="inspector"><h2>Rollout inspector</h2>
+<p id="subsample"></p>
+<div class="controls">
+<label>Step <select id="step"></select></label>
+<label>min score <input id="minscore" type="number" step="any"></label>
+<label>max score <input id="maxscore" type="number" step="any"></label>
+<label><input id="failed" type="checkbox"> failed only</label>
+<label><input id="zerovar" type="checkbox"> zero-variance groups only</label>
+<span id="count"></span></div>
+<div id="samplelist"></div></section>
+@DATA@
+<script>@JS@</script></body></html>
+"""
+
+_CSS = """
+body{font-family:system-ui,"Noto Sans CJK SC",sans-serif;margin:1em 2em;color:#222;max-width:1200px}
+nav{margin-bottom:1em}section{margin-bottom:2em}
+#charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;padding:.5em;width:530px}
+.legend{display:flex;flex-wrap:wrap}
+.chart h3{margin:.2em 0;font-size:1em}.legend span{margin-right:1em;font-size:.8em;white-space:nowrap}
+table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top}
+.controls label{margin-right:1em}.group{border:1px solid #bbb;margin:.8em 0;padding:.5em}
+.sample{border-top:1px dashed #ccc;padding:.4em 0}.turn{margin:.2em 0;padding:.3em;background:#f6f6f6}
+.role{font-weight:bold;margin-right:.5em;color:#555}.response{background:#eef6ff;padding:.3em}
+.failed{background:#ffecec}pre{white-space:pre-wrap;margin:0;font-family:inherit}
+.tool{background:#fff7e0;border-left:3px solid #e0a000;padding:.2em}.gold{font-weight:bold;color:#070}
+"""
+
+_JS = r"""
+"use strict";
+const data = id => JSON.parse(document.getElementById("data-" + id).textContent);
+const INFO = data("info"), CURVES = data("curves"), EVAL = data("eval"), SAMPLES = data("samples");
+// the SVG namespace, taken from an <svg> the HTML parser made (no URL written in the page)
+const SVG = (() => {
+  const d = document.createElement("div"); d.innerHTML = "<svg></svg>"; return d.firstChild.namespaceURI;
+})();
+const COLORS = ["#1f77b4","#ff7f0e","#2ca02c","#d62728","#9467bd","#8c564b","#e377c2","#7f7f7f","#bcbd22","#17becf"];
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]);
+  return e;
+}
+function fmt(v) {
+  if (typeof v !== "number") return String(v);
+  return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : v.toPrecision(4);
+}
+function drawChart(chart) {
+  const W = 520, H = 240, L = 55, R = 10, T = 10, B = 25;
+  const box = el("div", null, "chart"); box.appendChild(el("h3", chart.title));
+  const all = Object.values(chart.series).flat();
+  let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
+  let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
+  if (x1 === x0) { x0 -= 1; x1 += 1; } if (y1 === y0) { y0 -= 1; y1 += 1; }
+  const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R), sy = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
+  const s = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "plot"});
+  s.appendChild(svg("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "none", stroke: "#999"}));
+  for (const [v, y] of [[y0, H - B], [y1, T + 10]]) {
+    const t = svg("text", {x: 2, y: y, "font-size": 10}); t.textContent = fmt(v); s.appendChild(t);
+  }
+  for (const [v, x] of [[x0, L], [x1, W - R - 30]]) {
+    const t = svg("text", {x: x, y: H - 8, "font-size": 10}); t.textContent = "step " + fmt(v); s.appendChild(t);
+  }
+  const legend = el("div", null, "legend");
+  Object.entries(chart.series).forEach(([key, pts], i) => {
+    const c = COLORS[i % COLORS.length];
+    const d = pts.map((p, j) => (j ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join(" ");
+    const path = svg("path", {d: d, fill: "none", stroke: c, "stroke-width": 1.5, "data-key": key});
+    const title = svg("title", {}); title.textContent = key; path.appendChild(title); s.appendChild(path);
+    if (pts.length < 20)
+      for (const p of pts) s.appendChild(svg("circle", {cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: c}));
+    const item = el("span", "\u25A0 " + key); item.style.color = c; legend.appendChild(item);
+  });
+  box.appendChild(s); box.appendChild(legend); return box;
+}
+function kvTable(obj) {
+  const t = el("table");
+  for (const [k, v] of Object.entries(obj)) {
+    const tr = el("tr"); tr.appendChild(el("th", k)); const td = el("td");
+    if (v !== null && typeof v === "object") td.appendChild(kvTable(v)); else td.appendChild(el("pre", fmt(v)));
+    tr.appendChild(td); t.appendChild(tr);
+  }
+  return t;
+}
+function evalTable() {
+  const host = document.getElementById("evaltable");
+  if (!EVAL || !EVAL.systems) { host.appendChild(el("p", "No eval.json in this run folder.")); return; }
+  const metrics = [];
+  for (const m of Object.values(EVAL.systems))
+    for (const k in m) if (k + "_low" in m && !metrics.includes(k)) metrics.push(k);
+  const t = el("table"), head = el("tr"); head.appendChild(el("th", "system"));
+  for (const k of metrics) head.appendChild(el("th", k + " [95% interval]"));
+  t.appendChild(head);
+  for (const [name, m] of Object.entries(EVAL.systems)) {
+    const tr = el("tr"); tr.appendChild(el("td", name));
+    for (const k of metrics)
+      tr.appendChild(el("td", k in m ? `${fmt(m[k])} [${fmt(m[k + "_low"])}, ${fmt(m[k + "_high"])}]` : ""));
+    t.appendChild(tr);
+  }
+  host.appendChild(t);
+  if (EVAL.comparisons) {
+    host.appendChild(el("h3", "Paired differences (a - b)"));
+    const c = el("table"), h = el("tr");
+    for (const k of ["a", "b", "metric", "diff [95% interval]", "a better", "b better", "tie"])
+      h.appendChild(el("th", k));
+    c.appendChild(h);
+    for (const cmp of Object.values(EVAL.comparisons))
+      for (const [metric, r] of Object.entries(cmp)) {
+        if (r === null || typeof r !== "object") continue;
+        const tr = el("tr");
+        const interval = `${fmt(r.diff)} [${fmt(r.low)}, ${fmt(r.high)}]`;
+        for (const v of [cmp.a, cmp.b, metric, interval, r.a_better, r.b_better, r.tie])
+          tr.appendChild(el("td", v === undefined ? "" : fmt(v)));
+        c.appendChild(tr);
+      }
+    host.appendChild(c);
+  }
+}
+const isFailed = s => s.score === null || s.score === undefined || s.failed === true;
+const SHOWN = new Set(["conversation", "response", "transcript", "score", "group", "step"]);
+function sampleView(s) {
+  const box = el("div", null, "sample" + (isFailed(s) ? " failed" : ""));
+  box.dataset.step = s.step;
+  const head = el("div"); head.appendChild(el("b", "score " + (isFailed(s) ? "failed" : fmt(s.score))));
+  const parts = Object.entries(s).filter(([k, v]) => typeof v === "number" && !SHOWN.has(k));
+  if (parts.length) head.appendChild(el("span", "  " + parts.map(([k, v]) => k + "=" + fmt(v)).join("  ")));
+  box.appendChild(head);
+  for (const turn of s.conversation || []) {
+    const t = el("div", null, "turn");
+    t.appendChild(el("span", turn.role, "role")); t.appendChild(el("pre", turn.content));
+    box.appendChild(t);
+  }
+  const r = el("div", null, "response");
+  r.appendChild(el("span", "response", "role")); r.appendChild(el("pre", s.response));
+  box.appendChild(r);
+  if (s.transcript) {  // an agent episode: tool calls and results set apart
+    const t = el("div", null, "turn"); t.appendChild(el("span", "transcript", "role"));
+    const tools = /(<tool_call>[\s\S]*?<\/tool_call>|<tool_response>[\s\S]*?<\/tool_response>)/;
+    for (const piece of String(s.transcript).split(tools))
+      if (piece) t.appendChild(el("pre", piece, piece.startsWith("<tool_") ? "tool" : ""));
+    box.appendChild(t);
+  }
+  const rest = Object.fromEntries(Object.entries(s).filter(([k, v]) => !SHOWN.has(k) && typeof v !== "number"));
+  if (Object.keys(rest).length) box.appendChild(kvTable(rest));
+  return box;
+}
+function render() {
+  const step = document.getElementById("step").value, rows = SAMPLES[step] || [];
+  const lo = parseFloat(document.getElementById("minscore").value);
+  const hi = parseFloat(document.getElementById("maxscore").value);
+  const failedOnly = document.getElementById("failed").checked, zeroVar = document.getElementById("zerovar").checked;
+  const groups = new Map();
+  for (const s of rows) { const g = s.group ?? "?"; if (!groups.has(g)) groups.set(g, []); groups.get(g).push(s); }
+  const host = document.getElementById("samplelist"); host.replaceChildren();
+  let shown = 0;
+  for (const [g, members] of groups) {
+    const scores = members.filter(s => !isFailed(s)).map(s => s.score);
+    const flat = scores.length > 0 && scores.every(v => v === scores[0]);
+    if (zeroVar && !flat) continue;
+    const kept = members.filter(s => (!failedOnly || isFailed(s)) &&
+      (isNaN(lo) || (!isFailed(s) && s.score >= lo)) && (isNaN(hi) || (!isFailed(s) && s.score <= hi)));
+    if (!kept.length) continue;
+    const box = el("div", null, "group");
+    const title = `step ${step}, group ${g}: ${members.length} candidates` + (flat ? " (zero variance)" : "");
+    box.appendChild(el("h3", title));
+    for (const s of kept) box.appendChild(sampleView(s));
+    host.appendChild(box); shown += kept.length;
+  }
+  document.getElementById("count").textContent = `${shown} of ${rows.length} samples shown`;
+}
+function init() {
+  const charts = document.getElementById("charts");
+  if (!CURVES.length) charts.appendChild(el("p", "No metrics.jsonl in this run folder."));
+  for (const c of CURVES) charts.appendChild(drawChart(c));
+  evalTable();
+  const sel = document.getElementById("step");
+  for (const st of INFO.embedded) { const o = el("option", "step " + st); o.value = String(st); sel.appendChild(o); }
+  sel.value = String(INFO.embedded[INFO.embedded.length - 1] ?? "");
+  const which = INFO.every > 1
+    ? `every ${INFO.every}th step (counted back from the last) is embedded, ${INFO.embedded.length} steps`
+    : "all are embedded";
+  document.getElementById("subsample").textContent =
+    `${INFO.sample_steps} steps saved samples; ${which}. Texts over ${INFO.max_text} characters are cut.`;
+  for (const id of ["step", "minscore", "maxscore", "failed", "zerovar"])
+    document.getElementById(id).addEventListener("input", render);
+  document.getElementById("step").addEventListener("change", render);
+  render();
+}
+init();
+"""
