@@ -7,6 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 FONTS  := $(VENV)/.fonts
+BROWSER := $(VENV)/.browser
 # tiny models run best on one thread
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
@@ -17,7 +18,8 @@ export MKL_NUM_THREADS ?= 1
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
 # against the embedded RAG service and the offline judge, then evaluation on the test split against
-# the baselines: runs/demo/eval.json, runs/demo/eval.png and the training curves in runs/demo/plots/.
+# the baselines: runs/demo/eval.json, runs/demo/eval.png, the training curves in runs/demo/plots/ and the run page
+# runs/demo/report.html (its path is printed last).
 DEMO_CFG := configs/query_rewrite_demo.yaml
 DEMO_DIR := runs/demo
 
@@ -29,6 +31,7 @@ demo: $(STAMP) $(FONTS)
 	$(BIN)/queryrl eval --config $(DEMO_CFG) --data builtin://sales_demo/test \
 		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json \
 		--compare grpo:sft,grpo:reference,grpo:concat_last3,sft:reference
+	$(BIN)/queryrl report $(DEMO_DIR)
 
 # The calculator agent without forced calls: SFT on the calls, then GRPO where the policy writes them.
 demo-agent: $(STAMP)
@@ -118,8 +121,9 @@ bench-judge-calls: $(STAMP)
 
 test: lint pytest
 
-pytest: $(STAMP) $(FONTS)
-	QUERYRL_REQUIRE_CJK_FONT=$$(test -f $(FONTS) && grep -q installed $(FONTS) && echo 1) $(BIN)/python -m pytest -q
+pytest: $(STAMP) $(FONTS) $(BROWSER)
+	QUERYRL_REQUIRE_CJK_FONT=$$(test -f $(FONTS) && grep -q installed $(FONTS) && echo 1) \
+	QUERYRL_REQUIRE_BROWSER=$$(test -f $(BROWSER) && grep -q installed $(BROWSER) && echo 1) $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check queryrl tests tools benchmarks
@@ -150,6 +154,17 @@ $(FONTS): | $(BIN)/python
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends fonts-noto-cjk >/dev/null 2>&1)) \
 		&& echo installed > $(FONTS) || { echo "note: fonts-noto-cjk did not install: Chinese plot labels show boxes"; echo missing > $(FONTS); }; \
 	else echo "note: no CJK font (sudo apt-get install fonts-noto-cjk): Chinese plot labels show boxes"; echo missing > $(FONTS); fi
+
+# A headless browser for the run page's test (tests/test_report_browser.py): Debian's chromium, driven by Playwright
+# with the system browser (no `playwright install`), installed once where this user may (root with apt-get).
+# The file records the outcome: "installed" makes the browser test fail rather than skip when chromium is missing.
+$(BROWSER): | $(BIN)/python
+	@if [ -x /usr/bin/chromium ]; then echo installed > $(BROWSER); \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || \
+		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1)) \
+		&& echo installed > $(BROWSER) || { echo "note: chromium did not install: the run page's browser test skips"; echo missing > $(BROWSER); }; \
+	else echo "note: no chromium (sudo apt-get install chromium): the run page's browser test skips"; echo missing > $(BROWSER); fi
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

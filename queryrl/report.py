@@ -233,7 +233,7 @@ function svg(tag, attrs) {
 }
 function fmt(v) {
   if (typeof v !== "number") return String(v);
-  return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : v.toPrecision(4);
+  return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
 }
 function drawChart(chart) {
   const W = 520, H = 240, L = 55, R = 10, T = 10, B = 25;

@@ -1,0 +1,114 @@
+"""The run page in a real headless browser: Debian's chromium driven by Playwright (no browser download).
+
+``make`` installs chromium where it can (root with apt-get) and then sets QUERYRL_REQUIRE_BROWSER=1: there a
+missing browser fails these tests instead of skipping them. The screenshot is kept in ``tmp_path`` and
+copied to ``runs/test-artifacts/report.png`` (``runs/`` is git-ignored).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from queryrl.report import write_report
+from queryrl.trainer.loop import Trainer
+from tests.helpers import make_cfg
+from tests.test_report import fake_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless chromium, or a skip (a failure where ``make`` promised one)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    if sync_playwright is None or not CHROMIUM.is_file():
+        missing = "playwright (pip install -e .[dev])" if sync_playwright is None else f"{CHROMIUM}"
+        if os.environ.get("QUERYRL_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"no {missing} although make installed the browser (Debian's chromium)")
+        pytest.skip(f"no {missing} here (apt-get install chromium; make does it where it can)")
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser: Any, path: Path) -> tuple[Any, list[str]]:
+    """The page at ``path`` (a file:// URL) and the list its console errors and uncaught exceptions go to."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("dialog", lambda dialog: errors.append(f"dialog: {dialog.message}"))
+    page.goto(path.resolve().as_uri())
+    page.wait_for_load_state("load")
+    return page, errors
+
+
+def shown_steps(page: Any) -> set[str]:
+    return set(page.eval_on_selector_all("#samplelist .sample", "els => els.map(e => e.dataset.step)"))
+
+
+def test_trained_run_page(browser: Any, tmp_path: Path, model_cache: Path) -> None:
+    Trainer(make_cfg(tmp_path, model_cache, "trainer.plot=true", "trainer.total_steps=3")).fit()
+    page, errors = open_page(browser, tmp_path / "toy_grpo" / "report.html")
+    # the curves: one SVG per chart, each line a path with points in it
+    assert page.locator("svg.plot").count() >= 4
+    paths = page.eval_on_selector_all("svg.plot path[data-key]", "ps => ps.map(p => p.getAttribute('d'))")
+    assert paths
+    assert all(d.startswith("M") for d in paths)
+    # a line of positive length in every chart (a key logged once, timing_s/save_checkpoint, is a lone point)
+    longest = page.eval_on_selector_all(
+        "svg.plot", "ss => ss.map(s => Math.max(...[...s.querySelectorAll('path')].map(p => p.getTotalLength())))"
+    )
+    assert all(n > 0 for n in longest)
+    # the last step is shown first; picking step 1 shows step 1's samples
+    assert shown_steps(page) == {"3"}
+    page.select_option("#step", "1")
+    assert shown_steps(page) == {"1"}
+    assert page.locator("#samplelist .turn").count() > 0
+    screenshot = tmp_path / "report.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 0
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(screenshot, ARTIFACTS / "report.png")
+    assert errors == []
+
+
+def test_html_in_a_response_shows_as_text_and_filters(browser: Any, tmp_path: Path) -> None:
+    attack = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    run = fake_run(tmp_path / "run", steps=2, per_step=4, response=attack)
+    page, errors = open_page(browser, write_report(run))
+    assert page.locator("#samplelist img, #samplelist script").count() == 0
+    assert attack in page.locator("#samplelist .response pre").first.text_content()
+    assert page.locator("#evaltable td", has_text="0.5 [0.4, 0.6]").count() == 1
+    # scores in a step: 0, 1, 0, failed (groups of 2: {0, 1}, {0, failed})
+    assert page.locator("#samplelist .sample").count() == 4
+    page.check("#failed")
+    assert page.locator("#samplelist .sample").count() == 1
+    page.uncheck("#failed")
+    page.fill("#minscore", "0.5")
+    assert page.locator("#samplelist .sample").count() == 1
+    page.fill("#minscore", "")
+    page.check("#zerovar")  # group 1's only scored sample: zero variance
+    assert page.locator("#samplelist .group").count() == 1
+    assert errors == []
