@@ -40,6 +40,12 @@ CHARTS: tuple[tuple[str, str], ...] = (
 )
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.S)
+# an agent transcript's tool parts: hermes calls, wrapped results, ChatML tool turns
+_TOOL = re.compile(
+    r"(?P<call><tool_call>.*?(?:</tool_call>|$))|(?P<result><tool_response>.*?(?:</tool_response>|$)"
+    r"|<\|im_start\|>tool\n.*?(?:<\|im_end\|>|$))",
+    re.S,
+)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -111,12 +117,27 @@ def conversation(sample: dict[str, Any]) -> list[dict[str, str]]:
     return turns or ([{"role": "prompt", "content": prompt}] if prompt else [])
 
 
+def transcript_parts(text: str) -> list[dict[str, str]]:
+    """An agent transcript cut into [{kind, text}], kind ``model``, ``tool_call`` or ``tool_result``, in order."""
+    parts, at = [], 0
+    for match in _TOOL.finditer(text):
+        if match.start() > at:
+            parts.append({"kind": "model", "text": text[at : match.start()]})
+        parts.append({"kind": "tool_call" if match.group("call") else "tool_result", "text": match.group(0)})
+        at = match.end()
+    if at < len(text):
+        parts.append({"kind": "model", "text": text[at:]})
+    return parts
+
+
 def _samples(run_dir: Path, steps: list[int]) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for step in steps:
         rows = []
         for sample in _read_jsonl(run_dir / "samples" / f"step_{step}.jsonl"):
             rest = {k: v for k, v in sample.items() if k not in ("prompt", "messages")}
+            if isinstance(rest.get("transcript"), str):
+                rest["transcript"] = transcript_parts(rest["transcript"])
             rows.append(_cut({"conversation": conversation(sample), **rest}))
         out[str(step)] = rows
     return out
@@ -325,14 +346,35 @@ function sampleView(s) {
   box.appendChild(r);
   if (s.transcript) {  // an agent episode: tool calls and results set apart
     const t = el("div", null, "turn"); t.appendChild(el("span", "transcript", "role"));
-    const tools = /(<tool_call>[\s\S]*?<\/tool_call>|<tool_response>[\s\S]*?<\/tool_response>)/;
-    for (const piece of String(s.transcript).split(tools))
-      if (piece) t.appendChild(el("pre", piece, piece.startsWith("<tool_") ? "tool" : ""));
+    for (const part of s.transcript) {
+      const p = el("div", null, part.kind === "model" ? "" : "tool " + part.kind);
+      if (part.kind !== "model")
+        p.appendChild(el("span", part.kind === "tool_call" ? "tool call" : "tool result", "role"));
+      p.appendChild(el("pre", part.text)); t.appendChild(p);
+    }
     box.appendChild(t);
   }
   const rest = Object.fromEntries(Object.entries(s).filter(([k, v]) => !SHOWN.has(k) && typeof v !== "number"));
   if (Object.keys(rest).length) box.appendChild(kvTable(rest));
   return box;
+}
+// each prompt's groups by step, for "what changed since an early step" under a group
+const promptKey = s => JSON.stringify(s.conversation || []);
+const SEEN = new Map();
+for (const st of Object.keys(SAMPLES).map(Number).sort((a, b) => a - b))
+  for (const s of SAMPLES[st]) {
+    const k = promptKey(s); if (!SEEN.has(k)) SEEN.set(k, new Map());
+    const bySteps = SEEN.get(k); if (!bySteps.has(st)) bySteps.set(st, []); bySteps.get(st).push(s);
+  }
+const meanScore = ss => { const v = ss.filter(s => !isFailed(s)).map(s => s.score);
+  return v.length ? fmt(v.reduce((a, b) => a + b, 0) / v.length) : "failed"; };
+function earlier(step, members) {
+  const bySteps = SEEN.get(promptKey(members[0])), first = bySteps ? Math.min(...bySteps.keys()) : Number(step);
+  if (first >= Number(step)) return null;
+  const old = bySteps.get(first), d = el("details", null, "earlier");
+  d.appendChild(el("summary", `same prompt at step ${first}: mean score ${meanScore(old)} -> ${meanScore(members)}`));
+  for (const s of old) d.appendChild(el("pre", `${isFailed(s) ? "failed" : fmt(s.score)}  ${s.response}`));
+  return d;
 }
 function render() {
   const step = document.getElementById("step").value, rows = SAMPLES[step] || [];
@@ -353,6 +395,7 @@ function render() {
     const box = el("div", null, "group");
     const title = `step ${step}, group ${g}: ${members.length} candidates` + (flat ? " (zero variance)" : "");
     box.appendChild(el("h3", title));
+    const before = earlier(step, members); if (before) box.appendChild(before);
     for (const s of kept) box.appendChild(sampleView(s));
     host.appendChild(box); shown += kept.length;
   }

@@ -10,7 +10,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from queryrl.cli import app
-from queryrl.report import MAX_STEPS, MAX_TEXT, conversation, write_report
+from queryrl.report import MAX_STEPS, MAX_TEXT, conversation, transcript_parts, write_report
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
 
@@ -18,7 +18,7 @@ from tests.helpers import make_cfg
 SIZE_BOUND = 3_000_000
 
 
-def fake_run(run_dir: Path, steps: int, per_step: int = 4, response: str = "ok") -> Path:
+def fake_run(run_dir: Path, steps: int, per_step: int = 4, response: str = "ok", transcript: str = "") -> Path:
     """A run folder with metrics.jsonl, samples/step_N.jsonl for every step and an eval.json."""
     (run_dir / "samples").mkdir(parents=True)
     with (run_dir / "metrics.jsonl").open("w", encoding="utf-8") as f:
@@ -37,6 +37,7 @@ def fake_run(run_dir: Path, steps: int, per_step: int = 4, response: str = "ok")
                 "recall_at_5": 0.5,
                 "retrieved": [{"doc_id": "d1", "gold": True}],
             }
+            | ({"transcript": transcript} if transcript else {})
             for i in range(per_step)
         ]
         (run_dir / "samples" / f"step_{step}.jsonl").write_text("\n".join(json.dumps(s) for s in samples) + "\n")
@@ -92,6 +93,19 @@ def test_conversation_forms() -> None:
     turns = conversation({"prompt": "no template " * 10})
     assert turns == [{"role": "prompt", "content": "no template " * 10}]
     assert conversation({"messages": [{"role": "user", "content": "hi"}]}) == [{"role": "user", "content": "hi"}]
+
+
+def test_transcript_parts() -> None:
+    text = 'x <tool_call>{"name": "calc"}</tool_call><|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<tool_response>7'
+    assert transcript_parts(text) == [
+        {"kind": "model", "text": "x "},
+        {"kind": "tool_call", "text": '<tool_call>{"name": "calc"}</tool_call>'},
+        {"kind": "model", "text": "<|im_end|>\n"},
+        {"kind": "tool_result", "text": "<|im_start|>tool\n42<|im_end|>"},
+        {"kind": "model", "text": "\n"},
+        {"kind": "tool_result", "text": "<tool_response>7"},  # cut off at the length limit
+    ]
+    assert "".join(p["text"] for p in transcript_parts(text)) == text
 
 
 def test_size_of_a_1000_step_run(tmp_path: Path) -> None:

@@ -86,6 +86,9 @@ def test_trained_run_page(browser: Any, tmp_path: Path, model_cache: Path) -> No
     page.select_option("#step", "1")
     assert shown_steps(page) == {"1"}
     assert page.locator("#samplelist .turn").count() > 0
+    page.select_option("#step", "2")  # the toy prompts come back: "Please say hello." at steps 1 and 2
+    assert page.locator("#samplelist details.earlier summary", has_text="same prompt at step 1").count() > 0
+    page.select_option("#step", "1")
     screenshot = tmp_path / "report.png"
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 0
@@ -96,11 +99,23 @@ def test_trained_run_page(browser: Any, tmp_path: Path, model_cache: Path) -> No
 
 def test_html_in_a_response_shows_as_text_and_filters(browser: Any, tmp_path: Path) -> None:
     attack = "<script>alert(1)</script><img src=x onerror=alert(2)>"
-    run = fake_run(tmp_path / "run", steps=2, per_step=4, response=attack)
+    transcript = 'let me add <tool_call>{"name": "calc"}</tool_call><|im_start|>tool\n42<|im_end|> so 42'
+    run = fake_run(tmp_path / "run", steps=2, per_step=4, response=attack, transcript=transcript)
     page, errors = open_page(browser, write_report(run))
     assert page.locator("#samplelist img, #samplelist script").count() == 0
     assert attack in page.locator("#samplelist .response pre").first.text_content()
     assert page.locator("#evaltable td", has_text="0.5 [0.4, 0.6]").count() == 1
+    # the agent transcript: tool call and tool result set apart from the model's text
+    first = page.locator("#samplelist .sample").first
+    assert first.locator(".tool_call pre").text_content() == '<tool_call>{"name": "calc"}</tool_call>'
+    assert first.locator(".tool_result pre").text_content() == "<|im_start|>tool\n42<|im_end|>"
+    # one prompt in every group: step 2 (shown first) shows step 1's candidates under each group
+    summaries = page.locator("#samplelist details.earlier summary").all_text_contents()
+    # step 1's 4 samples of the prompt score 0, 1, 0, failed; step 2's groups {0, 1} and {0, failed}
+    assert summaries == [
+        "same prompt at step 1: mean score 0.3333 -> 0.5",
+        "same prompt at step 1: mean score 0.3333 -> 0",
+    ]
     # scores in a step: 0, 1, 0, failed (groups of 2: {0, 1}, {0, failed})
     assert page.locator("#samplelist .sample").count() == 4
     page.check("#failed")
