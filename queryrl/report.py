@@ -76,8 +76,15 @@ def _curves(run_dir: Path) -> list[dict[str, Any]]:
     for title, pattern in CHARTS:
         regex = re.compile(pattern)
         keys = sorted(k for k in points if k != "step" and regex.search(k))
-        if keys:
-            charts.append({"title": title, "series": {k: sorted(points[k].items()) for k in keys}})
+        series: dict[str, list[tuple[int, float]]] = {}
+        for key in keys:  # a curve equal to an earlier one joins its label instead of hiding under it
+            curve = sorted(points[key].items())
+            same = next((label for label, drawn in series.items() if drawn == curve), None)
+            series[f"{same} = {key}" if same else key] = curve
+            if same:
+                del series[same]
+        if series:
+            charts.append({"title": title, "series": series})
     return charts
 
 

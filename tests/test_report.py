@@ -24,6 +24,7 @@ def fake_run(run_dir: Path, steps: int, per_step: int = 4, response: str = "ok",
     with (run_dir / "metrics.jsonl").open("w", encoding="utf-8") as f:
         for step in range(1, steps + 1):
             row = {"step": step, "critic/score/mean": step / steps, "actor/entropy": 1.0 - step / (2 * steps)}
+            row["critic/rewards/mean"] = row["critic/score/mean"]  # no KL in the reward: the same curve
             f.write(json.dumps(row | {"timing_s/step": 0.5, "response_length/mean": 12.0}) + "\n")
     for step in range(1, steps + 1):
         samples = [
@@ -61,6 +62,7 @@ def test_one_file_without_urls(tmp_path: Path) -> None:
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=", page)  # nothing loaded from anywhere
     assert [c["title"] for c in embedded(page, "curves")] == ["Reward", "Entropy", "Response length", "Timing (s)"]
     assert embedded(page, "eval")["systems"]["sft"]["recall@5"] == 0.5
+    assert list(embedded(page, "curves")[0]["series"]) == ["critic/rewards/mean = critic/score/mean"]
     samples = embedded(page, "samples")
     assert sorted(samples, key=int) == ["1", "2", "3"]
     first = samples["3"][0]
