@@ -18,7 +18,7 @@ import pytest
 from queryrl.report import write_report
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
-from tests.test_report import fake_run
+from tests.report_helpers import fake_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
