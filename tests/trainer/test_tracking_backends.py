@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,18 @@ def _wandb_records(path: Path) -> Iterator[Any]:
             yield record
 
 
+def _exit_code(path: Path, timeout_s: float = 20.0) -> int:
+    """The run's exit code from its ``.wandb`` file; wandb's service process may write that record just
+    after ``finish()`` returns (seen under load), so the file is read again until it is there."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        exits = [r.exit for r in _wandb_records(path) if r.HasField("exit")]
+        if exits or time.monotonic() > deadline:
+            (record,) = exits
+            return int(record.exit_code)
+        time.sleep(0.2)
+
+
 def _items(items: Any) -> dict[str, Any]:
     """wandb's ``key``/``nested_key`` + ``value_json`` items as a dict."""
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
@@ -107,8 +120,7 @@ def test_wandb_offline_run_holds_the_metrics_and_no_secret(tmp_path: Path, secre
     assert config["actor"] == {"lr": 1e-5, "clip_ratio_high": 0.28}
     assert config["judge"]["api_key"] == PLACEHOLDER
     assert config["judge"]["base_url"] == f"http://judge/?k={PLACEHOLDER}"
-    (exit_record,) = [r.exit for r in records if r.HasField("exit")]
-    assert exit_record.exit_code == 0
+    assert _exit_code(run_file) == 0
     assert _files_with(tmp_path, SECRET) == []
     assert _files_with(run_dir, "printed during the run: <redacted>")  # the console copy is there, redacted
 
@@ -118,8 +130,7 @@ def test_wandb_run_that_raised_exits_non_zero(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="step 2 failed"):
         _fail_after_one_step(Tracker(tmp_path, ["wandb"], "proj", "exp", {}, total_steps=3))
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    (exit_record,) = [r.exit for r in _wandb_records(run_file) if r.HasField("exit")]
-    assert exit_record.exit_code == 1
+    assert _exit_code(run_file) == 1
 
 
 @pytest.fixture
