@@ -422,6 +422,7 @@ class Trainer:
         folder.mkdir(exist_ok=True)
         lines = []
         tokenizer = self.c.policy.tokenizer
+        parts = batch.non_tensor.get("reward_parts", [{}] * len(batch))  # judge, retrieval_rank, format, ...
         for i in range(min(count, len(batch))):
             row = batch.non_tensor["row"][i]
             prompt = tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=False)
@@ -439,6 +440,11 @@ class Trainer:
                         "response": batch.non_tensor["response_text"][i],
                         "ground_truth": (row.get("reward_model") or {}).get("ground_truth"),
                         "score": batch.non_tensor["score"][i],
+                        **(
+                            {"reward_parts": parts}
+                            if (parts := batch.non_tensor.get("reward_parts", [{}] * len(batch))[i])
+                            else {}
+                        ),
                         **extras,
                     },
                     ensure_ascii=False,

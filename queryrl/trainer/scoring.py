@@ -125,6 +125,8 @@ def apply_scores(batch: Batch, results: list[RewardResult]) -> tuple[Batch, dict
     scores = torch.tensor([r.score for r in results if r.score is not None], dtype=torch.float32)
     batch.token_scores = outcome_to_tokens(scores.to(batch.response_mask.device), batch.response_mask)
     batch.non_tensor["score"] = scores.tolist()
+    # the reward's other values (judge, retrieval_rank, format, recall_at_5, ...) for the samples files
+    batch.non_tensor["reward_parts"] = [dict(r.extra) for r in results if r.score is not None]
     if len(batch):
         metrics["reward/zero_std_group_frac"] = zero_std_group_fraction(scores, batch.group_ids.cpu())
     return batch, metrics, kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,11 @@ def test_custom_reward_file_and_failed_samples_are_dropped(tmp_path: Path, model
     assert metrics["critic/score/mean"] == pytest.approx(0.5)
     assert metrics["reward/bonus/mean"] == pytest.approx(1.0)
     assert metrics["reward/zero_std_group_frac"] == pytest.approx(1.0)
+    samples = [
+        json.loads(line) for line in (tmp_path / "toy_grpo" / "samples" / "step_1.jsonl").read_text().splitlines()
+    ]
+    assert samples
+    assert all(s["reward_parts"] == {"bonus": 1.0} for s in samples)  # the reward's other values, for the run page
 
 
 def test_validation_reports_per_data_source(tmp_path: Path, model_cache: Path) -> None:
