@@ -41,6 +41,21 @@ queryrl train \
 """
 
 
+def small_run(output_dir: Path, model_cache: Path) -> list[str]:
+    """The overrides that shrink a preset for a test: 4 prompts x 4 samples, JSONL logging, no plots or validation."""
+    return [
+        f"trainer.output_dir={output_dir}",
+        f"model.cache_dir={model_cache}",
+        "trainer.logger=[jsonl]",
+        "trainer.plot=false",
+        "trainer.eval_every=0",
+        "data.val_files=[]",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "rollout.n=4",
+    ]
+
+
 def make_cfg(tmp_path: Path, model_cache: Path, *overrides: str) -> DictConfig:
     """The toy preset, shrunk to a few fast steps.
 
@@ -54,20 +69,7 @@ def make_cfg(tmp_path: Path, model_cache: Path, *overrides: str) -> DictConfig:
     """
     return load_config(
         REPO / "configs" / "toy_grpo.yaml",
-        [
-            f"trainer.output_dir={tmp_path}",
-            f"model.cache_dir={model_cache}",
-            "trainer.logger=[jsonl]",
-            "trainer.plot=false",
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "trainer.save_every=0",
-            "data.val_files=[]",
-            "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=4",
-            "rollout.n=4",
-            *overrides,
-        ],
+        [*small_run(tmp_path, model_cache), "trainer.total_steps=2", "trainer.save_every=0", *overrides],
     )
 
 

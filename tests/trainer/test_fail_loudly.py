@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from queryrl.config import ConfigError, load_config
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.skips import RewardsFailing, SkipWatch
+from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,16 +41,8 @@ def make_cfg(tmp_path: Path, model_cache: Path, reward: Path, *overrides: str) -
     return load_config(
         REPO / "configs" / "toy_grpo.yaml",
         [
-            f"trainer.output_dir={tmp_path / 'runs'}",
-            f"model.cache_dir={model_cache}",
-            "trainer.logger=[jsonl]",
-            "trainer.plot=false",
-            "trainer.eval_every=0",
+            *small_run(tmp_path / "runs", model_cache),
             "trainer.save_every=0",
-            "data.val_files=[]",
-            "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=4",
-            "rollout.n=4",
             f"reward.function.path={reward}",
             *overrides,
         ],

@@ -24,6 +24,7 @@ from queryrl.rewards.judge_server import running_server
 from queryrl.rollout import RolloutOutput
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.sft import run_sft
+from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "query_rewrite_demo.yaml"
@@ -32,19 +33,7 @@ SECRET = "sk-test-0123456789abcdef"
 
 def demo_overrides(tmp_path: Path, model_cache: Path, *extra: str) -> list[str]:
     """The demo preset shrunk to 2 fast steps over `few_rows` (given in `extra` where data is needed)."""
-    return [
-        f"trainer.output_dir={tmp_path}",
-        f"model.cache_dir={model_cache}",
-        "trainer.logger=[jsonl]",
-        "trainer.plot=false",
-        "trainer.total_steps=2",
-        "trainer.eval_every=0",
-        "data.val_files=[]",
-        "data.train_batch_size=4",
-        "actor.ppo_mini_batch_size=4",
-        "rollout.n=4",
-        *extra,
-    ]
+    return [*small_run(tmp_path, model_cache), "trainer.total_steps=2", *extra]
 
 
 def trained_cfg(tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path, *extra: str) -> DictConfig:
