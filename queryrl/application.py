@@ -20,7 +20,7 @@ Only the standard library and :mod:`queryrl.registry` are imported here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
@@ -43,7 +43,7 @@ class AppReward:
     """
 
     fn: Callable[..., Any]
-    kwargs: Mapping[str, Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
     manager: str = "naive"
     label: str = ""
 
@@ -92,6 +92,12 @@ class Application:
     def reward(self, cfg: Any) -> AppReward | None:
         """The reward when enabled; None = the config's ``reward.function``."""
         return None
+
+    def reward_plan(self, cfg: Any) -> tuple[str, str] | None:
+        """(label, manager) of :meth:`reward` for ``--dry-run``, which loads and writes nothing: override it
+        where building the reward does (query_rewrite's resolves the reference model folder)."""
+        spec = self.reward(cfg)
+        return (spec.label or self.name, spec.manager) if spec is not None else None
 
     def selector(self, cfg: Any) -> Any:
         """A callable choosing the rollout rows to score and train on, or None (every row)."""

@@ -387,13 +387,13 @@ def _count_rows(path: Path) -> int | None:
 def _reward(cfg: DictConfig, plan: Plan) -> None:
     r = cfg.reward
     app = enabled_app(cfg)
-    spec = app.reward(cfg) if app is not None else None
-    manager = r.manager if r.manager != "auto" else (spec.manager if spec is not None else "naive")
-    if app is None or spec is None:
+    spec = app.reward_plan(cfg) if app is not None else None  # builds nothing: --dry-run writes nothing
+    manager = r.manager if r.manager != "auto" else (spec[1] if spec is not None else "naive")
+    if spec is None:
         fn = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
         plan.add("reward", f"function {fn}, manager {manager}")
     else:
-        plan.add("reward", f"{spec.label or app.name}, manager {manager} (at most {r.max_concurrency} in flight)")
+        plan.add("reward", f"{spec[0]}, manager {manager} (at most {r.max_concurrency} in flight)")
     if app is not None:
         app.plan(cfg, plan.add, plan.problems.append)
 

@@ -189,3 +189,14 @@ def test_user_data_with_the_demo_rag_and_judge_is_a_problem(tmp_path: Path) -> N
     assert problem(f"data.train_files=[{own}]", "app.query_rewrite.rag.url=http://127.0.0.1:1") is None
     assert problem(f"data.train_files=[{own}]", f"app.query_rewrite.rag.corpus={own}") is None
     assert demo_fallback_problem(load_config(None, [f"data.train_files=[{own}]"])) is None  # app off
+
+
+def test_the_plan_of_a_policy_reference_builds_no_model(tmp_path: Path) -> None:
+    cfg = load_config(
+        Path(__file__).resolve().parents[2] / "configs" / "query_rewrite_demo.yaml",
+        [f"model.cache_dir={tmp_path / 'cache'}", "app.query_rewrite.rag.reference_rewriter=policy"],
+    )
+    text = build_plan(cfg).render()
+    assert "query_rewrite app, reward_mode" in text
+    assert "manager async" in text
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("tiny-qwen2-*"))

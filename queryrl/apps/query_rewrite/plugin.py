@@ -72,9 +72,12 @@ class QueryRewriteApp(Application):
                 f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function!r} "
                 "would replace it: remove one of the two"
             )
-        label = f"query_rewrite app, reward_mode {cfg.app.query_rewrite.reward_mode}"
+        label, manager = self.reward_plan(cfg)
+        return AppReward(QueryRewriteReward(), reward_kwargs(cfg), manager=manager, label=label)
+
+    def reward_plan(self, cfg: DictConfig) -> tuple[str, str]:
         # RAG and judge calls are I/O: concurrently under the async manager
-        return AppReward(QueryRewriteReward(), reward_kwargs(cfg), manager="async", label=label)
+        return f"query_rewrite app, reward_mode {cfg.app.query_rewrite.reward_mode}", "async"
 
     def selector(self, cfg: DictConfig) -> Any:
         from queryrl.apps.query_rewrite.training import make_selector
