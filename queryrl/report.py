@@ -137,7 +137,12 @@ def transcript_parts(text: str) -> list[dict[str, str]]:
     return parts
 
 
-def _samples(run_dir: Path, steps: list[int]) -> dict[str, list[dict[str, Any]]]:
+def _samples(run_dir: Path, steps: list[int]) -> dict[str, Any]:
+    """``{"conversations": [...], "steps": {step: [sample, ...]}}``: each sample's ``conversation`` is an
+    index into ``conversations``, which holds each distinct conversation once (a group's candidates, and
+    the same prompt at other steps, share one)."""
+    conversations: list[list[dict[str, str]]] = []
+    index: dict[str, int] = {}
     out = {}
     for step in steps:
         rows = []
@@ -145,9 +150,14 @@ def _samples(run_dir: Path, steps: list[int]) -> dict[str, list[dict[str, Any]]]
             rest = {k: v for k, v in sample.items() if k not in ("prompt", "messages")}
             if isinstance(rest.get("transcript"), str):
                 rest["transcript"] = transcript_parts(rest["transcript"])
-            rows.append(_cut({"conversation": conversation(sample), **rest}))
+            turns = _cut(conversation(sample))
+            key = json.dumps(turns, ensure_ascii=False)
+            if key not in index:
+                index[key] = len(conversations)
+                conversations.append(turns)
+            rows.append({"conversation": index[key], **_cut(rest)})
         out[str(step)] = rows
-    return out
+    return {"conversations": conversations, "steps": out}
 
 
 def _eval(run_dir: Path) -> dict[str, Any] | None:
@@ -237,12 +247,16 @@ table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;paddi
 .role{font-weight:bold;margin-right:.5em;color:#555}.response{background:#eef6ff;padding:.3em}
 .failed{background:#ffecec}pre{white-space:pre-wrap;margin:0;font-family:inherit}
 .tool{background:#fff7e0;border-left:3px solid #e0a000;padding:.2em}.gold{font-weight:bold;color:#070}
+.hint{font-size:.75em;color:#888}.plot{cursor:crosshair;user-select:none}
+.error{color:#a00;font-weight:bold}.info{margin:.3em 0}.sides{display:flex;flex-wrap:wrap;gap:1em}
+tr.goldrow td{background:#e6f6e6;font-weight:bold}
 """
 
 _JS = r"""
 "use strict";
 const data = id => JSON.parse(document.getElementById("data-" + id).textContent);
-const INFO = data("info"), CURVES = data("curves"), EVAL = data("eval"), SAMPLES = data("samples");
+const INFO = data("info"), CURVES = data("curves"), EVAL = data("eval"), EMBEDDED = data("samples");
+const SAMPLES = EMBEDDED.steps, CONVERSATIONS = EMBEDDED.conversations;  // a sample's conversation: an index
 // the SVG namespace, taken from an <svg> the HTML parser made (no URL written in the page)
 const SVG = (() => {
   const d = document.createElement("div"); d.innerHTML = "<svg></svg>"; return d.firstChild.namespaceURI;
@@ -263,12 +277,17 @@ function fmt(v) {
   if (typeof v !== "number") return String(v);
   return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
 }
-function drawChart(chart) {
+// a chart; `range` ([x0, x1]) zooms it: drag across the plot to zoom, double-click to go back
+function drawChart(chart, range) {
   const W = 520, H = 240, L = 55, R = 10, T = 10, B = 25;
   const box = el("div", null, "chart"); box.appendChild(el("h3", chart.title));
-  const all = Object.values(chart.series).flat();
+  const inRange = p => !range || (p[0] >= range[0] && p[0] <= range[1]);
+  const series = Object.entries(chart.series).map(([k, pts]) => [k, pts.filter(inRange)]);
+  const all = series.map(([, pts]) => pts).flat();
+  if (!all.length) return drawChart(chart, null);
   let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
   let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
+  if (range) { x0 = range[0]; x1 = range[1]; }
   if (x1 === x0) { x0 -= 1; x1 += 1; } if (y1 === y0) { y0 -= 1; y1 += 1; }
   const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R), sy = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
   const s = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "plot"});
@@ -276,11 +295,12 @@ function drawChart(chart) {
   for (const [v, y] of [[y0, H - B], [y1, T + 10]]) {
     const t = svg("text", {x: 2, y: y, "font-size": 10}); t.textContent = fmt(v); s.appendChild(t);
   }
-  for (const [v, x] of [[x0, L], [x1, W - R - 30]]) {
-    const t = svg("text", {x: x, y: H - 8, "font-size": 10}); t.textContent = "step " + fmt(v); s.appendChild(t);
+  for (const [v, x, cls] of [[x0, L, "xmin"], [x1, W - R - 30, "xmax"]]) {
+    const t = svg("text", {x: x, y: H - 8, "font-size": 10, class: cls}); t.textContent = "step " + fmt(v);
+    s.appendChild(t);
   }
   const legend = el("div", null, "legend");
-  Object.entries(chart.series).forEach(([key, pts], i) => {
+  series.forEach(([key, pts], i) => {
     const c = COLORS[i % COLORS.length];
     const d = pts.map((p, j) => (j ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join(" ");
     const path = svg("path", {d: d, fill: "none", stroke: c, "stroke-width": 1.5, "data-key": key});
@@ -289,7 +309,29 @@ function drawChart(chart) {
       for (const p of pts) s.appendChild(svg("circle", {cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: c}));
     const item = el("span", "\u25A0 " + key); item.style.color = c; legend.appendChild(item);
   });
-  box.appendChild(s); box.appendChild(legend); return box;
+  // zoom: the step range under a drag; the SVG's own coordinates, whatever its size on screen
+  const band = svg("rect", {y: T, height: H - T - B, width: 0, fill: "#1f77b4", opacity: 0.15});
+  s.appendChild(band);
+  const stepAt = ev => {
+    const r = s.getBoundingClientRect(), x = Math.max(L, Math.min(W - R, (ev.clientX - r.left) * W / r.width));
+    return {x: x, step: x0 + (x - L) / (W - L - R) * (x1 - x0)};
+  };
+  let start = null;
+  s.addEventListener("mousedown", ev => { start = stepAt(ev); band.setAttribute("x", start.x); ev.preventDefault(); });
+  s.addEventListener("mousemove", ev => {
+    if (!start) return; const now = stepAt(ev);
+    band.setAttribute("x", Math.min(start.x, now.x)); band.setAttribute("width", Math.abs(now.x - start.x));
+  });
+  s.addEventListener("mouseup", ev => {
+    if (!start) return; const end = stepAt(ev), a = Math.min(start.step, end.step), b = Math.max(start.step, end.step);
+    start = null;
+    if (b - a > (x1 - x0) / 100) box.replaceWith(drawChart(chart, [a, b]));
+    else band.setAttribute("width", 0);
+  });
+  s.addEventListener("dblclick", () => box.replaceWith(drawChart(chart, null)));
+  box.appendChild(s); box.appendChild(legend);
+  box.appendChild(el("div", range ? "zoomed: double-click to see all steps" : "drag across to zoom", "hint"));
+  return box;
 }
 function kvTable(obj) {
   const t = el("table");
@@ -299,6 +341,24 @@ function kvTable(obj) {
     tr.appendChild(td); t.appendChild(tr);
   }
   return t;
+}
+// an object whose object values share number keys (a verdict's two sides' scores) as one table, rows the
+// keys and a column per side; its other entries above it
+function matrixOrKv(obj) {
+  const sides = Object.entries(obj).filter(([, v]) => v && typeof v === "object" && !Array.isArray(v)
+    && Object.values(v).every(x => typeof x === "number"));
+  if (sides.length < 2) return kvTable(obj);
+  const box = el("div"), plain = Object.fromEntries(Object.entries(obj).filter(([k]) => !sides.some(([s]) => s === k)));
+  if (Object.keys(plain).length) box.appendChild(kvTable(plain));
+  const rows = []; for (const [, v] of sides) for (const r in v) if (!rows.includes(r)) rows.push(r);
+  const t = el("table", null, "matrix"), head = el("tr"); head.appendChild(el("th", ""));
+  for (const [name] of sides) head.appendChild(el("th", name)); t.appendChild(head);
+  for (const r of rows) {
+    const tr = el("tr"); tr.appendChild(el("th", r));
+    for (const [, v] of sides) tr.appendChild(el("td", r in v ? fmt(v[r]) : ""));
+    t.appendChild(tr);
+  }
+  box.appendChild(t); return box;
 }
 function evalTable() {
   const host = document.getElementById("evaltable");
@@ -335,19 +395,58 @@ function evalTable() {
   }
 }
 const isFailed = s => s.score === null || s.score === undefined || s.failed === true;
-const SHOWN = new Set(["conversation", "response", "transcript", "score", "group", "step"]);
+const SHOWN = new Set(["conversation", "response", "transcript", "score", "group", "step", "failed", "error",
+  "reward_info", "reward_parts"]);
+// a list of records (retrieved documents) as a table; a row with gold: true is marked
+function listTable(title, items) {
+  const box = el("div"); box.appendChild(el("b", title));
+  const cols = []; for (const it of items) for (const k in it) if (!cols.includes(k)) cols.push(k);
+  const t = el("table", null, "docs"), head = el("tr"); head.appendChild(el("th", "#"));
+  for (const k of cols) head.appendChild(el("th", k)); t.appendChild(head);
+  items.forEach((it, i) => {
+    const tr = el("tr", null, it.gold === true ? "goldrow" : ""); tr.appendChild(el("td", i + 1));
+    for (const k of cols) {
+      const v = it[k];
+      tr.appendChild(el("td", k === "gold" ? (v === true ? "\u2605 gold" : v === false ? "" : fmt(v))
+        : v !== null && typeof v === "object" ? JSON.stringify(v) : v === undefined ? "" : fmt(v)));
+    }
+    t.appendChild(tr);
+  });
+  box.appendChild(t); return box;
+}
+// the reward's own values (retrieved documents side by side, the judge's verdict, an extracted answer)
+function rewardInfo(info) {
+  const box = el("div", null, "info");
+  const records = v => Array.isArray(v) && v.length > 0 && v.every(x => x && typeof x === "object");
+  const lists = Object.entries(info).filter(([, v]) => records(v));
+  const rest = Object.entries(info).filter(([k]) => !lists.some(([l]) => l === k));
+  const plain = rest.filter(([, v]) => v === null || typeof v !== "object");
+  if (plain.length) {
+    const t = el("table");
+    for (const [k, v] of plain) {
+      const tr = el("tr"); tr.appendChild(el("th", k)); tr.appendChild(el("td", fmt(v))); t.appendChild(tr);
+    }
+    box.appendChild(t);
+  }
+  if (lists.length) {
+    const sides = el("div", null, "sides");
+    for (const [k, v] of lists) sides.appendChild(listTable(k, v));
+    box.appendChild(sides);
+  }
+  for (const [k, v] of rest.filter(([, v]) => v !== null && typeof v === "object")) {
+    const d = el("div"); d.appendChild(el("b", k)); d.appendChild(matrixOrKv(v)); box.appendChild(d);
+  }
+  return box;
+}
 function sampleView(s) {
   const box = el("div", null, "sample" + (isFailed(s) ? " failed" : ""));
   box.dataset.step = s.step;
   const head = el("div"); head.appendChild(el("b", "score " + (isFailed(s) ? "failed" : fmt(s.score))));
-  const parts = Object.entries(s).filter(([k, v]) => typeof v === "number" && !SHOWN.has(k));
+  const parts = Object.entries(s).filter(([k, v]) => typeof v === "number" && !SHOWN.has(k))
+    .concat(Object.entries(s.reward_parts || {}).filter(([, v]) => typeof v === "number"));
   if (parts.length) head.appendChild(el("span", "  " + parts.map(([k, v]) => k + "=" + fmt(v)).join("  ")));
   box.appendChild(head);
-  for (const turn of s.conversation || []) {
-    const t = el("div", null, "turn");
-    t.appendChild(el("span", turn.role, "role")); t.appendChild(el("pre", turn.content));
-    box.appendChild(t);
-  }
+  if (s.error) box.appendChild(el("div", "reward failed: " + s.error, "error"));
   const r = el("div", null, "response");
   r.appendChild(el("span", "response", "role")); r.appendChild(el("pre", s.response));
   box.appendChild(r);
@@ -361,12 +460,22 @@ function sampleView(s) {
     }
     box.appendChild(t);
   }
+  if (s.reward_info && typeof s.reward_info === "object") box.appendChild(rewardInfo(s.reward_info));
   const rest = Object.fromEntries(Object.entries(s).filter(([k, v]) => !SHOWN.has(k) && typeof v !== "number"));
   if (Object.keys(rest).length) box.appendChild(kvTable(rest));
   return box;
 }
+function conversationView(s) {
+  const box = el("div", null, "conversation");
+  for (const turn of CONVERSATIONS[s.conversation] || []) {
+    const t = el("div", null, "turn");
+    t.appendChild(el("span", turn.role, "role")); t.appendChild(el("pre", turn.content));
+    box.appendChild(t);
+  }
+  return box;
+}
 // each prompt's groups by step, for "what changed since an early step" under a group
-const promptKey = s => JSON.stringify(s.conversation || []);
+const promptKey = s => s.conversation;
 const SEEN = new Map();
 for (const st of Object.keys(SAMPLES).map(Number).sort((a, b) => a - b))
   for (const s of SAMPLES[st]) {
@@ -403,6 +512,7 @@ function render() {
     const title = `step ${step}, group ${g}: ${members.length} candidates` + (flat ? " (zero variance)" : "");
     box.appendChild(el("h3", title));
     const before = earlier(step, members); if (before) box.appendChild(before);
+    box.appendChild(conversationView(members[0]));  // the group's prompt, shared by its candidates
     for (const s of kept) box.appendChild(sampleView(s));
     host.appendChild(box); shown += kept.length;
   }

@@ -34,18 +34,34 @@ def test_one_file_without_urls(tmp_path: Path) -> None:
     assert [c["title"] for c in embedded(page, "curves")] == ["Reward", "Entropy", "Response length", "Timing (s)"]
     assert embedded(page, "eval")["systems"]["sft"]["recall@5"] == 0.5
     assert list(embedded(page, "curves")[0]["series"]) == ["critic/rewards/mean = critic/score/mean"]
-    samples = embedded(page, "samples")
+    samples = embedded(page, "samples")["steps"]
     assert sorted(samples, key=int) == ["1", "2", "3"]
     first = samples["3"][0]
-    assert [t["role"] for t in first["conversation"]] == ["system", "user"]
-    assert first["retrieved"] == [{"doc_id": "d1", "gold": True}]
-    assert samples["3"][-1]["score"] is None  # NaN: a failed sample, valid JSON
+    # every sample of the fake run has one prompt: its conversation is embedded once
+    conversations = embedded(page, "samples")["conversations"]
+    assert len(conversations) == 1
+    assert {s["conversation"] for step in samples.values() for s in step} == {0}
+    assert [t["role"] for t in conversations[first["conversation"]]] == ["system", "user"]
+    assert first["reward_info"]["candidate_documents"][0] == {
+        "doc_id": "d0",
+        "title": "云帆 S0 手机的颜色",
+        "score": 9.5,
+        "gold": True,
+    }
+    assert samples["3"][-1]["score"] is None and samples["3"][-1]["failed"] is True
+
+
+def test_a_nan_score_of_an_older_samples_file_is_a_failed_sample(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", steps=1)
+    path = run / "samples" / "step_1.jsonl"
+    path.write_text('{"step": 1, "group": 0, "prompt": "p", "response": "r", "score": NaN}\n')
+    assert embedded(write_report(run).read_text(encoding="utf-8"), "samples")["steps"]["1"][0]["score"] is None
 
 
 def test_at_most_max_steps_embedded_last_included(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "run", steps=450, per_step=1)
     page = write_report(run).read_text(encoding="utf-8")
-    steps = [int(s) for s in embedded(page, "samples")]
+    steps = [int(s) for s in embedded(page, "samples")["steps"]]
     info = embedded(page, "info")
     # 450 steps / 200 -> every 3rd, counted back from 450: 450, 447, ..., 3 (150 steps)
     assert info["every"] == 3
@@ -59,7 +75,7 @@ def test_html_in_data_is_escaped(tmp_path: Path) -> None:
     page = write_report(fake_run(tmp_path / "run", steps=1, response=attack)).read_text(encoding="utf-8")
     assert "</script><script>alert(1)" not in page
     assert "<img" not in page
-    assert embedded(page, "samples")["1"][0]["response"] == attack  # the data is intact, shown as text
+    assert embedded(page, "samples")["steps"]["1"][0]["response"] == attack  # the data is intact, shown as text
 
 
 def test_conversation_forms() -> None:
@@ -86,13 +102,13 @@ def test_size_of_a_1000_step_run(tmp_path: Path) -> None:
     size = write_report(run).stat().st_size
     assert size < SIZE_BOUND, size
     page = (run / "report.html").read_text(encoding="utf-8")
-    assert len(embedded(page, "samples")) == 200  # every 5th step
+    assert len(embedded(page, "samples")["steps"]) == 200  # every 5th step
 
 
 def test_long_text_is_cut(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "run", steps=1, response="x" * 10 * MAX_TEXT)
     page = write_report(run).read_text(encoding="utf-8")
-    response = embedded(page, "samples")["1"][0]["response"]
+    response = embedded(page, "samples")["steps"]["1"][0]["response"]
     assert response.startswith("x" * MAX_TEXT)
     assert response.endswith(f"[... {9 * MAX_TEXT} characters cut]")
 
@@ -109,5 +125,5 @@ def test_cli_report(tmp_path: Path) -> None:
 def test_trainer_writes_the_page(tmp_path: Path, model_cache: Path) -> None:
     Trainer(make_cfg(tmp_path, model_cache, "trainer.plot=true")).fit()
     page = (tmp_path / "toy_grpo" / "report.html").read_text(encoding="utf-8")
-    assert sorted(embedded(page, "samples"), key=int) == ["1", "2"]
+    assert sorted(embedded(page, "samples")["steps"], key=int) == ["1", "2"]
     assert any(c["title"] == "Reward" for c in embedded(page, "curves"))

@@ -127,3 +127,45 @@ def test_html_in_a_response_shows_as_text_and_filters(browser: Any, tmp_path: Pa
     page.check("#zerovar")  # group 1's only scored sample: zero variance
     assert page.locator("#samplelist .group").count() == 1
     assert errors == []
+
+
+def test_documents_verdict_failure_and_zoom(browser: Any, tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", steps=40, per_step=4)
+    page, errors = open_page(browser, write_report(run))
+    first = page.locator("#samplelist .sample").first
+    # both sides' documents side by side, the gold one marked, and the judge's verdict
+    tables = first.locator(".sides table.docs")
+    assert tables.count() == 2
+    assert first.locator(".sides b").all_text_contents() == ["candidate_documents", "reference_documents"]
+    assert tables.nth(0).locator("tr.goldrow").count() == 1
+    assert "d0" in tables.nth(0).locator("tr.goldrow").text_content()
+    assert "d3" in tables.nth(1).locator("tr.goldrow").text_content()
+    assert "gold" in tables.nth(0).locator("tr.goldrow").text_content()
+    assert first.locator(".info", has_text="judge_verdict").count() == 1
+    assert first.locator(".info th", has_text="candidate_query").count() == 1
+    # the reward's numbers in the sample's head line
+    assert "judge=1" in first.locator("div").first.text_content()
+    # a failed sample shows its error
+    failed = page.locator("#samplelist .sample.failed")
+    assert failed.count() == 1
+    assert failed.locator(".error").text_content() == "reward failed: RAG /rag/chat_8b failed: timed out"
+    # zoom: drag across the first chart's middle half, its step axis narrows; double-click restores it
+    chart = page.locator("svg.plot").first
+    assert chart.locator("text.xmin").text_content() == "step 1"
+    box = chart.bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.35, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
+    page.mouse.up()
+    chart = page.locator("svg.plot").first
+    low = float(chart.locator("text.xmin").text_content().removeprefix("step "))
+    high = float(chart.locator("text.xmax").text_content().removeprefix("step "))
+    assert 5 < low < high < 35, (low, high)
+    assert page.locator(".chart .hint").first.text_content().startswith("zoomed")
+    chart.dblclick()
+    assert page.locator("svg.plot").first.locator("text.xmin").text_content() == "step 1"
+    page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "inspector.png", ARTIFACTS / "inspector.png")
+    assert errors == []

@@ -104,13 +104,18 @@ class RewardResult:
 
     Attributes:
         score: the reward; None when scoring failed (the sample is dropped, not scored 0).
-        extra: further numeric values the function returned in its dict (finite only).
+        extra: further numeric values the function returned in its dict (finite only): averaged into
+            the step's ``reward/<key>/mean`` metrics.
+        info: the dict's other values (strings, lists, dicts: an extracted answer, the documents a RAG
+            service retrieved, a judge's verdict), as verl keeps them in ``reward_extra_info``: not
+            metrics, but written with the sample to ``samples/step_N.jsonl`` for a person to read.
         error: why scoring failed, naming the data source; None on success.
     """
 
     score: float | None
     extra: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -217,11 +222,12 @@ def failure(data_source: str, reason: str) -> RewardResult:
 def to_result(value: Any, data_source: str) -> RewardResult:
     """Check what a reward function returned and turn it into a :class:`RewardResult`.
 
-    A number is the score; a dict must carry a numeric ``"score"``, and its other finite
-    numeric values go to ``extra`` (non-numeric values, e.g. the extracted answer, are left out).
-    A missing, non-numeric or non-finite score is a failure.
+    A number is the score; a dict must carry a numeric ``"score"``, its other finite numeric values
+    go to ``extra`` and its other values but None and non-finite numbers (e.g. the extracted answer)
+    to ``info``. A missing, non-numeric or non-finite score is a failure.
     """
     extra: dict[str, float] = {}
+    info: dict[str, Any] = {}
     raw = value
     if isinstance(value, Mapping):
         if "score" not in value:
@@ -229,14 +235,18 @@ def to_result(value: Any, data_source: str) -> RewardResult:
         raw = value["score"]
         for key, item in value.items():
             number = as_number(item)
-            if key != "score" and number is not None and math.isfinite(number):
+            if key == "score" or item is None:
+                continue
+            if number is None:
+                info[str(key)] = item
+            elif math.isfinite(number):
                 extra[str(key)] = number
     score = as_number(raw)
     if score is None:
         return failure(data_source, f"score is {raw!r} ({type(raw).__name__}), not a number")
     if not math.isfinite(score):
         return failure(data_source, f"score is {score}, not a finite number")
-    return RewardResult(score=score, extra=extra)
+    return RewardResult(score=score, extra=extra, info=info)
 
 
 def _log_failures(results: list[RewardResult]) -> None:

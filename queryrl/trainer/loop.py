@@ -21,7 +21,6 @@ A step where more than ``reward.max_failed_frac`` of the samples failed (strictl
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -33,17 +32,17 @@ from torch import Tensor
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
-from queryrl.atomic import atomic_write_text
 from queryrl.config import save_config
 from queryrl.engine.batch import Batch
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import add_metrics, role_settings
-from queryrl.redaction import redact, register_config_secrets
+from queryrl.redaction import register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.components import Components, build_components
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
 from queryrl.trainer.run_folder import plan_resume
+from queryrl.trainer.samples import sample_records, write_samples
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import RewardsFailing, SkipWatch
 
@@ -73,6 +72,7 @@ class Trainer:
         )
         self.step = 0
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
+        self._set_aside: list[Batch] = []  # this step's rows not trained on (failed; a skipped step's), for samples
         self._resume(resume_from)
         self.train_sampling = SamplingParams(
             temperature=cfg.rollout.temperature,
@@ -175,6 +175,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         scored = self._scored_batch(items, timer, metrics)
         if scored is None:
+            self._save_samples(None)
             return metrics
         batch, baselines = scored
         if cfg.algo.filter_groups.enable:
@@ -236,8 +237,10 @@ class Trainer:
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
         with timer("reward"):
-            batch, reward_metrics, keep = apply_scores(batch, results)
+            batch, reward_metrics, keep, failed = apply_scores(batch, results)
             metrics |= reward_metrics | reward_side_metrics(c.reward)
+            if len(failed):  # for the samples file: dropped from training, shown to a person
+                self._set_aside.append(failed)
             if baselines is not None:
                 baselines = baselines[keep]
         # failed / total, not 1 - kept / total: 3 of 10 must be exactly 0.3 (not 0.30000000000000004 > 0.3)
@@ -251,6 +254,7 @@ class Trainer:
             )
             metrics |= {"reward/step_skipped": 1.0, "reward/all_failed": float(len(batch) == 0)}
             self.skips.skipped(self.step, results)
+            self._set_aside.insert(0, batch)
             return None
         self.skips.trained(self.step)
         return batch, baselines
@@ -296,7 +300,9 @@ class Trainer:
         """ReMax: the reward of one greedy response per prompt, for each sampled row."""
         greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.cfg.data.max_response_length)
         c = self.c
-        _, results = generate_and_score(c.rollout, c.reward, c.policy.tokenizer, items, greedy, PhaseTimer(), c.device)
+        _, results = generate_and_score(
+            c.rollout, c.reward, c.policy.tokenizer, items, greedy, PhaseTimer(), c.device, step=self.step
+        )
         per_prompt = torch.tensor([r.score if r.score is not None else 0.0 for r in results])
         return per_prompt[batch.group_ids.cpu()]
 
@@ -397,7 +403,14 @@ class Trainer:
             for start in range(0, len(items), self.cfg.data.val_batch_size):
                 chunk = items[start : start + self.cfg.data.val_batch_size]
                 batch, results = generate_and_score(
-                    c.rollout, c.reward, c.policy.tokenizer, chunk, self.val_sampling, PhaseTimer(), c.device
+                    c.rollout,
+                    c.reward,
+                    c.policy.tokenizer,
+                    chunk,
+                    self.val_sampling,
+                    PhaseTimer(),
+                    c.device,
+                    step=self.step,  # a TRL-style function's trainer_state.global_step, as in TRL's evaluation
                 )
                 for row, result in zip(batch.non_tensor["row"], results, strict=True):
                     if result.score is None:
@@ -414,45 +427,20 @@ class Trainer:
         metrics["val/reward/failed"] = float(failed)
         return metrics
 
-    def _save_samples(self, batch: Batch) -> None:
+    def _save_samples(self, batch: Batch | None) -> None:
+        """``samples/step_N.jsonl``: the first ``trainer.save_samples`` rows of `batch` (the rows that train;
+        None: the step was skipped), then as many of the step's rows set aside: its failed samples, and a
+        skipped step's scored ones (:mod:`queryrl.trainer.samples`)."""
         count = self.cfg.trainer.save_samples
+        aside, self._set_aside = self._set_aside, []
         if count <= 0:
             return
-        folder = self.run_dir / "samples"
-        folder.mkdir(exist_ok=True)
-        lines = []
         tokenizer = self.c.policy.tokenizer
-        parts = batch.non_tensor.get("reward_parts", [{}] * len(batch))  # judge, retrieval_rank, format, ...
-        for i in range(min(count, len(batch))):
-            row = batch.non_tensor["row"][i]
-            prompt = tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=False)
-            extras = batch.non_tensor.get("rollout_extras", [{}] * len(batch))[i]
-            if extras:  # a multi-turn episode: its counters, and every response token (tool outputs too)
-                real = batch.response_ids[i][batch.response_attention_mask[i].bool()]
-                extras = {"rollout": extras, "transcript": tokenizer.decode(real, skip_special_tokens=False)}
-            lines.append(
-                json.dumps(
-                    {
-                        "step": self.step,
-                        "group": int(batch.group_ids[i]),
-                        "data_source": row.get("data_source"),
-                        "prompt": prompt,
-                        "response": batch.non_tensor["response_text"][i],
-                        "ground_truth": (row.get("reward_model") or {}).get("ground_truth"),
-                        "score": batch.non_tensor["score"][i],
-                        **(
-                            {"reward_parts": parts}
-                            if (parts := batch.non_tensor.get("reward_parts", [{}] * len(batch))[i])
-                            else {}
-                        ),
-                        **extras,
-                    },
-                    ensure_ascii=False,
-                    default=str,
-                )
-            )
-        # a secret pasted in a prompt, echoed in a reply, is redacted
-        atomic_write_text(folder / f"step_{self.step}.jsonl", redact("\n".join(lines) + "\n"))
+        records = sample_records(batch, tokenizer, self.step, count) if batch is not None else []
+        records += [r for b in aside for r in sample_records(b, tokenizer, self.step, count)][:count]
+        if not records:
+            return
+        write_samples(self.run_dir / "samples", self.step, records)
 
     def _stop(self, message: str, saved: bool) -> None:
         """End a run whose rewards keep failing; what it learned before is checkpointed, to resume once fixed."""

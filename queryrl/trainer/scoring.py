@@ -10,7 +10,7 @@ whole scoring time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -114,22 +114,36 @@ def generate_and_score(
     return batch, results
 
 
-def apply_scores(batch: Batch, results: list[RewardResult]) -> tuple[Batch, dict[str, float], Tensor]:
-    """Put each score on its sequence's last trained token and drop the failed samples.
+class Scored(NamedTuple):
+    """A scored batch: the rows that train, the reward metrics, their indices, and the failed rows."""
 
-    Returns the kept batch, the reward metrics and the indices of the kept rows.
+    batch: Batch
+    metrics: dict[str, float]
+    kept: Tensor
+    failed: Batch
+
+
+def apply_scores(batch: Batch, results: list[RewardResult]) -> Scored:
+    """Put each score on its sequence's last trained token and set the failed samples apart.
+
+    Every row gets ``non_tensor`` entries ``score`` (None: failed), ``reward_parts`` (the reward's other
+    numbers: judge, retrieval_rank, format, ...), ``reward_info`` (its other values: retrieved documents,
+    a verdict) and ``reward_error``, for the samples files. The failed rows are returned apart: they are
+    not trained on, but a person wants to see them.
     """
     metrics = summarize(results)
-    kept = torch.tensor([r.score is not None for r in results], dtype=torch.bool).nonzero(as_tuple=True)[0]
+    batch.non_tensor["score"] = [r.score for r in results]
+    batch.non_tensor["reward_parts"] = [dict(r.extra) for r in results]
+    batch.non_tensor["reward_info"] = [dict(r.info) for r in results]
+    batch.non_tensor["reward_error"] = [r.error if r.failed else None for r in results]
+    failed = batch.select([i for i, r in enumerate(results) if r.failed])
+    kept = torch.tensor([not r.failed for r in results], dtype=torch.bool).nonzero(as_tuple=True)[0]
     batch = batch.select(kept)
-    scores = torch.tensor([r.score for r in results if r.score is not None], dtype=torch.float32)
+    scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
     batch.token_scores = outcome_to_tokens(scores.to(batch.response_mask.device), batch.response_mask)
-    batch.non_tensor["score"] = scores.tolist()
-    # the reward's other values (judge, retrieval_rank, format, recall_at_5, ...) for the samples files
-    batch.non_tensor["reward_parts"] = [dict(r.extra) for r in results if r.score is not None]
     if len(batch):
         metrics["reward/zero_std_group_frac"] = zero_std_group_fraction(scores, batch.group_ids.cpu())
-    return batch, metrics, kept
+    return Scored(batch, metrics, kept, failed)
 
 
 def reward_side_metrics(reward: Any) -> dict[str, float]:

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from queryrl.apps.query_rewrite.demo_data import make_catalogue, sales_demo_corpus, sales_demo_rows
-from queryrl.apps.query_rewrite.reward import RewardFailure, candidate_calls, compute_score, pop_reward_metrics
+from queryrl.apps.query_rewrite.reward import (
+    RewardFailure,
+    candidate_calls,
+    compute_score,
+    pop_reward_metrics,
+    readable_verdict,
+)
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards import RewardInput, load_reward_function, make_reward_manager
@@ -78,7 +84,19 @@ def test_correct_rewrite_beats_useless_and_raw_turn() -> None:
         assert good["quality"] >= useless["quality"]
         assert useless["quality"] < 0.5
         assert useless["retrieval_rank"] == 0.0
-        assert all(isinstance(v, float) for v in good.values())
+        shown = {"candidate_query", "reference_query", "candidate_documents", "reference_documents", "judge_verdict"}
+        assert all(isinstance(v, float) for k, v in good.items() if k not in shown)
+        # what a person reads in the samples files: both sides' documents with gold marked, and the verdict
+        gold = set(row["reward_model"]["ground_truth"]["gold_doc_ids"])
+        assert good["candidate_query"] == _correct(row)
+        assert good["reference_query"]
+        for side in ("candidate_documents", "reference_documents"):
+            assert 0 < len(good[side]) <= 5
+            assert all(d["gold"] == (d["doc_id"] in gold) for d in good[side])
+        assert any(d["gold"] for d in good["candidate_documents"])  # recall_at_5 == 1
+        assert not any(d["gold"] for d in useless["candidate_documents"])
+        assert good["judge_verdict"]["better"] in ("candidate", "reference", "same")
+        assert set(good["judge_verdict"]["candidate"]) >= {"quality", "relevance", "completeness", "retrieval", "sum"}
         assert good["score"] == pytest.approx(1.0 * good["judge"] + 0.5 * good["retrieval_rank"] + 0.2)
 
 
@@ -252,3 +270,19 @@ def test_openai_judge_with_and_without_position_swap() -> None:
         assert pop_reward_metrics()["judge/position_consistency"] == 0.0
     with running_server(make_judge_app(garbage)) as url, pytest.raises(RewardFailure, match="judge failed"):
         _score(row, _answer(_correct(row)), judge_base_url=url, **base)
+
+
+def test_verdicts_are_shown_with_candidate_and_reference_not_position_labels() -> None:
+    side = {"quality": 12, "relevance": 6, "completeness": 5, "retrieval": 4, "sum": 27}
+    other = {"quality": 4, "relevance": 2, "completeness": 2, "retrieval": 1, "sum": 9}
+    verdict = {"better": "8b", "score": {"8b": side, "32b": other}, "reason": "更具体"}
+    assert readable_verdict(verdict) == {
+        "better": "candidate",
+        "candidate": side,
+        "reference": other,
+        "reason": "更具体",
+    }
+    # with the positions swapped the candidate sat in "32b": the same reading comes out
+    swapped = {"better": "32b", "score": {"8b": other, "32b": side}, "reason": "更具体"}
+    assert readable_verdict(swapped, candidate_label="32b") == readable_verdict(verdict)
+    assert readable_verdict({"better": "same", "score": {"8b": side, "32b": side}})["better"] == "same"

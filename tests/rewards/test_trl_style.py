@@ -276,6 +276,8 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
         f"reward.function.path={reward}",
         "reward.function.name=similarity",
         f"+reward.kwargs.log={log}",
+        "data.val_files=[builtin://toy_target_string/val]",
+        "data.max_val_samples=4",
     )
     assert "scored the first row" in check_reward(cfg, config_reward_spec(cfg))  # queryrl train's preflight
     log.unlink()
@@ -286,8 +288,9 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
         after = params(trainer.c.policy.model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {c["step"] for c in calls} == {1, 2}
-    assert sum(c["n"] for c in calls) == 2 * 4 * 4  # every sample of both steps, in one call per rollout chunk
+    assert {c["step"] for c in calls} == {1, 2}  # validation at the end sees the step too, as in TRL
+    # every sample of both steps, in one call per rollout chunk, then the 4 validation prompts
+    assert sum(c["n"] for c in calls) == 2 * 4 * 4 + 4
     assert all(c["role"] == "assistant" and c["prompt_role"] == "user" and c["ids"] for c in calls)
     rows = metrics_of(tmp_path / "toy_grpo")
     assert [r["step"] for r in rows] == [1, 2]

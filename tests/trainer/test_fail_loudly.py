@@ -70,6 +70,12 @@ def test_a_run_whose_every_reward_fails_stops_naming_the_first_failure(tmp_path:
     assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3]  # the steps before the stop are logged
     assert all(r["reward/step_skipped"] == 1.0 for r in rows(tmp_path))
     assert not (tmp_path / "runs" / "toy_grpo" / "checkpoints").exists()  # nothing learned: nothing to save
+    # a skipped step still writes its samples, each failed with its error, for a person to see why
+    for step in (1, 2, 3):
+        path = tmp_path / "runs" / "toy_grpo" / "samples" / f"step_{step}.jsonl"
+        samples = [json.loads(line) for line in path.read_text().splitlines()]
+        assert samples
+        assert all(s["failed"] and s["score"] is None and "judge unreachable" in s["error"] for s in samples)
 
 
 def test_a_step_that_trains_ends_the_streak_and_the_stop_keeps_what_was_learned(

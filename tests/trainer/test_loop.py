@@ -154,9 +154,15 @@ def test_custom_reward_file_and_failed_samples_are_dropped(tmp_path: Path, model
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    if extra_info['index'] % 2:\n"
         "        raise RuntimeError('judge down')\n"
-        "    return {'score': 0.5, 'bonus': 1.0}\n"
+        "    return {'score': 0.5, 'bonus': 1.0, 'answer': 'x' + str(extra_info['index']), 'gone': None}\n"
     )
-    cfg = make_cfg(tmp_path, model_cache, f"custom_reward_function.path={reward}", "trainer.total_steps=1")
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        f"custom_reward_function.path={reward}",
+        "trainer.total_steps=1",
+        "trainer.save_samples=4",
+    )
     metrics = Trainer(cfg).fit()
     assert metrics["reward/failed"] > 0
     assert metrics["critic/score/mean"] == pytest.approx(0.5)
@@ -165,8 +171,15 @@ def test_custom_reward_file_and_failed_samples_are_dropped(tmp_path: Path, model
     samples = [
         json.loads(line) for line in (tmp_path / "toy_grpo" / "samples" / "step_1.jsonl").read_text().splitlines()
     ]
-    assert samples
-    assert all(s["reward_parts"] == {"bonus": 1.0} for s in samples)  # the reward's other values, for the run page
+    kept = [s for s in samples if not s.get("failed")]
+    failed = [s for s in samples if s.get("failed")]
+    assert len(kept) == 4
+    # the reward's other numbers, and its other values but None, for the run page
+    assert all(s["reward_parts"] == {"bonus": 1.0} for s in kept)
+    assert all(s["reward_info"]["answer"].startswith("x") and "gone" not in s["reward_info"] for s in kept)
+    # failed samples are not trained on, but kept in the file with their error (at most save_samples of them)
+    assert 0 < len(failed) <= 4
+    assert all(s["score"] is None and "judge down" in s["error"] and s["response"] is not None for s in failed)
 
 
 def test_validation_reports_per_data_source(tmp_path: Path, model_cache: Path) -> None:

@@ -329,8 +329,9 @@ async def _judge_quality(
     reference: dict[str, Any],
     gold: Sequence[str],
     top_k: int,
-) -> tuple[float, dict[str, float]]:
-    """(quality q in [0, 1], extra values); raises :class:`RewardFailure` on a failed / inconsistent verdict."""
+) -> tuple[float, dict[str, Any]]:
+    """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`); raises
+    :class:`RewardFailure` on a failed / inconsistent verdict."""
     judge = kwargs["judge"]
     if judge == "offline":
         with _LOCK:
@@ -339,7 +340,7 @@ async def _judge_quality(
         quality = quality_from_verdict(verdict)
         if quality is None:
             raise RewardFailure("offline judge: no verdict (it needs gold_doc_ids)")
-        return quality, {}
+        return quality, {"judge_verdict": readable_verdict(verdict)}
     if judge != "openai":
         raise ValueError(f"unknown judge {judge!r}; use one of {JUDGES}")
     base_url, model = kwargs.get("judge_base_url"), kwargs.get("judge_model")
@@ -359,7 +360,7 @@ async def _judge_quality(
         quality = quality_from_verdict(results[0].verdict)
         if quality is None:
             raise RewardFailure(f"judge failed: {results[0].error or 'invalid verdict'}")
-        return quality, {}
+        return quality, {"judge_verdict": readable_verdict(results[0].verdict)}
     r_ab, r_ba = results
     for r in (r_ab, r_ba):
         if r.verdict is None:
@@ -371,7 +372,40 @@ async def _judge_quality(
             f"judge position-inconsistent: {r_ab.verdict.get('better') if r_ab.verdict else None!r} "
             f"then {r_ba.verdict.get('better') if r_ba.verdict else None!r} with the positions swapped"
         )
-    return quality, {}
+    return quality, {
+        "judge_verdict": readable_verdict(r_ab.verdict),
+        "judge_verdict_swapped": readable_verdict(r_ba.verdict, candidate_label="32b"),
+    }
+
+
+def readable_verdict(verdict: Mapping[str, Any] | None, candidate_label: str = "8b") -> dict[str, Any]:
+    """A verdict in the rubric's schema with its position labels replaced by what they stood for:
+    ``better`` is ``candidate``, ``reference`` or ``same``, and the two sides' scores are under
+    ``candidate`` and ``reference`` (with position swap the candidate was ``"32b"``). Other keys stay."""
+    verdict = dict(verdict or {})
+    reference_label = "32b" if candidate_label == "8b" else "8b"
+    names = {candidate_label: "candidate", reference_label: "reference"}
+    scores = verdict.pop("score", None)
+    better = verdict.get("better")
+    out: dict[str, Any] = {"better": names.get(str(better), better)}
+    if isinstance(scores, Mapping):
+        out |= {"candidate": scores.get(candidate_label), "reference": scores.get(reference_label)}
+    return out | {k: v for k, v in verdict.items() if k != "better"}
+
+
+def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict[str, Any]]:
+    """One RAG answer's documents as a person reads them: rank order, ``doc_id``, ``title``, ``score``, and
+    ``gold`` (true for a gold document; absent when the turn has no gold labels)."""
+    gold_ids = set(gold)
+    shown = []
+    for doc in result.get("response") or []:
+        item: dict[str, Any] = {"doc_id": str(doc.get("doc_id")), "title": str(doc.get("title", ""))}
+        if isinstance(doc.get("score"), int | float):
+            item["score"] = round(float(doc["score"]), 4)
+        if gold_ids:
+            item["gold"] = item["doc_id"] in gold_ids
+        shown.append(item)
+    return shown
 
 
 # --- side metrics ------------------------------------------------------------------------------
@@ -413,13 +447,13 @@ async def _shared_judge(
     reference: dict[str, Any],
     gold: Sequence[str],
     top_k: int,
-) -> tuple[float, dict[str, float]]:
+) -> tuple[float, dict[str, Any]]:
     """:func:`_judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
     their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
     settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
     sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
     key = json.dumps([settings, contexts, sides, list(gold), top_k], sort_keys=True, ensure_ascii=False, default=str)
-    verdict: tuple[float, dict[str, float]] = await _share(
+    verdict: tuple[float, dict[str, Any]] = await _share(
         _JUDGED,
         key,
         lambda: _judge_quality(kwargs, contexts, candidate, reference, gold, top_k),
@@ -538,7 +572,7 @@ async def compute_score(
     ground_truth: Any,
     extra_info: dict[str, Any] | None = None,
     **kwargs: Any,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The query-rewrite reward of one policy output (see the module doc).
 
     Args:
@@ -565,7 +599,11 @@ async def compute_score(
         ``judge``, ``retrieval_rank`` (absent without gold), ``format``, ``format/truncated`` (1: the reply
         was cut off after a complete query), ``recall_at_5`` and
         ``reference_recall_at_5`` (absent without gold) (with ``position_swap`` the
-        consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``).
+        consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``). Where the
+        RAG service was asked, also what a person reads in the samples files: ``candidate_query``,
+        ``reference_query``, ``candidate_documents`` and ``reference_documents`` (:func:`shown_documents`,
+        gold marked) and, where the judge was asked, ``judge_verdict`` (:func:`readable_verdict`; with
+        ``position_swap`` also ``judge_verdict_swapped``).
 
     Raises:
         RewardFailure: RAG or judge failure, or inconsistent positions: the sample fails.
@@ -596,8 +634,14 @@ async def compute_score(
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
 
-    out: dict[str, float] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
+    out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
+    out |= {  # for the samples files and the run page (non-numbers: not metrics)
+        "candidate_query": query,
+        "reference_query": str(reference.get("rewritten_query") or ""),
+        "candidate_documents": shown_documents(candidate, gold),
+        "reference_documents": shown_documents(reference, gold),
+    }
     cand_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]
     ref_ids = [str(d.get("doc_id")) for d in reference.get("response") or []]
     rank = retrieval_rank_reward(cand_ids, gold) if gold else None
@@ -639,7 +683,7 @@ class QueryRewriteReward:
         ground_truth: Any,
         extra_info: dict[str, Any] | None = None,
         **kwargs: Any,
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         return await compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
 
     def pop_metrics(self) -> dict[str, float]:

@@ -144,6 +144,18 @@ def test_real_model_path_external_rag_and_openai_judge(
     assert sum(r["rag/calls"] for r in rows) > 0
     assert sum(r["judge/requests"] for r in rows) >= len(judged) > 0
     assert "reward/quality/mean" in last
+    # the samples show what a person checks: both sides' documents with gold marked, the judge's verdict
+    samples = [json.loads(x) for x in (tmp_path / "demo" / "samples" / "step_2.jsonl").read_text().splitlines()]
+    judged_samples = [s for s in samples if "judge_verdict" in s.get("reward_info", {})]
+    assert judged_samples, "no sample reached the judge"
+    for sample in judged_samples:
+        info = sample["reward_info"]
+        assert info["judge_verdict"]["better"] in ("candidate", "reference")
+        assert info["judge_verdict"]["candidate"]["sum"] in (36.0, 20.0)
+        gold = set(sample["ground_truth"]["gold_doc_ids"])
+        for side in ("candidate_documents", "reference_documents"):
+            assert all(d["gold"] == (d["doc_id"] in gold) for d in info[side])
+        assert any(d["gold"] for d in info["reference_documents"])  # the heuristic reference finds these
     # the key reached the judge server only: not the logs, the saved config or the samples
     run = tmp_path / "demo"
     for path in run.rglob("*"):
@@ -178,6 +190,12 @@ def test_rag_down_fails_the_samples_and_skips_the_step(
     assert all(r["reward/step_skipped"] == 1.0 and r["reward/failed_frac"] > 0 for r in parsed)
     assert all("reward/step_skipped" not in r for r in rows if r["reward/failed"] == 0)
     assert any("max_failed_frac" in str(w.message) for w in caught)
+    # a skipped step's samples are kept, the failed ones with the RAG error
+    skipped = next(r["step"] for r in parsed)
+    samples = [
+        json.loads(x) for x in (tmp_path / "demo" / "samples" / f"step_{skipped}.jsonl").read_text().splitlines()
+    ]
+    assert any(s.get("failed") and "RAG /rag/" in s["error"] for s in samples)
     if len(parsed) == len(rows):  # every step skipped: no update at all
         assert all(torch.equal(before[k], after[k].detach()) for k in before)
 
