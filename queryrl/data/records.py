@@ -95,12 +95,25 @@ def _read_json(path: Path) -> list[tuple[int | None, Any]]:
     return [(None, row) for row in value]
 
 
+class TextPrompt(list[dict[str, Any]]):
+    """A prompt that was a plain string in the data (TRL's "standard" format): the one user message the
+    policy is prompted with, and in :attr:`text` the string itself, which a TRL-style reward function gets
+    back as it was (:mod:`queryrl.rewards.trl_style`). It pickles and JSON-encodes as the message list."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__([{"role": "user", "content": text}])
+        self.text = text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TextPrompt, (self.text,))
+
+
 def _check_prompt(value: Any, path: Path, row: int, line: int | None, key: str) -> list[dict[str, Any]]:
     where = _where(path, row, line, key)
     if isinstance(value, str):
         if not value.strip():
             raise DataError(f"{where}: the prompt is an empty string")
-        return [{"role": "user", "content": value}]
+        return TextPrompt(value)
     if not isinstance(value, list):
         raise DataError(f"{where}: expected a list of chat messages or a string, got {type(value).__name__}")
     if not value:

@@ -18,12 +18,14 @@ the update and counted in ``reward/failed``, never scored 0.
 What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, one rollout
 micro-batch):
 
-- ``prompts``: the data row's ``prompt`` column (verl's layout). The loader makes every prompt a
-  list of chat messages (a string becomes one user message) and the trainer applies the chat
-  template, so in training the data is conversational: prompts are message lists and each
-  completion is ``[{"role": "assistant", "content": text}]``. Completions are plain strings only when
-  some input carries no prompt messages (a :class:`RewardInput` made without ``row``, e.g. a manager
-  used directly); then prompts are the row's ``prompt`` value or None.
+- ``prompts`` and ``completions`` in the data's own form, as TRL decides by the dataset's format. Rows
+  whose ``prompt`` column is a list of chat messages (verl's layout) are conversational: prompts are
+  the message lists and each completion is ``[{"role": "assistant", "content": text}]``. Rows whose
+  ``prompt`` is a plain string (TRL's standard format; the loader keeps it as a
+  :class:`~queryrl.data.records.TextPrompt`) give the strings back: prompts are those strings and
+  completions the texts. A batch mixing the two is conversational. (The policy itself is prompted
+  through its chat template either way, the string as one user message.) An input without a row
+  (a :class:`RewardInput` made by hand) gives None as its prompt and a plain completion.
 - ``completion_ids``: :attr:`RewardInput.completion_ids` (the response's trained tokens).
 - the columns: every column of the data row except ``prompt``, the union over the batch (None where
   a row lacks one), with ``data_source`` and ``extra_info`` as the verl contract sees them (the
@@ -51,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from queryrl.data.records import TextPrompt
 from queryrl.plugins import file_module_name
 from queryrl.rewards.functions import RewardError, RewardFn
 from queryrl.rewards.manager import LoopRunner, RewardInput, RewardResult, as_number, failure
@@ -130,6 +133,9 @@ class TRLRewardFunction:
             RewardError: a key of `kwargs` is also the name of an argument queryrl passes.
         """
         prompts = [x.row.get("prompt") for x in inputs]
+        texts = [p.text for p in prompts if isinstance(p, TextPrompt)]
+        if prompts and len(texts) == len(prompts):  # TRL's standard format: strings
+            prompts = list(texts)
         chat = all(_is_chat(p) for p in prompts)
         completions: list[Any] = (
             [[{"role": "assistant", "content": x.solution_str}] for x in inputs]

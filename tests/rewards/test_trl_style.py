@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import re
 import textwrap
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from queryrl.config import ConfigError, load_config
+from queryrl.data.records import TextPrompt, load_records
 from queryrl.rewards import RewardError, RewardInput, load_reward_function, make_reward_manager
 from queryrl.rewards.trl_style import TrainerState, TRLRewardFunction, is_trl_style, with_style
 from queryrl.trainer.loop import Trainer
@@ -149,6 +151,32 @@ def test_plain_completions_without_prompt_messages_and_no_state_without_a_step()
     assert kwargs["completions"] == ["a" * 20, "a" * 15, "a" * 26]
     assert kwargs["prompts"] == [None, None, None]
     assert kwargs["trainer_state"] is None
+
+
+def test_string_prompts_in_the_data_give_plain_prompts_and_completions(tmp_path: Path) -> None:
+    data = tmp_path / "plain.jsonl"
+    rows = [{"prompt": f"Count to {n}:", "data_source": "plain", "reward_model": {"ground_truth": n}} for n in (3, 4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = load_records(data)
+    # the policy is prompted with one user message; the string is kept for TRL-style functions
+    assert loaded[0]["prompt"] == [{"role": "user", "content": "Count to 3:"}]
+    assert isinstance(loaded[0]["prompt"], TextPrompt)
+    again = pickle.loads(pickle.dumps(loaded[0]))  # Ray workers and reward processes get rows pickled
+    assert isinstance(again["prompt"], TextPrompt)
+    assert again["prompt"].text == "Count to 3:"
+    assert json.loads(json.dumps(loaded[0]["prompt"])) == [{"role": "user", "content": "Count to 3:"}]
+    inputs = [
+        RewardInput("plain", "1 2 3" + "x" * k, r["reward_model"]["ground_truth"], row=r) for k, r in enumerate(loaded)
+    ]
+    kwargs = TRLRewardFunction(reward_len).call_kwargs(inputs, {})
+    assert kwargs["prompts"] == ["Count to 3:", "Count to 4:"]
+    assert kwargs["completions"] == ["1 2 3", "1 2 3x"]
+    with make_reward_manager("naive", with_style(reward_len, "auto")) as manager:
+        assert [r.score for r in manager.score(inputs)] == [-15.0, -14.0]
+    # a batch that mixes the two forms is conversational, as TRL decides by the first example's format
+    mixed = TRLRewardFunction(reward_len).call_kwargs([inputs[0], chat_input("y", None)], {})
+    assert mixed["prompts"] == [[{"role": "user", "content": "Count to 3:"}], CHAT_PROMPT]
+    assert mixed["completions"][0] == [{"role": "assistant", "content": "1 2 3"}]
 
 
 # -- managers -------------------------------------------------------------------------------------
@@ -295,3 +323,38 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
     rows = metrics_of(tmp_path / "toy_grpo")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["reward/failed"] == 0.0 and 0.0 <= r["critic/score/mean"] <= 1.0 for r in rows)
+
+
+PLAIN_REWARD_FILE = """
+import json
+
+
+def short(prompts, completions, log, **kwargs):
+    with open(log, "a") as f:
+        f.write(json.dumps({"prompt": prompts[0], "completion": completions[0]}) + "\\n")
+    return [-abs(20 - len(c)) / 20 for c in completions]
+"""
+
+
+@pytest.mark.slow
+def test_a_run_on_string_prompts_gives_a_trl_function_strings(tmp_path: Path, model_cache: Path) -> None:
+    data = tmp_path / "plain.jsonl"
+    rows = [{"prompt": f"Say hello {n} times.", "data_source": "plain"} for n in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reward = tmp_path / "plain_reward.py"
+    reward.write_text(PLAIN_REWARD_FILE)
+    log = tmp_path / "calls.jsonl"
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        f"data.train_files=[{data}]",
+        f"reward.function.path={reward}",
+        "reward.function.name=short",
+        f"+reward.kwargs.log={log}",
+        "trainer.total_steps=1",
+    )
+    with Trainer(cfg) as trainer:
+        trainer.fit()
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls
+    assert all(isinstance(c["completion"], str) and c["prompt"].startswith("Say hello") for c in calls)
