@@ -198,10 +198,21 @@ class RewardFunctionConfig:
 
 
 @dataclass
+class WeightedRewardFunctionConfig(RewardFunctionConfig):
+    """One of ``reward.functions``: a TRL-style function and its weight (TRL's ``reward_weights``)."""
+
+    weight: float = 1.0
+
+
+@dataclass
 class RewardConfig:
     # auto = the application's choice (query_rewrite: async) or naive | naive | batch | parallel | dapo | async
     manager: str = "auto"
     function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
+    # several TRL-style functions, as TRL's reward_funcs + reward_weights: the score is the weighted sum of
+    # those that scored a sample (None: left out); each logged as reward/<function name>/mean. Instead of
+    # reward.function, e.g. [{path: my_rewards.py, name: format_reward, weight: 0.5}, {path: ..., name: ...}]
+    functions: list[WeightedRewardFunctionConfig] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to compute_score
     num_workers: int = 2  # parallel: worker processes
     timeout_s: float = 60.0  # parallel/async: per-sample limit; past it the sample fails

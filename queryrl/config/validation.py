@@ -50,6 +50,15 @@ def validate(cfg: DictConfig) -> None:
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     choice(cfg.reward.manager, ["auto", *REWARD_MANAGERS.names()], "reward.manager")
     choice(cfg.reward.function.style, ["auto", "verl", "trl"], "reward.function.style")
+    for i, entry in enumerate(cfg.reward.functions):
+        choice(entry.style, ["auto", "verl", "trl"], f"reward.functions[{i}].style")
+        if not entry.path:
+            raise ConfigError(f"reward.functions[{i}] needs a path (a .py file or a module) and a name")
+    if cfg.reward.functions and cfg.reward.function.path:
+        raise ConfigError(
+            "reward.function.path and reward.functions are both set: use reward.function for one function, "
+            "reward.functions for several (each with a weight)"
+        )
     choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
     choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")
     choice(str(cfg.ray.use_gpu).lower(), ["auto", "true", "false"], "ray.use_gpu")

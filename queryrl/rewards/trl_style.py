@@ -45,6 +45,7 @@ function, on every sample of the call (so the step is skipped and, repeated, sto
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import sys
@@ -166,6 +167,29 @@ class TRLRewardFunction:
             **kwargs,
         }
 
+    def numbers(self, values: Any, count: int) -> list[float | None]:
+        """What one call returned, checked: `count` floats, None where the function gave None or NaN.
+
+        Raises:
+            RewardError: not a list of `count` entries, or an entry that is neither a number nor None
+                (the message says which, without the function's name).
+        """
+        try:
+            values = list(values)
+        except TypeError:
+            raise RewardError(f"returned {type(values).__name__}, not a list of numbers") from None
+        if len(values) != count:
+            raise RewardError(f"returned {len(values)} values for {count} completions")
+        out: list[float | None] = []
+        for i, value in enumerate(values):
+            number = as_number(value)
+            if value is not None and number is None:
+                raise RewardError(
+                    f"returned {value!r} ({type(value).__name__}) for completion {i}: expected a number or None"
+                )
+            out.append(None if number is None or math.isnan(number) else number)
+        return out
+
     def results(self, values: Any, inputs: Sequence[RewardInput]) -> list[RewardResult]:
         """Check what one call returned: one number or None per input; None and NaN are failed samples.
 
@@ -173,21 +197,14 @@ class TRLRewardFunction:
         one error naming the function.
         """
         try:
-            values = list(values)
-        except TypeError:
-            return self._fail_all(inputs, f"returned {type(values).__name__}, not a list of numbers")
-        if len(values) != len(inputs):
-            return self._fail_all(inputs, f"returned {len(values)} values for {len(inputs)} completions")
+            numbers = self.numbers(values, len(inputs))
+        except RewardError as e:
+            return self._fail_all(inputs, str(e))
         results = []
-        for i, (value, x) in enumerate(zip(values, inputs, strict=True)):
-            number = as_number(value)
-            if value is not None and number is None:
-                reason = f"returned {value!r} ({type(value).__name__}) for completion {i}: expected a number or None"
-                return self._fail_all(inputs, reason)
-            if number is None or math.isnan(number):
-                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {value}"))
-            elif math.isinf(number):
-                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {number}"))
+        for number, x in zip(numbers, inputs, strict=True):
+            if number is None or math.isinf(number):
+                got = "None" if number is None else number
+                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {got}"))
             else:
                 results.append(RewardResult(score=number))
         return results
@@ -228,3 +245,101 @@ def with_style(fn: RewardFn, style: str) -> RewardFn:
     if style == "trl" or (style == "auto" and is_trl_style(fn)):
         return TRLRewardFunction(fn)
     return fn
+
+
+class WeightedTRLRewards(TRLRewardFunction):
+    """Several TRL-style functions combined as TRL's ``GRPOTrainer(reward_funcs=[...])`` with
+    ``reward_weights`` combines them: each is called once per batch with the same arguments, and a sample's
+    score is the weighted sum of the functions that scored it (TRL's ``nansum``: a function returning None
+    for a sample leaves it out there). A sample that no function scored fails (TRL would give it 0).
+    Each function's own value is kept as an extra value under its label, so the step logs
+    ``reward/<label>/mean`` (TRL logs ``rewards/<name>/mean``).
+
+    An exception in one function, or a return that is not one number or None per completion, fails the
+    whole batch with one error naming that function (TRL raises).
+
+    Args:
+        members: the functions with their weights and labels (labels unique; default: the function names).
+    """
+
+    def __init__(self, members: Sequence[tuple[TRLRewardFunction, float, str]]) -> None:
+        if not members:
+            raise RewardError("no reward functions to combine")
+        labels = [label for _, _, label in members]
+        if len(set(labels)) != len(labels):
+            raise RewardError(f"reward function labels must differ, got {labels}")
+        self.members = list(members)
+        super().__init__(self._call_all)
+        self.name = "weighted(" + ", ".join(f"{w:g} x {m.name}" for m, w, _ in self.members) + ")"
+
+    async def _call_all(self, **kwargs: Any) -> list[Any]:
+        """Every member's return on the same arguments (sync ones in a thread, so an event loop never blocks)."""
+        out = []
+        for member, _, _ in self.members:
+            try:
+                if inspect.iscoroutinefunction(member.fn):
+                    value = await member.fn(**kwargs)
+                else:
+                    value = await asyncio.to_thread(member.fn, **kwargs)
+                    if inspect.isawaitable(value):
+                        value = await value
+            except Exception as e:
+                raise RewardError(f"{member.name} raised {type(e).__name__}: {e}") from e
+            out.append(value)
+        return out
+
+    def results(self, values: Any, inputs: Sequence[RewardInput]) -> list[RewardResult]:
+        """Combine the members' returns (see the class doc)."""
+        per_member: list[list[float | None]] = []
+        for (member, _, _), value in zip(self.members, values, strict=True):
+            try:
+                per_member.append(member.numbers(value, len(inputs)))
+            except RewardError as e:
+                return [failure(x.data_source, f"TRL-style reward function {member.name} {e}") for x in inputs]
+        weights = {label: w for _, w, label in self.members}
+        results = []
+        for j, x in enumerate(inputs):
+            given = {label: nums[j] for (_, _, label), nums in zip(self.members, per_member, strict=True)}
+            scored = {label: v for label, v in given.items() if v is not None}
+            bad = sorted(label for label, v in scored.items() if math.isinf(v))
+            if bad:
+                reason = f"{bad[0]} returned {scored[bad[0]]}"
+                results.append(failure(x.data_source, f"TRL-style reward function {reason}"))
+            elif not scored:
+                reason = f"{self.name}: every function returned None for this sample"
+                results.append(failure(x.data_source, f"TRL-style reward function {reason}"))
+            else:
+                total = sum(weights[label] * v for label, v in scored.items())
+                results.append(RewardResult(score=total, extra=dict(scored)))
+        return results
+
+
+def load_weighted_functions(entries: Sequence[Mapping[str, Any]]) -> WeightedTRLRewards:
+    """``reward.functions``: each entry ``{path, name, style, weight}`` loaded like ``reward.function``
+    (:func:`queryrl.rewards.load_reward_function`); each must be TRL-style (called once per batch).
+
+    Raises:
+        RewardError: an entry without ``path``, a function that does not load, or one that is verl-style
+            (the message names the entry).
+    """
+    from queryrl.rewards.functions import load_reward_function
+
+    members: list[tuple[TRLRewardFunction, float, str]] = []
+    for i, entry in enumerate(entries):
+        where = f"reward.functions[{i}]"
+        if not entry.get("path"):
+            raise RewardError(f"{where}: needs a path (a .py file or a module) and a name")
+        fn = load_reward_function(
+            str(entry["path"]), str(entry.get("name") or "compute_score"), entry.get("style") or "auto"
+        )
+        if not isinstance(fn, TRLRewardFunction):
+            raise RewardError(
+                f"{where} ({entry['path']}:{entry.get('name')}) is verl-style (one sample per call); several "
+                "functions are combined the TRL way, each called once per batch: write it as "
+                "f(prompts, completions, **kwargs), set its style: trl, or use reward.function alone"
+            )
+        label = getattr(fn.fn, "__name__", None) or f"function_{i}"
+        if any(label == other for _, _, other in members):
+            label = f"{label}_{i}"
+        members.append((fn, float(entry.get("weight", 1.0)), label))
+    return WeightedTRLRewards(members)

@@ -18,8 +18,9 @@ from queryrl.data.builtin import resolve_data_path
 from queryrl.engine.optim import make_optimizer
 from queryrl.engine.workers import Workers, make_workers
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
-from queryrl.rewards import load_reward_function, make_reward_manager
+from queryrl.rewards import make_reward_manager
 from queryrl.rollout import make_rollout
+from queryrl.trainer.preflight import config_reward_spec
 
 
 def resolve_device(name: str, default: torch.device | None = None) -> torch.device:
@@ -101,7 +102,7 @@ def _reward(cfg: DictConfig) -> tuple[Any, Any]:
     if spec is not None:  # the application brings its reward (and, maybe, a selector of the rows to train on)
         reward_fn, kwargs, preferred = spec.fn, dict(spec.kwargs), spec.manager
     else:
-        reward_fn = load_reward_function(r.function.path, r.function.name, r.function.style)
+        reward_fn = config_reward_spec(cfg).load()  # reward.function, or reward.functions weighted
         kwargs, preferred = dict(r.kwargs), "naive"
     select = app.selector(cfg) if app is not None else None
     manager = make_reward_manager(

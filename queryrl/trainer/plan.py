@@ -390,8 +390,12 @@ def _reward(cfg: DictConfig, plan: Plan) -> None:
     spec = app.reward_plan(cfg) if app is not None else None  # builds nothing: --dry-run writes nothing
     manager = r.manager if r.manager != "auto" else (spec[1] if spec is not None else "naive")
     if spec is None:
-        fn = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
-        plan.add("reward", f"function {fn}, manager {manager}")
+        if r.functions:
+            fn = "functions " + " + ".join(f"{f.weight:g} x {f.path}:{f.name}" for f in r.functions)
+        else:
+            one = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
+            fn = f"function {one}"
+        plan.add("reward", f"{fn}, manager {manager}")
     else:
         plan.add("reward", f"{spec[0]}, manager {manager} (at most {r.max_concurrency} in flight)")
     if app is not None:

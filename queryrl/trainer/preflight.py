@@ -30,7 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from queryrl.data import load_records
 from queryrl.data.builtin import resolve_data_path
 from queryrl.rewards import RewardInput, RewardResult, load_reward_function
+from queryrl.rewards.functions import RewardFn
 from queryrl.rewards.manager import LoopRunner, score_sample
+from queryrl.rewards.trl_style import load_weighted_functions
 
 Check = Callable[[], str]  # returns the line to print; raises PreflightError
 
@@ -47,13 +49,33 @@ class RewardSpec:
     name: str
     kwargs: Mapping[str, Any]
     style: str = "auto"  # reward.function.style
+    functions: tuple[Mapping[str, Any], ...] = ()  # reward.functions: several TRL-style ones, weighted
+
+    def load(self) -> RewardFn:
+        """The function the managers call (a weighted combination for ``reward.functions``).
+
+        Raises:
+            RewardError: as :func:`~queryrl.rewards.load_reward_function` and
+                :func:`~queryrl.rewards.trl_style.load_weighted_functions`.
+        """
+        if self.functions:
+            return load_weighted_functions(self.functions)
+        return load_reward_function(self.path, self.name, self.style)
+
+    def describe(self) -> str:
+        """How messages name it."""
+        if self.functions:
+            return "reward functions " + ", ".join(f"{f['weight']:g} x {f['path']}:{f['name']}" for f in self.functions)
+        return f"reward function {self.name!r} of {self.path}" if self.path else "the built-in reward"
 
 
 def config_reward_spec(cfg: DictConfig) -> RewardSpec:
     kwargs = OmegaConf.to_container(cfg.reward.kwargs, resolve=True) if cfg.reward.kwargs else {}
     assert isinstance(kwargs, dict)
     f = cfg.reward.function
-    return RewardSpec(f.path, f.name, {str(k): v for k, v in kwargs.items()}, f.style)
+    functions = OmegaConf.to_container(cfg.reward.functions, resolve=True) or []
+    assert isinstance(functions, list)
+    return RewardSpec(f.path, f.name, {str(k): v for k, v in kwargs.items()}, f.style, tuple(functions))
 
 
 def run_preflight(
@@ -89,8 +111,8 @@ def probe_input(row: Mapping[str, Any]) -> RewardInput:
 def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
     """The reward function loads and scores the first training row (see the module doc)."""
     # RewardError: missing file, failed import, no such name
-    fn = load_reward_function(spec.path, spec.name, spec.style)
-    what = f"reward function {spec.name!r} of {spec.path}" if spec.path else "the built-in reward"
+    fn = spec.load()
+    what = spec.describe()
     path, row = first_row(cfg)
     timeout_s = float(cfg.reward.timeout_s)
     result = _score_with_timeout(fn, probe_input(row), spec.kwargs, timeout_s)
