@@ -189,6 +189,7 @@ def all_options() -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(RewardConfig)} - {
         "manager",
         "function",
+        "functions",
         "kwargs",
         "max_failed_frac",
         "max_skipped_steps",
