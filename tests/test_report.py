@@ -48,7 +48,8 @@ def test_one_file_without_urls(tmp_path: Path) -> None:
         "score": 9.5,
         "gold": True,
     }
-    assert samples["3"][-1]["score"] is None and samples["3"][-1]["failed"] is True
+    assert samples["3"][-1]["score"] is None
+    assert samples["3"][-1]["failed"] is True
 
 
 def test_a_nan_score_of_an_older_samples_file_is_a_failed_sample(tmp_path: Path) -> None:
