@@ -247,6 +247,11 @@ def with_style(fn: RewardFn, style: str) -> RewardFn:
     return fn
 
 
+def describe_weighted(entries: Sequence[tuple[float, str]]) -> str:
+    """How messages and ``--dry-run`` name a weighted combination: ``0.5 x a.py:f + 2 x a.py:g``."""
+    return " + ".join(f"{weight:g} x {name}" for weight, name in entries)
+
+
 class WeightedTRLRewards(TRLRewardFunction):
     """Several TRL-style functions combined as TRL's ``GRPOTrainer(reward_funcs=[...])`` with
     ``reward_weights`` combines them: each is called once per batch with the same arguments, and a sample's
@@ -270,7 +275,7 @@ class WeightedTRLRewards(TRLRewardFunction):
             raise RewardError(f"reward function labels must differ, got {labels}")
         self.members = list(members)
         super().__init__(self._call_all)
-        self.name = "weighted(" + ", ".join(f"{w:g} x {m.name}" for m, w, _ in self.members) + ")"
+        self.name = f"weighted({describe_weighted([(w, m.name) for m, w, _ in self.members])})"
 
     async def _call_all(self, **kwargs: Any) -> list[Any]:
         """Every member's return on the same arguments (sync ones in a thread, so an event loop never blocks)."""

@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.application import enabled_app
+from queryrl.rewards.trl_style import describe_weighted
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -391,7 +392,7 @@ def _reward(cfg: DictConfig, plan: Plan) -> None:
     manager = r.manager if r.manager != "auto" else (spec[1] if spec is not None else "naive")
     if spec is None:
         if r.functions:
-            fn = "functions " + " + ".join(f"{f.weight:g} x {f.path}:{f.name}" for f in r.functions)
+            fn = "functions " + describe_weighted([(f.weight, f"{f.path}:{f.name}") for f in r.functions])
         else:
             one = f"{r.function.path}:{r.function.name}" if r.function.path else "built-in scorers by data_source"
             fn = f"function {one}"

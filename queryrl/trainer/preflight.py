@@ -32,7 +32,7 @@ from queryrl.data.builtin import resolve_data_path
 from queryrl.rewards import RewardInput, RewardResult, load_reward_function
 from queryrl.rewards.functions import RewardFn
 from queryrl.rewards.manager import LoopRunner, score_sample
-from queryrl.rewards.trl_style import load_weighted_functions
+from queryrl.rewards.trl_style import describe_weighted, load_weighted_functions
 
 Check = Callable[[], str]  # returns the line to print; raises PreflightError
 
@@ -65,7 +65,8 @@ class RewardSpec:
     def describe(self) -> str:
         """How messages name it."""
         if self.functions:
-            return "reward functions " + ", ".join(f"{f['weight']:g} x {f['path']}:{f['name']}" for f in self.functions)
+            named = [(float(f["weight"]), f"{f['path']}:{f['name']}") for f in self.functions]
+            return f"reward functions {describe_weighted(named)}"
         return f"reward function {self.name!r} of {self.path}" if self.path else "the built-in reward"
 
 
