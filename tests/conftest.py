@@ -43,3 +43,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+FAKE_VLLM = Path(__file__).resolve().parent / "rollout" / "fake_vllm"
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The CPU stand-in for vLLM 0.32 (tests/rollout/fake_vllm) as ``vllm``, for this process and for Ray workers
+    started during the test (``PYTHONPATH``); the real vLLM, if installed, is out of the way until the test ends."""
+    import importlib
+    import os
+    import sys
+
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(FAKE_VLLM))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(FAKE_VLLM), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    module = importlib.import_module("vllm")
+    assert Path(module.__file__).parent.parent == FAKE_VLLM
+    module.LLM.instances.clear()
+    yield module
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]

@@ -293,8 +293,11 @@ class PolicyWorker:
             raise ValueError(f"this worker holds {', '.join(self.roles)}: no actor to generate with")
         pad = int(self.policy.tokenizer.pad_token_id)
         if self._rollout is None:
+            from queryrl.models.loading import DTYPES, model_compute_dtype
             from queryrl.rollout import make_rollout
 
+            # an engine with weights of its own (vLLM) built here takes them from the policy at once: under
+            # FSDP a collective every rank runs, as every rank calls generate
             self._rollout = make_rollout(
                 self.cfg.rollout.backend,
                 self.policy.model,
@@ -302,6 +305,7 @@ class PolicyWorker:
                 self.cfg.rollout.micro_batch_size,
                 self.device,
                 fast_decode=self.cfg.rollout.fast_decode,
+                dtype=model_compute_dtype(self.cfg.model) or DTYPES[self.cfg.model.dtype],
             )
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))
@@ -315,11 +319,11 @@ class PolicyWorker:
     def sync_rollout(self) -> None:
         """After an update: the rollout backend takes the policy's new weights (vLLM; a no-op for hf).
 
-        Under FSDP the full weights are gathered for the copy (every rank calls it).
+        The backend reads them through :func:`queryrl.rollout.sync.rollout_weights`, which gathers FSDP's
+        shards one tensor at a time (every rank calls this) and never changes the policy.
         """
         if self._rollout is not None and self.policy is not None:
-            with gathered(self.policy.model) if self.fsdp else contextlib.nullcontext():
-                self._rollout.update_weights(self.policy.model)
+            self._rollout.update_weights(self.policy.model)
 
     def optimizer_step(
         self, role: str, shard: Batch, norm: LossNormalizer, lr: float

@@ -260,10 +260,17 @@ class RolloutBackend(Protocol):
 
 class RolloutFactory(Protocol):
     """The signature every registered rollout backend factory has (``fast_decode``: the ``hf``
-    backend's decode path, ``rollout.fast_decode``; other backends ignore it)."""
+    backend's decode path, ``rollout.fast_decode``; ``dtype``: the dtype an engine with weights of
+    its own computes in, None = the model's; a backend that runs the module itself ignores both)."""
 
     def __call__(
-        self, model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        micro_batch_size: int,
+        device: torch.device | None,
+        fast_decode: str,
+        dtype: torch.dtype | None,
     ) -> RolloutBackend: ...
 
 
@@ -272,7 +279,12 @@ ROLLOUT_BACKENDS: Registry[RolloutFactory] = Registry("rollout backend")
 
 @ROLLOUT_BACKENDS.register("hf")
 def _hf(
-    model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
+    model: nn.Module,
+    tokenizer: Any,
+    micro_batch_size: int,
+    device: torch.device | None,
+    fast_decode: str,
+    dtype: torch.dtype | None,
 ) -> RolloutBackend:
     from queryrl.rollout.hf import HFRollout
 
@@ -281,11 +293,16 @@ def _hf(
 
 @ROLLOUT_BACKENDS.register("vllm")
 def _vllm(
-    model: nn.Module, tokenizer: Any, micro_batch_size: int, device: torch.device | None, fast_decode: str
+    model: nn.Module,
+    tokenizer: Any,
+    micro_batch_size: int,
+    device: torch.device | None,
+    fast_decode: str,
+    dtype: torch.dtype | None,
 ) -> RolloutBackend:
     from queryrl.rollout.vllm import VLLMRollout  # imports vllm itself only when built
 
-    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device)
+    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, dtype=dtype)
 
 
 def make_rollout(
@@ -295,6 +312,7 @@ def make_rollout(
     micro_batch_size: int = 64,
     device: torch.device | None = None,
     fast_decode: str = "auto",
+    dtype: torch.dtype | None = None,
 ) -> RolloutBackend:
     """The rollout backend registered under ``name`` (``rollout.backend``)."""
-    return ROLLOUT_BACKENDS.get(name)(model, tokenizer, micro_batch_size, device, fast_decode)
+    return ROLLOUT_BACKENDS.get(name)(model, tokenizer, micro_batch_size, device, fast_decode, dtype)

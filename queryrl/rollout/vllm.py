@@ -1,6 +1,9 @@
-"""Rollout with vLLM (``rollout.backend=vllm``): GPU only, imported lazily.
+"""Rollout with vLLM (``rollout.backend=vllm``): imported lazily, on a GPU (or a vLLM CPU build).
 
-Not exercised on CPU machines: its tests are marked ``gpu`` and skipped without CUDA.
+Supported: vLLM 0.32.x (:data:`SUPPORTED_VLLM`), the release line whose torch pin is this
+project's (``torch==2.13.0``; vLLM 0.33 needs torch 2.14). ``pip install 'queryrl[vllm]'`` installs
+it. On CPU machines its API surface is tested against a stand-in that mimics it
+(``tests/rollout/fake_vllm``); the real engine runs only in the tests marked ``gpu``.
 
 Same contract as :class:`~queryrl.rollout.hf.HFRollout` (prompt-major rows, absolute
 ``prompt_index``, response mask up to and including the first EOS, rollout log-probs of the
@@ -10,33 +13,85 @@ top-k and top-p off they are ``log_softmax(logits / temperature)``, the HF backe
 
 Colocated with training on the same GPU, the engine sleeps between rollouts (level 1: weights
 offloaded to CPU memory, KV cache freed) and wakes to generate or to take new weights.
-:meth:`VLLMRollout.update_weights` pushes the trainer's weights after each update: the full
-state dict, or with LoRA the base weights with the adapters merged in (the adapter is merged,
-copied out and unmerged again, so the trainer's module is unchanged).
+
+Weights. :meth:`VLLMRollout.update_weights` hands the engine the trainer's weights as
+:func:`queryrl.rollout.sync.rollout_weights` yields them: plain full tensors of the merged model
+(LoRA added in as new tensors, FSDP2 shards gathered one tensor at a time), which the model's own
+``load_weights`` copies into its parameters; the trainer's parameters are never touched. The
+copy runs through ``LLM.apply_model``, which calls the function on the model in this process only
+with the in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here when unset). The
+multiprocess engine (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) would have to pickle the function and
+every tensor to the engine's process (vLLM asks for ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``), and
+is refused with a message naming the variable. After a copy the prefix cache is reset: its blocks
+hold keys and values the old weights computed.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
+from queryrl.rollout.sync import rollout_weights
+
+SUPPORTED_VLLM = (">=0.32", "<0.33")
+"""The vLLM versions this backend is written and tested for (its API surface in tests/rollout/fake_vllm)."""
+
+MULTIPROCESSING_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def vllm_version_problem(version: str) -> str | None:
+    """Why vLLM `version` is outside :data:`SUPPORTED_VLLM` (None: inside)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    spec = SpecifierSet(",".join(SUPPORTED_VLLM))
+    try:
+        ok = Version(version) in spec
+    except InvalidVersion:
+        ok = False
+    if ok:
+        return None
+    return f"vLLM {version} is installed; queryrl's vllm backend supports vLLM {spec} (pip install 'queryrl[vllm]')"
+
+
+def multiprocessing_problem() -> str | None:
+    """Why the environment asks for an engine this backend cannot load weights into (None: it does not)."""
+    value = os.environ.get(MULTIPROCESSING_VAR)
+    if value is None or value.strip() in ("", "0"):
+        return None
+    return (
+        f"{MULTIPROCESSING_VAR}={value} runs vLLM's engine in another process, and queryrl loads the trainer's "
+        f"weights into an in-process engine only (LLM.apply_model on the model itself): unset it or set "
+        f"{MULTIPROCESSING_VAR}=0"
+    )
 
 
 def _require_vllm() -> Any:
-    if not torch.cuda.is_available():
-        raise RuntimeError("rollout.backend='vllm' needs a CUDA GPU and none is visible; use rollout.backend='hf'")
+    """vLLM, imported, in the supported range, able to run here, with the in-process engine selected."""
+    problem = multiprocessing_problem()
+    if problem is not None:
+        raise RuntimeError(problem)
     try:
         import vllm
     except ImportError as e:
         raise ImportError(
             "rollout.backend='vllm' needs vLLM: pip install 'queryrl[vllm]' (a CUDA build); or use rollout.backend='hf'"
         ) from e
+    problem = vllm_version_problem(str(getattr(vllm, "__version__", "?")))
+    if problem is not None:
+        raise RuntimeError(problem)
+    from vllm.platforms import current_platform
+
+    if not torch.cuda.is_available() and current_platform.device_type != "cpu":
+        raise RuntimeError("rollout.backend='vllm' needs a CUDA GPU and none is visible; use rollout.backend='hf'")
+    os.environ[MULTIPROCESSING_VAR] = "0"  # the engine in this process: apply_model reaches the model itself
     return vllm
 
 
@@ -49,33 +104,31 @@ def model_path(model: nn.Module) -> Path:
     return Path(name)
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The plain (non-peft) state dict of `model`: with LoRA, the base weights with the adapters merged in."""
-    if not hasattr(model, "merge_adapter"):
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    model.merge_adapter()  # type: ignore[operator]
-    try:
-        base = model.get_base_model()  # type: ignore[operator]
-        out = {}
-        for key, value in base.state_dict().items():
-            if "lora_" in key:
-                continue
-            out[key.replace(".base_layer.", ".")] = value.detach().clone()
-    finally:
-        model.unmerge_adapter()  # type: ignore[operator]
-    return out
+def engine_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the engine computes in: `model`'s compute dtype (mixed precision), else its base weights' dtype."""
+    from queryrl.models.loading import compute_dtype
+
+    dtype = compute_dtype(model)
+    if dtype is not None:
+        return dtype
+    for param in model.parameters():
+        if param.is_floating_point() and not param.requires_grad:
+            return param.dtype  # LoRA: the frozen base (the adapters may be float32 over it)
+    return next(model.parameters()).dtype
 
 
 class VLLMRollout:
     """The ``vllm`` rollout backend (see the module docstring).
 
     Args:
-        model: the trainer's policy (its folder is what vLLM loads first).
+        model: the trainer's policy (its folder is what vLLM loads first; its weights replace the folder's).
         tokenizer: gives ``pad_token_id`` and ``eos_token_id``.
         micro_batch_size: prompts per chunk of :meth:`generate_chunks` (vLLM batches internally).
         device: unused (vLLM places itself); accepted for the registry signature.
         gpu_memory_utilization: the GPU memory fraction vLLM may take (the trainer shares the GPU).
         sleep_between_rollouts: offload the engine while the trainer trains (colocated).
+        dtype: the engine's dtype (None: :func:`engine_dtype` of `model`; FSDP's mixed precision passes its
+            compute dtype, which the sharded module no longer records).
     """
 
     def __init__(
@@ -86,27 +139,30 @@ class VLLMRollout:
         device: torch.device | None = None,
         gpu_memory_utilization: float = 0.4,
         sleep_between_rollouts: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        vllm = _require_vllm()
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad token and an eos token")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights by reference
+        vllm = _require_vllm()
         self._vllm = vllm
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_id = int(tokenizer.eos_token_id)
-        dtype = next(model.parameters()).dtype
+        self.dtype = dtype or engine_dtype(model)
+        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+        if self.dtype not in names:
+            raise ValueError(f"vLLM runs in float32, bfloat16 or float16, not {self.dtype}")
         self.llm = vllm.LLM(
             model=str(model_path(model)),
-            dtype={torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype],
+            dtype=names[self.dtype],
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_between_rollouts,
             logprobs_mode="processed_logprobs",
         )
         self.sleep_between_rollouts = sleep_between_rollouts
         self.asleep = False
-        self.update_weights(model)
+        self.update_weights(model)  # the trainer's weights (LoRA merged), not the folder's
 
     def _wake(self) -> None:
         if self.asleep:
@@ -131,7 +187,9 @@ class VLLMRollout:
             n=params.n,
             temperature=params.temperature if params.do_sample else 0.0,
             top_p=params.top_p if params.do_sample else 1.0,
-            top_k=params.top_k if params.do_sample and params.top_k > 0 else -1,
+            top_k=params.top_k if params.do_sample and params.top_k > 0 else 0,  # 0: off (vLLM >= 0.32)
+            # vLLM's sampler has its own RNG: a seed drawn from torch's makes a seeded run sample the same tokens
+            seed=int(torch.randint(0, 2**31 - 1, ()).item()) if params.do_sample else None,
             max_tokens=params.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             stop_token_ids=[self.eos_token_id],
@@ -176,10 +234,29 @@ class VLLMRollout:
         )
 
     def update_weights(self, source: nn.Module) -> None:
-        """Load `source`'s weights (LoRA merged) into the engine, waking it for the copy."""
-        weights = list(merged_state_dict(source).items())
+        """Load `source`'s weights into the engine (see the module docstring), waking it for the copy.
+
+        Under FSDP2 a collective: every rank's engine must take its policy's weights at the same time.
+        A parameter of the engine's model that the copy did not reach is reported (a rename between the
+        trainer's model and vLLM's, or an unsupported vLLM version): it would keep the folder's values.
+        """
+        dtype = self.dtype
+
+        def load(model: nn.Module) -> list[str]:
+            loaded = model.load_weights(rollout_weights(source, dtype))  # type: ignore[operator]
+            if loaded is None:  # a model whose loader reports nothing
+                return []
+            return sorted({n for n, _ in model.named_parameters()} - set(loaded))
+
         self._wake()
         try:
-            self.llm.apply_model(lambda model: model.load_weights(weights))
+            missed = [name for per_worker in self.llm.apply_model(load) for name in per_worker]
+            self.llm.reset_prefix_cache()  # cached keys and values were computed by the old weights
         finally:
             self._sleep()
+        if missed:
+            warnings.warn(
+                f"vLLM's model has {len(missed)} parameters the weight sync did not load (they keep the model "
+                f"folder's values): {', '.join(missed[:5])}",
+                stacklevel=2,
+            )

@@ -80,3 +80,23 @@ def assert_same_greedy(a: RolloutOutput, b: RolloutOutput) -> None:
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "prompt_index", "truncated"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     torch.testing.assert_close(a.rollout_logprobs, b.rollout_logprobs, atol=1e-5, rtol=0)
+
+
+B_SCALE = 0.02
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def with_lora(model: nn.Module, seed: int = 0, scale: float = B_SCALE, **extra: Any) -> nn.Module:
+    """`model` (a copy) in a peft LoRA model, r=4 on every projection, B drawn with std `scale`
+    (peft's B = 0 would make the adapters invisible; larger B make the tiny model babble)."""
+    from peft import LoraConfig, get_peft_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, **extra)
+        peft_model: nn.Module = get_peft_model(copy.deepcopy(model), config)
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, scale)
+    return peft_model.eval()

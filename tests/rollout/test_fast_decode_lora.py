@@ -16,26 +16,7 @@ from queryrl.engine.policy import compute_logprobs
 from queryrl.models.loading import set_compute_dtype
 from queryrl.rollout import HFRollout, SamplingParams
 from queryrl.rollout.fast_decode import FastDecoder
-from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config
-
-B_SCALE = 0.02
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def with_lora(model: nn.Module, seed: int = 0, scale: float = B_SCALE, **extra: Any) -> nn.Module:
-    """`model` (a copy) in a peft LoRA model, r=4 on every projection, B drawn with std `scale`
-    (peft's B = 0 would make the adapters invisible; larger B make the tiny model babble)."""
-    from peft import LoraConfig, get_peft_model
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, **extra)
-        peft_model: nn.Module = get_peft_model(copy.deepcopy(model), config)
-        with torch.no_grad():
-            for name, param in peft_model.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(0.0, scale)
-    return peft_model.eval()
+from tests.rollout.helpers import GREEDY, TARGETS, assert_same_greedy, build, paths, tiny_config, with_lora
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The vLLM backend: weight export on CPU; generation and weight sync on a GPU (marked gpu)."""
+"""The vLLM backend with the real vLLM on a GPU (marked gpu); its CPU tests against a stand-in are in test_sync.py."""
 
 from __future__ import annotations
 
@@ -9,40 +9,7 @@ import pytest
 import torch
 
 from queryrl.rollout import SamplingParams, make_rollout
-from queryrl.rollout.vllm import merged_state_dict, model_path
-
-
-def _lora(tiny_bundle: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    model = get_peft_model(
-        copy.deepcopy(tiny_bundle.model),
-        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
-    )
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.fill_(0.01)  # a non-zero adapter
-    return model
-
-
-def test_full_weights_are_the_state_dict(tiny_bundle: Any) -> None:
-    state = merged_state_dict(tiny_bundle.model)
-    assert state.keys() == tiny_bundle.model.state_dict().keys()
-
-
-def test_lora_weights_are_the_merged_base_under_the_plain_names(tiny_bundle: Any) -> None:
-    model = _lora(tiny_bundle)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    state = merged_state_dict(model)
-    assert state.keys() == tiny_bundle.model.state_dict().keys()  # what vLLM's load_weights expects
-    base = tiny_bundle.model.state_dict()
-    q = next(k for k in state if k.endswith("q_proj.weight"))
-    k_proj = next(k for k in state if k.endswith("k_proj.weight"))
-    assert not torch.allclose(state[q], base[q])  # the adapter is merged in
-    assert torch.equal(state[k_proj], base[k_proj])  # untouched modules are the base weights
-    for key, value in model.state_dict().items():  # the trainer's model is left unmerged
-        torch.testing.assert_close(value, before[key], atol=1e-6, rtol=0)
+from queryrl.rollout.vllm import model_path
 
 
 def test_the_model_folder_is_found(tiny_bundle: Any) -> None:
