@@ -293,7 +293,6 @@ class PolicyWorker:
             raise ValueError(f"this worker holds {', '.join(self.roles)}: no actor to generate with")
         pad = int(self.policy.tokenizer.pad_token_id)
         if self._rollout is None:
-            from queryrl.models.loading import DTYPES, model_compute_dtype
             from queryrl.rollout import make_rollout
 
             # an engine with weights of its own (vLLM) built here takes them from the policy at once: under
@@ -305,7 +304,7 @@ class PolicyWorker:
                 self.cfg.rollout.micro_batch_size,
                 self.device,
                 fast_decode=self.cfg.rollout.fast_decode,
-                dtype=model_compute_dtype(self.cfg.model) or DTYPES[self.cfg.model.dtype],
+                dtype=self._rollout_dtype(),
             )
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))
@@ -315,6 +314,13 @@ class PolicyWorker:
             if not prompts:
                 return RolloutOutput.concat([], pad)
             return self._rollout.generate(prompts, params)
+
+    def _rollout_dtype(self) -> torch.dtype:
+        """The dtype the policy computes in (``model.compute_dtype`` under mixed precision, else ``model.dtype``):
+        the rollout engine's. Read from the config, since FSDP's mixed precision replaces the module's own record."""
+        from queryrl.models.loading import DTYPES, model_compute_dtype
+
+        return model_compute_dtype(self.cfg.model) or DTYPES[self.cfg.model.dtype]
 
     def sync_rollout(self) -> None:
         """After an update: the rollout backend takes the policy's new weights (vLLM; a no-op for hf).

@@ -116,3 +116,78 @@ def test_fsdp_cpu_worker_rollouts_are_on_policy_and_a_resumed_run_ends_where_the
     print(f"max |param change in steps 3-4| {moved:.3e}, max |whole - resumed| {diff:.3e}")
     assert moved > 1e-3  # the resumed steps had work to do
     assert diff < 1e-6
+
+
+LORA = ("model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,v_proj,up_proj]")
+
+
+def _export_weights(run_dir: Path, out: Path) -> dict[str, torch.Tensor]:
+    """The merged weights `queryrl export` writes for the run's latest checkpoint."""
+    from safetensors.torch import load_file
+
+    from queryrl.trainer.export import export_checkpoint
+
+    export_checkpoint(run_dir, out)
+    return load_file(out / "model.safetensors")
+
+
+@pytest.mark.timeout(900)
+def test_fsdp_lora_checkpoints_and_export_equal_the_local_backends(tmp_path: Path, model_cache: Path) -> None:
+    """The users' configuration (LoRA under FSDP2) against the local backend on the same rollouts
+    (``ray.rollout=driver``). The FSDP run's checkpoint holds what its workers hold, and its export is the merged
+    model of those adapters to 1e-6; the two runs' adapters, AdamW states and exports agree up to the float
+    noise of summing gradients in another order (relative to how far the adapters moved)."""
+    from queryrl.distributed.worker import load_trainable_state
+    from queryrl.models import load_policy
+    from queryrl.rollout.sync import rollout_weights
+    from queryrl.trainer.checkpoint import latest_checkpoint, load_model_weights
+
+    run = (*LORA, "trainer.save_every=2", "actor.lr=2e-2")
+    local = _train(tmp_path / "local", model_cache, "trainer.backend=local", *run)
+    fsdp = _train(tmp_path / "fsdp", model_cache, *FSDP, "ray.rollout=driver", *run)
+    adapters = [k for k in local["end"] if "lora_" in k]
+    moved = max((local["end"][k] - local["start"][k]).abs().max().item() for k in adapters)
+    diff = max((local["end"][k] - fsdp["end"][k]).abs().max().item() for k in local["end"])
+    print(f"LoRA: max |adapter change| {moved:.3e}, max |local - fsdp| {diff:.3e}")
+    assert moved > 1e-3
+    assert diff < 1e-3 * moved
+    for a, b in zip(local["exp_avg_sq"], fsdp["exp_avg_sq"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-12)
+
+    cfg = make_cfg(tmp_path / "fsdp", model_cache, *run)
+    policy = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False).model
+    load_model_weights(policy, latest_checkpoint(tmp_path / "fsdp" / "toy_grpo" / "checkpoints") / "actor")
+    saved = {k: v for k, v in policy.named_parameters() if v.requires_grad}
+    assert all(torch.equal(saved[k], fsdp["end"][k]) for k in adapters)  # the checkpoint is the workers' state
+    load_trainable_state(policy, {k: fsdp["end"][k] for k in adapters})
+    merged = dict(rollout_weights(policy))
+    exported = {
+        name: _export_weights(tmp_path / name / "toy_grpo", tmp_path / f"{name}-export") for name in ("local", "fsdp")
+    }
+    assert max((exported["fsdp"][k] - merged[k]).abs().max().item() for k in exported["fsdp"]) < 1e-6
+    worst = max((exported["local"][k] - exported["fsdp"][k]).abs().max().item() for k in exported["local"])
+    print(f"exported merged weights: max |local - fsdp| {worst:.3e}")
+    assert worst < 1e-3 * moved
+
+
+@pytest.mark.timeout(900)
+def test_fsdp_lora_workers_generate_with_vllm_on_policy_after_every_sync(
+    tmp_path: Path, model_cache: Path, fake_vllm: Any
+) -> None:
+    """Each FSDP worker runs its own engine (the vLLM stand-in, loading weights as vLLM does) and syncs it after
+    every update: the engine's log-probs of the tokens it sampled equal the trainer's recomputed ones (a stale
+    or corrupted sync shows up here), and the workers' shards stay in step."""
+    cfg = make_cfg(
+        tmp_path, model_cache, *COMMON, *FSDP, *LORA, "rollout.backend=vllm", "trainer.total_steps=3", "actor.lr=2e-2"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Trainer(cfg) as trainer:
+            trainer.fit()
+            assert isinstance(trainer.c.workers, RayWorkers)
+            checksums = trainer.c.workers.checksums()
+    assert checksums[0] == checksums[1]
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    print([r["training/rollout_probs_diff_max"] for r in rows])
+    assert max(r["training/rollout_probs_diff_max"] for r in rows) < 1e-4
