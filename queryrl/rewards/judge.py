@@ -179,6 +179,18 @@ def _read_key(env: str | None) -> str:
     return key
 
 
+def closest_names(name: str, known: list[str]) -> str:
+    """``"; did you mean 'a' or 'b'? (judge.model=a)"``: the names in `known` closest to `name`, or ``""``."""
+    import difflib
+
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    names = " or ".join(repr(by_lower[c]) for c in close)
+    return f"; did you mean {names}? (judge.model={by_lower[close[0]]})"
+
+
 class JudgeClient:
     """An LLM judge behind an OpenAI-compatible chat API (see the module doc for every policy).
 
@@ -334,10 +346,14 @@ class JudgeClient:
         sdk = self._state().sdk
         where = f"judge {self.model!r} at {self.base_url}"
         listed = "GET /models not served"
+        unlisted = ""  # the configured model is not in the list: what to say, with the closest listed names
         try:
             async with asyncio.timeout(self.timeout_s):
                 page = await sdk.models.list()
             listed = f"GET /models lists {len(page.data)} model(s)"
+            ids = [str(m.id) for m in page.data]
+            if ids and self.model not in ids:
+                unlisted = f"GET /models does not list {self.model!r}" + closest_names(self.model, ids)
         except openai.APIStatusError as e:
             if e.status_code in (401, 403):
                 raise JudgeUnavailable(f"{where} refused the key in ${self.api_key_env}: {self._describe(e)}") from None
@@ -353,7 +369,10 @@ class JudgeClient:
         except Exception as e:
             if (cause := config_error(e)) is not None:
                 raise cause from None
-            raise JudgeUnavailable(f"{where}: a test request failed: {self._describe(e)}") from None
+            hint = f" ({unlisted})" if unlisted else ""
+            raise JudgeUnavailable(f"{where}: a test request failed: {self._describe(e)}{hint}") from None
+        if unlisted:  # served all the same (an alias, a proxy): say so, it may still be a typo
+            listed = f"{listed}, not {self.model!r}{closest_names(self.model, ids)}"
         return f"{where}: {listed}; a test request with the judge's settings succeeded"
 
     def check_sync(self) -> str:

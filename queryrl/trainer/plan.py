@@ -213,6 +213,7 @@ def build_plan(cfg: DictConfig, command: str = "train") -> Plan:
     """The plan of ``queryrl <command>`` (``train`` or ``sft``) for the resolved `cfg`."""
     plan = Plan(command)
     shards = _resources(cfg, plan, command)
+    _gpu_stack(cfg, plan, command)
     shape = _model(cfg, plan)
     if shape is not None:
         _memory(cfg, plan, shape, shards, command)
@@ -265,6 +266,57 @@ def _resources(cfg: DictConfig, plan: Plan, command: str) -> int:
     # sharded: on GPUs with ray.fsdp (unless ray.use_gpu=false), on CPU workers only with ray.fsdp_on_cpu too
     on_gpu = str(rc.use_gpu).lower() != "false"
     return world if rc.fsdp and (on_gpu or rc.fsdp_on_cpu) else 1
+
+
+def wants_gpu(cfg: DictConfig, command: str) -> bool:
+    """Whether the run asks for GPUs by its settings (not by what this machine has): a ``cuda`` device, Ray
+    workers with ``ray.use_gpu=true``, or vLLM rollouts."""
+    if str(cfg.trainer.device).startswith("cuda"):
+        return True
+    if command == "sft":
+        return False
+    ray_gpu = cfg.trainer.backend == "ray" and str(cfg.ray.use_gpu).lower() == "true"
+    return ray_gpu or cfg.rollout.backend == "vllm"
+
+
+def _gpu_stack(cfg: DictConfig, plan: Plan, command: str) -> None:
+    """The installed stack a GPU run needs, checked without importing it: a CUDA build of torch, Ray for
+    ``trainer.backend=ray``, vLLM in the supported range for ``rollout.backend=vllm`` (and its in-process engine)."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    if not wants_gpu(cfg, command):
+        return
+    lines: list[str] = []
+    cuda = torch.version.cuda
+    lines.append(f"torch {torch.__version__} " + (f"(CUDA {cuda} build)" if cuda else "(a CPU build)"))
+    if not cuda:
+        plan.problems.append(
+            f"torch {torch.__version__} is a CPU build and this run asks for GPUs: install the GPU stack "
+            "(pip install 'queryrl[gpu]' in a fresh environment; README, GPU set-up)"
+        )
+    if command == "train" and cfg.trainer.backend == "ray":
+        found = importlib.util.find_spec("ray") is not None
+        lines.append(f"ray {importlib.metadata.version('ray') if found else 'not installed'}")
+        if not found:
+            plan.problems.append("trainer.backend=ray needs Ray: pip install 'queryrl[gpu]' (or 'queryrl[ray]')")
+    if command == "train" and cfg.rollout.backend == "vllm":
+        from queryrl.rollout.vllm import SUPPORTED_VLLM, multiprocessing_problem, vllm_version_problem
+
+        try:
+            version: str | None = importlib.metadata.version("vllm")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        lines.append(f"vllm {version or 'not installed'} (supported: {','.join(SUPPORTED_VLLM)})")
+        if version is None:
+            plan.problems.append("rollout.backend=vllm needs vLLM: pip install 'queryrl[gpu]' (or 'queryrl[vllm]')")
+        elif (problem := vllm_version_problem(version)) is not None:
+            plan.problems.append(problem)
+        if (problem := multiprocessing_problem()) is not None:
+            plan.problems.append(problem)
+    plan.add("gpu stack", *lines)
 
 
 def _model(cfg: DictConfig, plan: Plan) -> ModelShape | None:

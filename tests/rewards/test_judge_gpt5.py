@@ -277,3 +277,20 @@ def test_a_server_error_is_not_remembered() -> None:
         failed, ok = _judge(client), _judge(client)
     assert not failed.refused
     assert ok.verdict == CONSTANT_VERDICT  # a 5xx may pass next time: it is re-sent
+
+
+def test_check_names_the_closest_listed_model_when_the_configured_one_is_not_listed() -> None:
+    """The seed's YAML says "GPT-5"; the API's id is "gpt-5"."""
+    app = make_app(constant_judge, strict=True, served_models=["gpt-5", "gpt-5-mini", "gpt-4o"])
+    with running_server(app) as url, pytest.raises(JudgeUnavailable, match="model_not_found") as caught:
+        _client(url, "GPT-5").check_sync()
+    assert "GET /models does not list 'GPT-5'; did you mean 'gpt-5'" in str(caught.value)
+    assert str(caught.value).endswith("(judge.model=gpt-5))")
+
+
+def test_check_passes_on_an_unlisted_model_that_is_served_and_says_so() -> None:
+    app = make_app(constant_judge, model_name="gpt-5")  # lists gpt-5, answers any model name
+    with running_server(app) as url:
+        said = _client(url, "gpt5").check_sync()
+    assert "GET /models lists 1 model(s), not 'gpt5'; did you mean 'gpt-5'? (judge.model=gpt-5)" in said
+    assert said.endswith("a test request with the judge's settings succeeded")

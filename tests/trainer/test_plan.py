@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -125,9 +127,14 @@ def test_plan_of_the_2gpu_preset_reads_config_json_only(tmp_path: Path, monkeypa
             f"trainer.output_dir={tmp_path / 'runs'}",
         ],
     )
+    monkeypatch.setattr(torch.version, "cuda", "12.9")  # the GPU stack as `pip install 'queryrl[gpu]'` leaves it
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"vllm": "0.32.0", "ray": "2.60.0"}[name])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     plan = build_plan(cfg)
     text = plan.render()
     assert plan.problems == []
+    assert f"gpu stack    torch {torch.__version__} (CUDA 12.9 build)\n" in text
+    assert "vllm 0.32.0 (supported: >=0.32,<0.33)" in text
     assert "ray: 1 node(s) x 2 worker(s)" in text
     assert "8.191 B parameters" in text
     assert "LoRA rank 64: 174.6 M trainable" in text
@@ -139,6 +146,37 @@ def test_plan_of_the_2gpu_preset_reads_config_json_only(tmp_path: Path, monkeypa
     assert "key from $OPENAI_API_KEY: set" in text
     assert "sk-plan-test-secret" not in text
     assert not (tmp_path / "runs").exists()
+
+
+def test_plan_of_the_2gpu_preset_on_a_cpu_stack_lists_each_gap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What this machine has: a CPU torch, no vLLM (Ray is a dev dependency); and a user who set the multiprocess
+    engine, and one with a vLLM outside the supported range."""
+    preset = Path(__file__).resolve().parents[2] / "configs" / "qwen3_8b_2gpu.yaml"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-plan-test")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    overrides = [
+        f"model.path={_model_folder(tmp_path)}",
+        f"data.train_files=[{_rows(tmp_path / 'train.jsonl', 'query_rewrite/car_sales')}]",
+        "app.query_rewrite.rag.url=http://127.0.0.1:8000",
+    ]
+    monkeypatch.setattr(torch.version, "cuda", None)
+    real_version = importlib.metadata.version
+
+    def no_vllm(name: str) -> str:
+        if name == "vllm":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_vllm)
+    problems = build_plan(load_config(preset, overrides)).problems
+    assert problems[0].startswith(f"torch {torch.__version__} is a CPU build and this run asks for GPUs")
+    assert "rollout.backend=vllm needs vLLM: pip install 'queryrl[gpu]' (or 'queryrl[vllm]')" in problems
+    assert any(p.startswith("VLLM_ENABLE_V1_MULTIPROCESSING=1 runs vLLM's engine in another process") for p in problems)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.31.2" if name == "vllm" else real_version(name))
+    problems = build_plan(load_config(preset, overrides)).problems
+    assert "vLLM 0.31.2 is installed; queryrl's vllm backend supports vLLM <0.33,>=0.32" in problems[1]
+    toy = Path(__file__).resolve().parents[2] / "configs" / "toy_grpo.yaml"
+    assert "gpu stack" not in build_plan(load_config(toy, [])).render()  # a CPU run is not asked about GPUs
 
 
 def test_plan_shards_cpu_workers_only_with_fsdp_on_cpu() -> None:
