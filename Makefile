@@ -13,7 +13,8 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real
+	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real \
+	gpu-check gpu-wheels
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -118,6 +119,17 @@ bench-judge-calls: $(STAMP)
 	$(BIN)/python benchmarks/judge_calls.py --model $(KD_DIR)/policy/sft --data $(KD_DIR)/dev.parquet \
 		--corpus $(KD_DIR)/corpus.jsonl --steps 6 \
 		--policy-note "tiny Qwen2 (query_rewrite_demo.yaml, split_cjk) after 150 SFT steps on the KdConv dev rows"
+
+# The first thing to run on a lent GPU (one H100, at most 8 minutes, nothing downloaded): fast decode against
+# generate at Qwen2-0.5B's shape, the FSDP2 weight-sync checks over NCCL, GRPO steps with LoRA in bf16 mixed
+# precision, the peak memory of a Qwen3-8B-shaped LoRA GRPO step -> benchmarks/results/gpu_check.json.
+# It uses the machine's own python and torch (PYTHON=...; no .venv): queryrl from this checkout, and the
+# pure-Python packages such a machine lacks from .whl/, made beforehand here with `make gpu-wheels`.
+gpu-check:
+	bash tools/gpu_check.sh
+
+gpu-wheels:
+	bash tools/gpu_wheels.sh
 
 test: lint pytest
 
