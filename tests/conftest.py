@@ -10,6 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from queryrl.config import load_config
+from tests.helpers import FAKE_VLLM
 
 torch.set_num_threads(1)
 
@@ -43,9 +44,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-FAKE_VLLM = Path(__file__).resolve().parent / "rollout" / "fake_vllm"
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ def test_gpu_check_smoke_runs_every_check(tmp_path: Path) -> None:
     assert [s["step"] for s in report["grpo"]["steps"]] == [1, 2]
     assert report["grpo"]["merged_weights_vs_checkpoint_max_diff"] < 1e-6
     variants = [k for k in report["sync"] if k not in ("ok", "wall_s")]
-    assert len(variants) == 3
+    assert len(variants) == 1  # --smoke: one; tests/distributed/test_fsdp_sync.py runs them all
     for name in variants:
         assert [c["stage"] for c in report["sync"][name]["checks"]] == [
             "start-up",

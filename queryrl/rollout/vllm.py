@@ -78,9 +78,12 @@ def _require_vllm() -> Any:
     problem = multiprocessing_problem()
     if problem is not None:
         raise RuntimeError(problem)
+    no_gpu = "rollout.backend='vllm' needs a CUDA GPU and none is visible; use rollout.backend='hf'"
     try:
         import vllm
     except ImportError as e:
+        if not torch.cuda.is_available():
+            raise RuntimeError(no_gpu) from e
         raise ImportError(
             "rollout.backend='vllm' needs vLLM: pip install 'queryrl[vllm]' (a CUDA build); or use rollout.backend='hf'"
         ) from e
@@ -89,8 +92,8 @@ def _require_vllm() -> Any:
         raise RuntimeError(problem)
     from vllm.platforms import current_platform
 
-    if not torch.cuda.is_available() and current_platform.device_type != "cpu":
-        raise RuntimeError("rollout.backend='vllm' needs a CUDA GPU and none is visible; use rollout.backend='hf'")
+    if not torch.cuda.is_available() and current_platform.device_type != "cpu":  # a vLLM CPU build runs here
+        raise RuntimeError(no_gpu)
     os.environ[MULTIPROCESSING_VAR] = "0"  # the engine in this process: apply_model reaches the model itself
     return vllm
 

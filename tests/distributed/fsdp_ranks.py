@@ -1,4 +1,5 @@
-"""One rank of the FSDP2 weight-sync check, run by tests/distributed/test_fsdp_sync.py in a process of its own.
+"""One rank of the FSDP2 weight-sync check, run by tests/distributed/test_fsdp_sync.py in a process of its own
+(and by ``make gpu-check`` on a GPU).
 
 Each rank builds the real :class:`~queryrl.distributed.worker.PolicyWorker` (as a Ray worker would),
 gives its LoRA adapters non-zero values (the same on every rank), keeps a plain copy of the policy as
@@ -10,7 +11,8 @@ after a real FSDP optimizer step and after a checkpoint load (``set_state``), it
 - ``changed_by_sync``: names of the trainer's shards a sync or a rollout changed (must be none);
 - ``same_tokens``: whether the rollout's greedy tokens equal those of the merged reference model.
 
-Rank 0 writes them as JSON to ``out``.
+Rank 0 writes them as JSON to ``out``. One process runs several configurations in turn (one process
+group each), so the imports are paid once.
 """
 
 from __future__ import annotations
@@ -50,13 +52,26 @@ def full_reference(worker: Any, plain: nn.Module) -> nn.Module:
     return merged(plain)
 
 
-def rank_main(rank: int, world: int, port: int, cfg: dict[str, Any], fake_vllm: str, out: str) -> None:
+def rank_main(rank: int, world: int, runs: list[tuple[int, dict[str, Any], str]], fake_vllm: str) -> None:
+    """Run :func:`check_run` for each ``(port, config, out)`` of `runs` in turn, in this one process."""
     sys.path.insert(0, fake_vllm)
     os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     torch.set_num_threads(1)
+    for port, cfg, out in runs:
+        check_run(rank, world, port, cfg, out)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the last configuration's worker is gone
+
+
+def check_run(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -> None:
+    """One configuration: a worker joins a group of `world` ranks at `port`, checked at its three stages."""
     from queryrl.distributed.worker import PolicyWorker
     from queryrl.rollout import SamplingParams, make_rollout
 
+    if cfg["rollout"]["backend"] == "vllm":
+        import vllm
+
+        vllm.LLM.instances.clear()
     worker = PolicyWorker(cfg, rank, world, roles=("actor",))
     model = worker.policy.model
     gen = torch.Generator().manual_seed(7)

@@ -20,9 +20,8 @@ import pytest
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from tests.conftest import FAKE_VLLM
 from tests.distributed.fsdp_ranks import rank_main
-from tests.helpers import make_cfg
+from tests.helpers import FAKE_VLLM, make_cfg
 
 pytestmark = pytest.mark.slow
 
@@ -41,40 +40,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(tmp_path: Path, model_cache: Path, world: int, backend: str, *overrides: str) -> dict[str, Any]:
-    cfg = make_cfg(
-        tmp_path, model_cache, "ray.fsdp=true", "ray.fsdp_on_cpu=true", f"rollout.backend={backend}", *overrides
-    )
-    out = tmp_path / "result.json"
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    mp.spawn(rank_main, args=(world, _free_port(), plain, str(FAKE_VLLM), str(out)), nprocs=world, join=True)
-    return json.loads(out.read_text())
+VARIANTS = [(name, "vllm", overrides) for name, overrides in MODELS.items()] + [
+    ("lora -> hf fast decode", "hf", (*MODELS["lora"], "rollout.fast_decode=auto"))
+]
+
+
+def run_ranks(tmp_path: Path, model_cache: Path, world: int) -> dict[str, dict[str, Any]]:
+    """Every variant in one set of `world` rank processes (the imports paid once): its checks by name."""
+    runs = []
+    for i, (_, backend, overrides) in enumerate(VARIANTS):
+        cfg = make_cfg(
+            tmp_path, model_cache, "ray.fsdp=true", "ray.fsdp_on_cpu=true", f"rollout.backend={backend}", *overrides
+        )
+        runs.append((_free_port(), OmegaConf.to_container(cfg, resolve=True), str(tmp_path / f"result-{i}.json")))
+    mp.spawn(rank_main, args=(world, runs, str(FAKE_VLLM)), nprocs=world, join=True)
+    return {name: json.loads(Path(out).read_text()) for (name, _, _), (_, _, out) in zip(VARIANTS, runs, strict=True)}
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("model", list(MODELS))
-def test_vllm_engine_gets_the_merged_weights_and_the_trainer_keeps_its_own(
-    tmp_path: Path, model_cache: Path, tiny_bundle: Any, world: int, model: str
-) -> None:
-    result = run_ranks(tmp_path, model_cache, world, "vllm", *MODELS[model])
-    assert result["step_moved"] > 1e-4  # the optimizer step changed the weights the sync must follow
-    tolerance = 1e-6 if model in ("full", "lora") else 2**-7  # bf16 engines: one rounding of the merged weight
-    print(json.dumps(result["checks"], indent=1))
-    assert [c["stage"] for c in result["checks"]] == ["start-up", "after an optimizer step", "after a checkpoint load"]
-    assert [c["loads"] for c in result["checks"]] == [1, 2, 3]
-    for row in result["checks"]:
-        assert row["changed_by_sync"] == [], row["stage"]
-        assert row["engine_diff"] < tolerance, row["stage"]
-        assert row["same_tokens"], row["stage"]
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("world", [1, 2])
-def test_hf_fast_decode_under_fsdp_samples_the_merged_model(
+def test_the_engine_gets_the_merged_weights_and_the_trainer_keeps_its_own(
     tmp_path: Path, model_cache: Path, tiny_bundle: Any, world: int
 ) -> None:
-    result = run_ranks(tmp_path, model_cache, world, "hf", *MODELS["lora"], "rollout.fast_decode=auto")
-    for row in result["checks"]:
-        assert row["changed_by_sync"] == [], row["stage"]
-        assert row["same_tokens"], row["stage"]
+    results = run_ranks(tmp_path, model_cache, world)
+    print(json.dumps({name: r["checks"] for name, r in results.items()}, indent=1))
+    for name, result in results.items():
+        assert result["step_moved"] > 1e-4, name  # the optimizer step changed the weights the sync must follow
+        stages = [c["stage"] for c in result["checks"]]
+        assert stages == ["start-up", "after an optimizer step", "after a checkpoint load"], name
+        for row in result["checks"]:
+            assert row["changed_by_sync"] == [], (name, row["stage"])
+            assert row["same_tokens"], (name, row["stage"])
+        if result["backend"] != "vllm":
+            continue
+        assert [c["loads"] for c in result["checks"]] == [1, 2, 3], name
+        tolerance = 1e-6 if name in ("full", "lora") else 2**-7  # bf16 engines: one rounding of the merged weight
+        for row in result["checks"]:
+            assert row["engine_diff"] < tolerance, (name, row["stage"])

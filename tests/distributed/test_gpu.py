@@ -75,9 +75,8 @@ def test_fsdp_nccl_lora_sync_hands_merged_weights_and_keeps_the_shards(
     import torch.multiprocessing as mp
     from omegaconf import OmegaConf
 
-    from tests.conftest import FAKE_VLLM
     from tests.distributed.fsdp_ranks import rank_main
-    from tests.helpers import make_cfg
+    from tests.helpers import FAKE_VLLM, make_cfg
 
     lora = ("model.lora.rank=4", "model.lora.alpha=8", "model.lora.target_modules=[q_proj,v_proj,up_proj]")
     cfg = make_cfg(tmp_path, model_cache, "ray.fsdp=true", "rollout.backend=vllm", *lora, *precision)
@@ -85,7 +84,8 @@ def test_fsdp_nccl_lora_sync_hands_merged_weights_and_keeps_the_shards(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(1, port, OmegaConf.to_container(cfg, resolve=True), str(FAKE_VLLM), str(out)), nprocs=1)
+    runs = [(port, OmegaConf.to_container(cfg, resolve=True), str(out))]
+    mp.spawn(rank_main, args=(1, runs, str(FAKE_VLLM)), nprocs=1)
     checks = json.loads(out.read_text())["checks"]
     for row in checks:
         assert row["changed_by_sync"] == [], row
