@@ -273,6 +273,9 @@ class TrainerConfig:
     # `queryrl train` calls the judge, the RAG service and the reward function once before loading the model
     preflight: bool = True
     save_samples: int = 8  # rows of samples/step_N.jsonl
+    # this many steps in a row whose groups all scored their samples alike (no policy gradient) stop the run
+    # (exit 3), saying why; 0 = never
+    max_no_signal_steps: int = 10
     plot: bool = True
     backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
     # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs); > 1 (or nnodes > 1)

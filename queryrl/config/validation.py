@@ -121,6 +121,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
     if cfg.reward.max_skipped_steps < 0:
         raise ConfigError(f"reward.max_skipped_steps must be >= 0 (0 = never stop), got {cfg.reward.max_skipped_steps}")
+    if cfg.trainer.max_no_signal_steps < 0:
+        raise ConfigError(
+            f"trainer.max_no_signal_steps must be >= 0 (0 = never stop), got {cfg.trainer.max_no_signal_steps}"
+        )
     if cfg.algo.filter_groups.enable and "greedy_baseline" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):
         raise ConfigError(f"algo.filter_groups is not supported with algo.adv_estimator={cfg.algo.adv_estimator}")
     enabled = [app.name for app in load_apps() if cfg.app[app.name].enable]

@@ -44,7 +44,7 @@ from queryrl.trainer.metrics import PhaseTimer, data_metrics
 from queryrl.trainer.run_folder import plan_resume
 from queryrl.trainer.samples import sample_records, write_samples
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
-from queryrl.trainer.skips import RewardsFailing, SkipWatch
+from queryrl.trainer.skips import NoSignalWatch, NothingToLearn, RewardsFailing, SkipWatch, has_signal
 
 
 class Trainer:
@@ -72,6 +72,7 @@ class Trainer:
         )
         self.step = 0
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
+        self.no_signal = NoSignalWatch(cfg.trainer.max_no_signal_steps)
         self._set_aside: list[Batch] = []  # this step's rows not trained on (failed; a skipped step's), for samples
         self._resume(resume_from)
         self.train_sampling = SamplingParams(
@@ -152,12 +153,15 @@ class Trainer:
                 )
                 metrics["training/epoch"] = float(self.c.loader.epoch)
                 stop = self.skips.stop_message()
-                if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop:
+                quiet = self.no_signal.stop_message()
+                if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop or quiet:
                     tracker.log(metrics, step=self.step)
                 if pending is not None:  # after the row: a kill in between redoes the step, row included
                     pending.commit()
                 if stop:
-                    self._stop(stop, saved=pending is not None)
+                    self._stop(RewardsFailing(stop), saved=pending is not None)
+                if quiet:
+                    self._stop(NothingToLearn(quiet), saved=pending is not None)
         if cfg.plot and self.step == self.c.total_steps:
             from queryrl.report import write_report
             from queryrl.trainer.plot import plot_run
@@ -178,6 +182,7 @@ class Trainer:
             self._save_samples(None)
             return metrics
         batch, baselines = scored
+        self._watch_signal(batch, metrics)
         if cfg.algo.filter_groups.enable:
             batch = self._informative_groups(batch, len(items), timer, metrics)
             if len(batch) == 0:
@@ -219,6 +224,21 @@ class Trainer:
             metrics |= episode_metrics(batch.non_tensor["rollout_extras"])
         metrics["perf/total_num_tokens"] = float((batch.prompt_lengths + batch.response_lengths).sum())
         return metrics
+
+    def _watch_signal(self, batch: Batch, metrics: dict[str, float]) -> None:
+        """Count a step whose scores give no policy gradient (:func:`~queryrl.trainer.skips.has_signal`); say so
+        once on the console, and log the streak as ``training/no_signal_steps``."""
+        scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
+        signal = has_signal(scores, batch.group_ids.cpu())
+        self.no_signal.observe(self.step, signal, metrics)
+        metrics["training/no_signal_steps"] = float(self.no_signal.streak)
+        if not signal:
+            warnings.warn(
+                "no learning signal: every group scored all its samples alike, so every advantage is 0 "
+                f"(training/no_signal_steps counts the steps in a row; trainer.max_no_signal_steps="
+                f"{self.cfg.trainer.max_no_signal_steps} of them stop the run)",
+                stacklevel=3,
+            )
 
     # --- phases ---------------------------------------------------------------------------------
 
@@ -442,11 +462,11 @@ class Trainer:
             return
         write_samples(self.run_dir / "samples", self.step, records)
 
-    def _stop(self, message: str, saved: bool) -> None:
-        """End a run whose rewards keep failing; what it learned before is checkpointed, to resume once fixed."""
+    def _stop(self, error: RewardsFailing, saved: bool) -> None:
+        """End a run that cannot learn; what it learned before is checkpointed, to resume once fixed."""
         if self.skips.trained_any and not saved:
             self.save()
-        raise RewardsFailing(message)
+        raise error
 
     def save(self) -> Path:
         """Checkpoint the run at the current step."""

@@ -1,4 +1,5 @@
-"""Stop a run that cannot learn: ``reward.max_skipped_steps`` skipped steps in a row end it.
+"""Stop a run that cannot learn: ``reward.max_skipped_steps`` skipped steps in a row end it, and so do
+``trainer.max_no_signal_steps`` steps in a row that had nothing to learn from.
 
 A step is skipped when more than ``reward.max_failed_frac`` of its samples failed their reward
 (:meth:`queryrl.trainer.loop.Trainer._scored_batch`). One such step is a hiccup (a judge timing out
@@ -11,14 +12,22 @@ gives the message naming the first failed sample's error; the trainer raises :cl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
 
 from queryrl.redaction import redact
 from queryrl.rewards import RewardResult
+from queryrl.trainer.metrics import zero_std_group_fraction
 
 
 class RewardsFailing(RuntimeError):
     """The rewards failed ``reward.max_skipped_steps`` steps in a row: the run stops (the CLI exits 3)."""
+
+
+class NothingToLearn(RewardsFailing):
+    """``trainer.max_no_signal_steps`` steps in a row gave no learning signal: the run stops (exit 3)."""
 
 
 @dataclass
@@ -62,4 +71,62 @@ class SkipWatch:
         return redact(
             f"stopped: the rewards failed in {self.streak} steps in a row ({steps}; "
             f"reward.max_skipped_steps={self.limit}), so nothing was learned from them; first failure: {first}"
+        )
+
+
+def has_signal(scores: Tensor, group_ids: Tensor) -> bool:
+    """Whether the scores of a step can move the policy: some group (of size > 1) scored its samples
+    differently, or, where no group has two samples, not every sample scored alike.
+
+    GRPO, RLOO and the other group estimators give every sample of an equal-scored group an advantage
+    of 0; a step where every group is like that has no policy gradient at all (a KL term only pulls
+    the policy back). The usual causes: answers that never parse (every sample gets the format
+    floor), a reward that is constant, or a task too hard or too easy for the model.
+    """
+    sizes = torch.bincount(torch.unique(group_ids, return_inverse=True)[1])
+    if bool((sizes > 1).any()):
+        return zero_std_group_fraction(scores, group_ids) < 1.0
+    return bool(scores.numel() > 1 and (scores != scores[0]).any())
+
+
+@dataclass
+class NoSignalWatch:
+    """The current streak of steps without a learning signal (:func:`has_signal`).
+
+    Args:
+        limit: ``trainer.max_no_signal_steps``; 0 never stops.
+    """
+
+    limit: int
+    streak: int = 0
+    first_step: int = 0
+    parts: dict[str, float] = field(default_factory=dict)  # the reward's parts at the streak's last step
+
+    def observe(self, step: int, signal: bool, metrics: dict[str, float]) -> None:
+        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics."""
+        if signal:
+            self.streak = 0
+            return
+        if self.streak == 0:
+            self.first_step = step
+        self.streak += 1
+        self.parts = {
+            k.removeprefix("reward/").removesuffix("/mean"): v
+            for k, v in metrics.items()
+            if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2
+        }
+
+    def stop_message(self) -> str | None:
+        """The message to stop with, or None while the run may go on."""
+        if not self.limit or self.streak < self.limit:
+            return None
+        last = self.first_step + self.streak - 1
+        parts = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.parts.items()))
+        parts = f"; mean reward parts at the last step: {parts}" if parts else ""
+        return redact(
+            f"stopped: no learning signal in {self.streak} steps in a row (steps {self.first_step}-{last}; "
+            f"trainer.max_no_signal_steps={self.limit}): in every group all samples got the same reward, so every "
+            "advantage was 0 and the policy did not change. Usual causes: answers that never parse (a format the "
+            "model does not follow yet: warm it up with SFT, or reward retrieval on plain-text answers), a "
+            f"constant reward, a task too hard for the model{parts}"
         )

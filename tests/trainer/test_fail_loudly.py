@@ -1,4 +1,4 @@
-"""A run that cannot learn stops (reward.max_skipped_steps), and the reward.max_failed_frac boundary.
+"""A run that cannot learn stops (reward.max_skipped_steps, trainer.max_no_signal_steps); the max_failed_frac boundary.
 
 The reward files fail by call count (the ``naive`` manager scores one sample after another), so
 which steps fail is exact: the toy preset below has 4 prompts x 4 responses = 16 samples a step.
@@ -15,8 +15,9 @@ import torch
 from omegaconf import DictConfig
 
 from queryrl.config import ConfigError, load_config
+from queryrl.errors import user_error
 from queryrl.trainer.loop import Trainer
-from queryrl.trainer.skips import RewardsFailing, SkipWatch
+from queryrl.trainer.skips import NothingToLearn, RewardsFailing, SkipWatch, has_signal
 from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,3 +167,57 @@ def test_the_boundary_is_exact_for_fractions_that_floats_round(tmp_path: Path, m
     (row,) = rows(tmp_path)
     assert row["reward/failed"] == 3.0
     assert "reward/step_skipped" not in row
+
+
+# --- no learning signal -------------------------------------------------------------------------------------
+
+
+def constant_reward_file(tmp_path: Path, value: str) -> Path:
+    """A reward that scores every sample `value` (a Python expression of `k`, the call number)."""
+    path = tmp_path / "constant_reward.py"
+    path.write_text(
+        "import itertools\n"
+        "_calls = itertools.count()\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    k = next(_calls)\n    return {{'score': float({value}), 'format': 0.0}}\n"
+    )
+    return path
+
+
+def test_a_run_without_learning_signal_stops_saying_why(tmp_path: Path, model_cache: Path) -> None:
+    """What a model that never follows the answer format does: every sample gets the same floor score."""
+    cfg = make_cfg(tmp_path, model_cache, constant_reward_file(tmp_path, "-1"), "trainer.total_steps=10",
+                   "trainer.max_no_signal_steps=3")  # fmt: skip
+    with Trainer(cfg) as trainer, pytest.raises(NothingToLearn) as stopped:
+        trainer.fit()
+    message = str(stopped.value)
+    assert "no learning signal in 3 steps in a row (steps 1-3; trainer.max_no_signal_steps=3)" in message
+    assert "answers that never parse" in message
+    assert "mean reward parts at the last step: format 0" in message
+    assert [r["training/no_signal_steps"] for r in rows(tmp_path)] == [1.0, 2.0, 3.0]
+    assert [r["reward/zero_std_group_frac"] for r in rows(tmp_path)] == [1.0, 1.0, 1.0]
+    assert user_error(stopped.value) == (message, 3)  # the CLI's exit code: the run did not learn
+
+
+def test_a_step_with_signal_ends_the_streak(tmp_path: Path, model_cache: Path) -> None:
+    # 16 samples a step in 4 groups of 4: steps 3 and 6 vary one sample, the others are constant
+    varied = "1.0 if k in (32, 80) else 0.0"
+    cfg = make_cfg(tmp_path, model_cache, constant_reward_file(tmp_path, varied), "trainer.total_steps=6",
+                   "trainer.max_no_signal_steps=3")  # fmt: skip
+    with Trainer(cfg) as trainer:
+        trainer.fit()  # never 3 in a row
+    assert [r["training/no_signal_steps"] for r in rows(tmp_path)] == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0]
+
+
+def test_has_signal_by_groups_and_without_them() -> None:
+    groups = torch.tensor([0, 0, 1, 1])
+    assert not has_signal(torch.tensor([1.0, 1.0, 0.0, 0.0]), groups)  # groups differ from each other only
+    assert has_signal(torch.tensor([1.0, 0.0, 0.0, 0.0]), groups)
+    singles = torch.tensor([0, 1, 2])
+    assert has_signal(torch.tensor([1.0, 0.0, 0.0]), singles)  # n = 1: the batch is the comparison
+    assert not has_signal(torch.tensor([0.5, 0.5, 0.5]), singles)
+
+
+def test_max_no_signal_steps_must_not_be_negative(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.max_no_signal_steps must be >= 0"):
+        load_config(None, ["trainer.max_no_signal_steps=-1"])
