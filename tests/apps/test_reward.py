@@ -111,6 +111,34 @@ def test_unparseable_output_gets_the_format_penalty_not_a_failure() -> None:
     assert bad["score"] < useless["score"]  # garbage never beats a parseable rewrite
 
 
+def test_unparsed_retrieve_reads_plain_text_as_the_query_with_format_zero() -> None:
+    """A model that answers the query as plain text (no JSON) gets rewards that differ by what it retrieved."""
+    row = _rows()[0]
+    right = _score(row, f"改写后的查询：{_correct(row)}\n（补全了代词）", unparsed="retrieve")
+    wrong = _score(row, "“你好”", unparsed="retrieve")
+    nothing = _score(row, "```\n\n```", unparsed="retrieve")
+    assert right["candidate_query"] == _correct(row)  # the label, the quotes and the second line are not the query
+    assert (right["format"], right["format/plain_text"]) == (0.0, 1.0)
+    assert right["retrieval_rank"] > wrong["retrieval_rank"]
+    assert right["score"] > wrong["score"] > nothing["score"]  # a signal between answers that all miss the format
+    assert nothing["score"] == pytest.approx(-1.0)  # no usable line: the floor
+    parsed = _score(row, _answer(_correct(row)), unparsed="retrieve")
+    assert (parsed["format"], parsed["format/plain_text"]) == (1.0, 0.0)
+    assert parsed["score"] == pytest.approx(right["score"] + 0.2)  # the format weight is the price of plain text
+    assert _score(row, _correct(row))["score"] == pytest.approx(-1.0)  # the default (floor) is unchanged
+
+
+def test_plain_text_query_takes_the_first_line_without_labels_or_quotes() -> None:
+    from queryrl.apps.query_rewrite.prompts import plain_text_query
+
+    assert plain_text_query("Rewritten query: iPhone 15 battery life\nBecause...") == "iPhone 15 battery life"
+    assert plain_text_query("\n\n**查询**：  「星辰X3  手机续航」") == "星辰X3 手机续航"
+    assert plain_text_query("```text\n颐和园门票多少钱\n```") == "颐和园门票多少钱"
+    assert plain_text_query("x" * 300) is None  # an essay is not a query
+    assert plain_text_query("   ") is None
+    assert plain_text_query(None) is None
+
+
 def test_over_long_query_gets_format_zero_and_weights_configure_the_mix() -> None:
     row = _rows()[0]
     out = _score(row, _answer(_correct(row)), max_query_chars=5, weights={"judge": 0.0, "retrieval_rank": 1.0})

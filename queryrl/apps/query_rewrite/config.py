@@ -106,6 +106,10 @@ class QueryRewriteConfig:
     # weights of the reward components; null = the mode's default (apps/query_rewrite/training.py)
     weights: QueryRewriteWeights = field(default_factory=lambda: QueryRewriteWeights())
     max_query_chars: int = 256
+    # a reply that is not the JSON answer: floor (every reward component at its floor, no service call) |
+    # retrieve (its first line is read as the query and retrieved with; format 0): a model that does not
+    # follow the format yet then still gets rewards that differ within a group
+    unparsed: str = "floor"
     judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
     rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)
     seed_hybrid: SeedHybridConfig = field(default_factory=SeedHybridConfig)
@@ -170,6 +174,7 @@ def validate_settings(cfg: DictConfig) -> None:
     qr = cfg.app.query_rewrite
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
     _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
+    _choice(qr.unparsed, ["floor", "retrieve"], "app.query_rewrite.unparsed")
     judge = qr.judge  # the request settings (the same checks as queryrl.rewards.judge.JudgeClient's)
     limit_names = ["max_completion_tokens", "max_tokens"]
     _choice(judge.token_limit_param, limit_names, "app.query_rewrite.judge.token_limit_param")

@@ -169,6 +169,36 @@ class ParsedRewrite:
     truncated: bool = False
 
 
+# a label a model may put before its query ("查询：...", "Rewritten query: ..."), and quotes around it
+_LABELS_SEEN = "改写后的查询|改写查询|独立查询|检索查询|查询|rewritten[ _]query|search query|query"
+_LABEL = re.compile(rf"^\s*(?:\*\*)?(?:{_LABELS_SEEN})(?:\*\*)?\s*[:：]\s*", re.IGNORECASE)
+_QUOTES = "\"'“”‘’「」『』`"
+
+
+def plain_text_query(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> str | None:
+    """The query in a reply that is not the JSON answer, read as plain text: its first non-empty line
+    (outside code fences), without a leading label (``查询：``, ``Query:``) or surrounding quotes,
+    whitespace-normalised; None when there is no such line or it is longer than `max_query_chars`
+    (an essay is not a query). Never raises.
+
+    What a small model that does not follow the answer format yet writes is often still a query (or
+    the current turn copied): read this way it can be retrieved with, so its reward differs from a
+    neighbour's and GRPO has something to learn from (``app.query_rewrite.unparsed=retrieve``).
+    """
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("```"):
+            continue
+        line = _LABEL.sub("", line).strip().strip(_QUOTES).strip()
+        if not line:
+            continue
+        query = " ".join(line.split())
+        return query if len(query) <= max_query_chars else None
+    return None
+
+
 def build_messages(
     history: Sequence[dict[str, Any]],
     user_profile: str = "",

@@ -27,6 +27,12 @@ Failures and penalties.
   floor of its scale (judge -1, i.e. ``q = 0``; retrieval_rank 0; format 0). With the floor rather than
   0 for the judge, garbage never outscores a parseable bad rewrite (whose judge component is >= -1), so
   the policy is never taught to stop emitting JSON. No RAG or judge call is made for it.
+  With ``app.query_rewrite.unparsed=retrieve`` (for a model that does not follow the format yet) such a
+  reply is read as plain text instead (:func:`~.prompts.plain_text_query`: its first line, without a
+  label or quotes) and scored like a rewrite with ``format`` 0 (``format/plain_text`` 1): its retrieval
+  and judge components differ from its neighbours', so GRPO has a signal, and the format weight is the
+  price of not answering in JSON (a plain-text answer that finds the gold can outscore a JSON one that
+  does not). A reply with no usable line still gets the floor.
 - A RAG failure on either side, a judge call that fails or answers an invalid verdict, and (with
   ``position_swap``) two orders that disagree all *raise*: the manager marks the sample failed; it is
   never scored 0.
@@ -64,7 +70,13 @@ from typing import Any
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
-from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, QUERY_FIELD, ParsedRewrite, check_answer_fields
+from queryrl.apps.query_rewrite.prompts import (
+    MAX_QUERY_CHARS,
+    QUERY_FIELD,
+    ParsedRewrite,
+    check_answer_fields,
+    plain_text_query,
+)
 from queryrl.apps.query_rewrite.reward_modes import (
     TRUNCATED_MISSING_FIELDS_CREDIT,
     abstain_components,
@@ -618,6 +630,11 @@ async def compute_score(
     gold = _gold(ground_truth)
 
     parsed = parse_answer(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
+    salvaged = False
+    if parsed is None and kwargs.get("unparsed") == "retrieve":  # read as plain text: retrieved with, format 0
+        text_query = plain_text_query(solution_str, max_query_chars)
+        if text_query:
+            parsed, salvaged = ParsedRewrite(text_query), True
     if parsed is None:  # the policy's fault: every component at its floor, no service call
         return _unparsed_score(kwargs, info, weights)
 
@@ -630,12 +647,18 @@ async def compute_score(
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
         if missing_fields:
             decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
+        if salvaged:
+            decided["format"] = 0.0
         return {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
 
     out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
+    if kwargs.get("unparsed") == "retrieve":
+        out["format/plain_text"] = float(salvaged)
+        if salvaged:
+            out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
     out |= {  # for the samples files and the run page (non-numbers: not metrics)
         "candidate_query": query,
         "reference_query": str(reference.get("rewritten_query") or ""),
