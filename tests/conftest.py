@@ -37,7 +37,12 @@ def tiny_bundle(model_cache: Path) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` are skipped, with the reason, on a machine without CUDA."""
+    """Tests marked ``ray`` run one after another on one xdist worker (``make test`` runs two: each starts a
+    Ray cluster of its own, and two at once would share the machine's two cores with the other worker's
+    tests); tests marked ``gpu`` are skipped, with the reason, on a machine without CUDA."""
+    for item in items:
+        if "ray" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("ray"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none is available here")
