@@ -182,7 +182,8 @@ class Trainer:
             self._save_samples(None)
             return metrics
         batch, baselines = scored
-        self._watch_signal(batch, metrics)
+        scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
+        metrics |= self.no_signal.observe(self.step, has_signal(scores, batch.group_ids.cpu()), metrics)
         if cfg.algo.filter_groups.enable:
             batch = self._informative_groups(batch, len(items), timer, metrics)
             if len(batch) == 0:
@@ -224,21 +225,6 @@ class Trainer:
             metrics |= episode_metrics(batch.non_tensor["rollout_extras"])
         metrics["perf/total_num_tokens"] = float((batch.prompt_lengths + batch.response_lengths).sum())
         return metrics
-
-    def _watch_signal(self, batch: Batch, metrics: dict[str, float]) -> None:
-        """Count a step whose scores give no policy gradient (:func:`~queryrl.trainer.skips.has_signal`); say so
-        once on the console, and log the streak as ``training/no_signal_steps``."""
-        scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
-        signal = has_signal(scores, batch.group_ids.cpu())
-        self.no_signal.observe(self.step, signal, metrics)
-        metrics["training/no_signal_steps"] = float(self.no_signal.streak)
-        if not signal:
-            warnings.warn(
-                "no learning signal: every group scored all its samples alike, so every advantage is 0 "
-                f"(training/no_signal_steps counts the steps in a row; trainer.max_no_signal_steps="
-                f"{self.cfg.trainer.max_no_signal_steps} of them stop the run)",
-                stacklevel=3,
-            )
 
     # --- phases ---------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ gives the message naming the first failed sample's error; the trainer raises :cl
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -102,11 +103,18 @@ class NoSignalWatch:
     first_step: int = 0
     parts: dict[str, float] = field(default_factory=dict)  # the reward's parts at the streak's last step
 
-    def observe(self, step: int, signal: bool, metrics: dict[str, float]) -> None:
-        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics."""
+    def observe(self, step: int, signal: bool, metrics: dict[str, float]) -> dict[str, float]:
+        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics. Returns
+        ``training/no_signal_steps`` (the streak); a step without signal is said once on the console."""
         if signal:
             self.streak = 0
-            return
+            return {"training/no_signal_steps": 0.0}
+        warnings.warn(
+            "no learning signal: every group scored all its samples alike, so every advantage is 0 "
+            f"(training/no_signal_steps counts the steps in a row; trainer.max_no_signal_steps={self.limit} "
+            "of them stop the run)",
+            stacklevel=3,
+        )
         if self.streak == 0:
             self.first_step = step
         self.streak += 1
@@ -115,6 +123,7 @@ class NoSignalWatch:
             for k, v in metrics.items()
             if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2
         }
+        return {"training/no_signal_steps": float(self.streak)}
 
     def stop_message(self) -> str | None:
         """The message to stop with, or None while the run may go on."""
