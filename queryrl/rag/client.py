@@ -12,6 +12,12 @@ backoff_base_s * 2**(n-1))``; other 4xx are not retried. :meth:`chat_8b` and :me
 :class:`RAGError` when the call still fails (or answers a status other than ``"success"``); :meth:`both`
 never raises: each side is the response dict or a :class:`RAGFailure`.
 
+The response contract, checked on every HTTP answer (:func:`contract_problem`): a JSON object whose
+``response`` is a list of documents, each an object with ``doc_id``, ``title`` and ``content`` (``score``
+optional). An answer that breaks it fails the call, naming the missing fields and the ones it has (a
+service that says ``knowledge_id``/``question``/``answer`` instead): scored on empty documents, a judge
+would compare nothing and the run would train on it silently. Not retried.
+
 Tokens. With ``token_env`` (``app.query_rewrite.rag.token_env``) every request carries
 ``Authorization: Bearer <the variable's value>``, as ``serve-rag --token-env`` wants; the value is
 registered with :mod:`queryrl.redaction`. An unset variable is an error when the client is made.
@@ -240,6 +246,9 @@ class RAGClient:
         if response.status_code >= 400:
             raise RAGError(endpoint, f"HTTP {response.status_code}: {response.text[:300]}")
         body: dict[str, Any] = response.json()
+        problem = contract_problem(body)
+        if problem is not None:
+            raise RAGError(endpoint, problem)
         return body
 
     def _client(self) -> httpx.AsyncClient:
@@ -256,6 +265,30 @@ class RAGClient:
     def _add(self, key: str, value: float) -> None:
         with self._lock:
             self._stats[key] += value
+
+
+DOCUMENT_FIELDS = ("doc_id", "title", "content")  # what every document of a RAG answer must carry
+
+
+def contract_problem(body: Any) -> str | None:
+    """Why a RAG service's answer breaks the response contract (see the module docstring), or None."""
+    if not isinstance(body, dict):
+        return f"the answer is a JSON {type(body).__name__}, not an object with a 'response' list of documents"
+    docs = body.get("response")
+    if not isinstance(docs, list):
+        return (
+            f"the answer has no 'response' list of documents (its keys: {', '.join(sorted(map(str, body))) or 'none'})"
+        )
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            return f"document {i} of 'response' is a JSON {type(doc).__name__}, not an object"
+        missing = [f for f in DOCUMENT_FIELDS if f not in doc]
+        if missing:
+            return (
+                f"document {i} of 'response' lacks {', '.join(missing)} (it has: {', '.join(sorted(map(str, doc)))}); "
+                f"every document needs {', '.join(DOCUMENT_FIELDS)}"
+            )
+    return None
 
 
 def endpoint_url(base_url: str, endpoint: str) -> str:

@@ -125,6 +125,32 @@ def test_client_errors_are_not_retried(rag_url: str) -> None:
     assert (stats["rag/requests"], stats["rag/failed"]) == (1, 1)
 
 
+def test_documents_under_other_field_names_fail_the_call_naming_them() -> None:
+    """A service whose documents say knowledge_id/question/answer: each call fails, naming what is missing."""
+    app = FastAPI()
+    doc = {"knowledge_id": "k1", "question": "颐和园门票多少钱", "answer": "30元", "score": 1.2}
+
+    @app.post("/rag/chat_8b")
+    async def other_names() -> Any:
+        return {**OK_BODY, "response": [doc]}
+
+    @app.post("/rag/chat")
+    async def no_list() -> Any:
+        return {"status": "success", "docs": [doc]}
+
+    with running_server(app, max_lifetime_s=60) as url:
+        client = RAGClient(base(url), max_retries=2, backoff_base_s=0.01)
+        with pytest.raises(RAGError) as caught:
+            asyncio.run(client.chat_8b(**fields()))
+        assert "document 0 of 'response' lacks doc_id, title, content" in str(caught.value)
+        assert "(it has: answer, knowledge_id, question, score)" in str(caught.value)
+        cand, ref = asyncio.run(client.both(**fields()))
+        assert isinstance(cand, RAGFailure)
+        assert isinstance(ref, RAGFailure)
+        assert "no 'response' list of documents (its keys: docs, status)" in ref.error
+        assert client.pop_stats()["rag/retries"] == 0  # a broken contract is not retried
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
