@@ -156,7 +156,18 @@ def evaluate(
     report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run)
     write_outputs(report, sample_records(samples, specs, answers, results, verdicts, values), Path(out), say)
     complain_about_judge(report["judge_calls"], Path(out), warn)
+    if not any(s.gold for s in samples):  # the table's n is 0: say why rather than print zeros silently
+        (warn or _stderr)(
+            f"warning: no row of {data} has gold document ids: Recall@k, MRR and NDCG were skipped (n 0 in the table); "
+            "format, abstention and the judge are reported"
+        )
     return report
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr)
 
 
 def _defaults() -> DictConfig:

@@ -479,3 +479,23 @@ def test_the_shorthands_are_the_dotted_keys(tmp_path: Path) -> None:
         load_eval_config(judge="gpt")
     with pytest.raises(EvalError, match=r"--judge-extra-body: expected a JSON object"):
         load_eval_config(judge_extra_body="[1]")
+
+
+def test_data_without_gold_says_the_retrieval_metrics_were_skipped(tmp_path: Path, model_cache: Path) -> None:
+    from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+
+    rows = [r for r in sales_demo_rows("test") if r["reward_model"]["ground_truth"]["gold_doc_ids"]][:3]
+    for row in rows:
+        row["reward_model"]["ground_truth"]["gold_doc_ids"] = []  # a conversation log nobody labelled
+    data = tmp_path / "unlabelled.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    warnings: list[str] = []
+    report = evaluate(
+        str(data), "raw_turn", tmp_path / "eval.json", n_boot=20, cache_dir=str(model_cache), echo=None,
+        warn=warnings.append,
+    )  # fmt: skip
+    assert report["systems"]["raw_turn"]["n"] == 0
+    assert warnings == [
+        f"warning: no row of {data} has gold document ids: Recall@k, MRR and NDCG were skipped (n 0 in the table); "
+        "format, abstention and the judge are reported"
+    ]
