@@ -132,7 +132,7 @@ gpu-wheels:
 	bash tools/gpu_wheels.sh
 
 # the suite on two pytest-xdist workers (the machine's two cores; most tests run one thread); the Ray tests
-# stay together on one of them (tests/conftest.py): 11 min 55 s here instead of 18 min 12 s on one
+# stay together on one of them (tests/conftest.py): 11 min 7 s here instead of 18 min 12 s on one
 test: lint pytest
 
 pytest: $(STAMP) $(FONTS) $(BROWSER)
