@@ -81,15 +81,18 @@ def _lora_linear(layer: nn.Module, prefix: str, dtype: torch.dtype | None) -> It
         raise ValueError(f"{prefix.rstrip('.')}: {reason} cannot be handed to a rollout engine as one weight")
     lora: Any = layer
     base = _full(lora.base_layer.weight)  # (out, in)
-    weight = base
+    merged: Tensor | None = None  # W + sum of scaling * B @ A, float32, a new tensor (never in place)
     if not lora.disable_adapters:
         for name in lora.active_adapters:
             if name not in lora.lora_A:
                 continue
             a = _full(lora.lora_A[name].weight).float()  # (r, in)
             b = _full(lora.lora_B[name].weight).float()  # (out, r)
-            weight = weight.float() + float(lora.scaling[name]) * (b @ a)  # a new tensor, never in place
-    yield prefix + "weight", _copy(weight, dtype or base.dtype)
+            merged = (base.float() if merged is None else merged) + float(lora.scaling[name]) * (b @ a)
+    target = dtype or base.dtype
+    # the merged tensor is already new: only a dtype change copies it again; the bare base is always copied
+    weight = merged.to(target) if merged is not None else _copy(base, target)
+    yield prefix + "weight", weight
     if lora.base_layer.bias is not None:
         yield prefix + "bias", _copy(_full(lora.base_layer.bias), dtype)
 
