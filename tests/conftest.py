@@ -36,6 +36,9 @@ def tiny_bundle(model_cache: Path) -> Any:
     return load_policy(cfg.model, torch.device("cpu"), None, need_ref=True)
 
 
+SANDBOX_TEST_FILES = {"test_sandbox_isolation.py", "test_code.py", "test_tools.py"}  # code runs in the sandbox
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``ray`` run one after another on one xdist worker (``make test`` runs two: each starts a
     Ray cluster of its own, and two at once would share the machine's two cores with the other worker's
@@ -43,6 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "ray" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif Path(str(item.fspath)).name in SANDBOX_TEST_FILES:
+            # they make pids cgroups under one parent, and one checks that none is left: together, one at a time
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu); none is available here")
