@@ -138,7 +138,8 @@ def windowed_rows(
     gold documents; fine for training rows, whose labels the GRPO reward uses anyway).
     """
     from queryrl.apps.query_rewrite.prompts import build_messages
-    from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, reference_target
+    from queryrl.apps.query_rewrite.reward_modes import parse_answer
+    from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, reference_target, render_answer
 
     if sft_target not in ("reference", "gold"):
         raise ValueError(f"unknown sft_target {sft_target!r}; use reference or gold")
@@ -152,14 +153,20 @@ def windowed_rows(
             lang,
             domain=info.get("domain"),
             answer_fields=info.get("answer_fields") or ("rewritten_query",),
+            answer_format=info.get("answer_format") or "json",
         )
         info["prompt_messages"] = len(window)
         target = reference_target({**info, "contexts": window}, rewriter)
         if sft_target == "gold":
-            answer = json.loads(target)
+            parsed = parse_answer(target, answer_format=info.get("answer_format") or "json")
+            assert parsed is not None  # the reference's own answer
             gold = list(row["reward_model"]["ground_truth"]["gold_doc_ids"])
-            answer["rewritten_query"] = gold_query(window, gold, answer["rewritten_query"])
-            target = json.dumps(answer, ensure_ascii=False)
+            carried = {
+                "rewritten_query": gold_query(window, gold, parsed.rewritten_query),
+                "user_profile": info.get("user_profile", ""),
+                "history_summary": info.get("history_summary", ""),
+            }
+            target = render_answer(carried, info)
         info[SFT_TARGET_KEY] = target
     return rows
 
@@ -382,8 +389,10 @@ def prepare(
     sft_target: str = "reference",
     augment: int = 0,
     extra_sft: str | Sequence[str] = (),
+    answer_format: str = "json",
 ) -> dict[str, Any]:
     """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
+    `answer_format`: what every prompt asks for (``json`` or ``text``, :mod:`queryrl.apps.query_rewrite.prompts`).
 
     With `test_file` (a KdConv dialogue file), ``test.parquet`` holds all its conversations and dev's
     held-out share goes to training. `sft_target` (:func:`windowed_rows`) applies to the train and
@@ -422,7 +431,7 @@ def prepare(
         splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     for name, convs in splits.items():
-        rows = conversations_to_rows(convs, "kdconv", domain=domain)
+        rows = conversations_to_rows(convs, "kdconv", domain=domain, answer_format=answer_format)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")

@@ -2,7 +2,9 @@
 
 A prompt is the chat template applied with the generation prompt (the assistant turn opened),
 tokenised without adding special tokens again: the template already wrote them. A tokenizer
-without a chat template (a base model) gets the message contents joined by newlines.
+without a chat template (a base model) gets the message contents joined by newlines, after the
+BOS token where the tokenizer itself would add one (a Gemma or Llama base model without its BOS
+is out of distribution from the first token).
 """
 
 from __future__ import annotations
@@ -25,7 +27,19 @@ def prompt_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
         # tokenize=False: transformers 5 returns a BatchEncoding, not ids, when it tokenises.
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return str(text)
-    return "\n".join(str(m["content"]) for m in messages)
+    return bos_prefix(tokenizer) + "\n".join(str(m["content"]) for m in messages)
+
+
+def bos_prefix(tokenizer: Any) -> str:
+    """The BOS token's text when `tokenizer` adds BOS to what it encodes (its own setting), else ``""``."""
+    bos, bos_id = getattr(tokenizer, "bos_token", None), getattr(tokenizer, "bos_token_id", None)
+    if not bos or bos_id is None:
+        return ""
+    try:
+        ids = tokenizer("x", add_special_tokens=True)["input_ids"]
+    except Exception:  # a tokenizer that cannot say: add nothing
+        return ""
+    return str(bos) if ids and ids[0] == bos_id else ""
 
 
 def encode_prompt(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:

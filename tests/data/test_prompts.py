@@ -53,6 +53,26 @@ def test_without_a_chat_template_contents_are_joined_by_newlines(tokenizer: Any)
     assert encode_prompt(plain, MESSAGES) == expected
 
 
+def test_without_a_chat_template_a_tokenizer_that_adds_bos_gets_it_first(tokenizer: Any) -> None:
+    """A base model's tokenizer (Gemma, Llama) adds BOS itself; the prompt, encoded without special tokens
+    (a template's own BOS must not be doubled), must still start with it."""
+    from tokenizers.processors import TemplateProcessing
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    bos = "<|im_start|>"
+    plain.bos_token = bos
+    bos_id = plain.convert_tokens_to_ids(bos)
+    assert encode_prompt(plain, MESSAGES)[0] != bos_id  # it does not add BOS yet: nothing is prefixed
+    plain.backend_tokenizer.post_processor = TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, bos_id)])
+    assert plain("x")["input_ids"][0] == bos_id  # now it does
+    ids = encode_prompt(plain, MESSAGES)
+    assert ids[0] == bos_id
+    assert ids.count(bos_id) == 1
+    assert ids[1:] == tokenizer("You are a helpful assistant.\nWhat is 3 + 4?", add_special_tokens=False)["input_ids"]
+    assert prompt_text(plain, MESSAGES) == bos + "You are a helpful assistant.\nWhat is 3 + 4?"
+
+
 def _write(path: Path, contents: list[str]) -> Path:
     rows = [
         {"data_source": "t", "prompt": [{"role": "user", "content": c}], "extra_info": {"k": i}}

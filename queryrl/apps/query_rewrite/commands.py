@@ -42,6 +42,14 @@ AnswerFields = Annotated[
         "and eval send the row's own profile and summary to /rag/chat_8b."
     ),
 ]
+AnswerFormat = Annotated[
+    str,
+    typer.Option(
+        help='json (the default: {"rewritten_query": ...}) or text (the query alone on one line, 无需检索 when no '
+        "retrieval is needed; for small models that cannot write JSON yet). Stored in each row: the reward and "
+        "eval parse what the prompt asked for."
+    ),
+]
 
 
 def prepare_conversations(
@@ -79,6 +87,7 @@ def prepare_conversations(
     test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
     answer_fields: AnswerFields = "rewritten_query",
+    answer_format: AnswerFormat = "json",
     domain: Annotated[
         str | None, typer.Option(help="The prompt's domain line, e.g. '电子产品销售客服' (default: 客服对话).")
     ] = None,
@@ -86,11 +95,12 @@ def prepare_conversations(
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
     from queryrl.apps.query_rewrite.conversations import prepare_conversation_data
     from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
-    from queryrl.apps.query_rewrite.prompts import check_answer_fields
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
     from queryrl.data import DataError
 
     try:
         fields = check_answer_fields(answer_fields, "--answer-fields")
+        fmt = check_answer_format(answer_format, fields, "--answer-format")
         mapping = check_columns(parse_json_option("--columns", columns), "--columns")
         role_values = parse_json_option("--roles", roles)
         role_table(role_values, "--roles")
@@ -108,6 +118,7 @@ def prepare_conversations(
             fill_down=fill_down,
             domain=domain,
             answer_fields=fields,
+            answer_format=fmt,
         )
     except (DataError, ValueError) as exc:
         _fail(str(exc))
@@ -122,6 +133,7 @@ def prepare_kdconv(
     kb: Annotated[Path, typer.Option("--kb", help="Its knowledge base (e.g. travel/kb_travel.json).")],
     out: Annotated[Path, typer.Option("--out", help="Output folder.")],
     answer_fields: AnswerFields = "rewritten_query",
+    answer_format: AnswerFormat = "json",
     domain: Annotated[
         str | None,
         typer.Option(help="The prompt's domain line (default: from the path: travel -> 旅游咨询（北京的景点）)."),
@@ -132,17 +144,17 @@ def prepare_kdconv(
 
     from queryrl.apps.query_rewrite.conversations import write_parquet
     from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
-    from queryrl.apps.query_rewrite.prompts import check_answer_fields
+    from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
     from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
     from queryrl.atomic import atomic_write_text
     from queryrl.data import DataError
 
     try:
         fields = check_answer_fields(answer_fields, "--answer-fields")
+        fmt = check_answer_format(answer_format, fields, "--answer-format")
         line = domain or kdconv_domain(input, kb)
-        rows = add_sft_targets(
-            kdconv_rows(input, both_speakers=True, require_gold=True, domain=line, answer_fields=fields)
-        )
+        options: dict[str, Any] = {"domain": line, "answer_fields": fields, "answer_format": fmt}
+        rows = add_sft_targets(kdconv_rows(input, both_speakers=True, require_gold=True, **options))
         documents = kdconv_corpus(kb)  # read before anything is written: a bad KB leaves no half output
     except (DataError, ValueError) as exc:
         _fail(str(exc))
@@ -267,9 +279,80 @@ def eval_(
         _fail(str(exc))
 
 
+def warmup(
+    model: Annotated[Path, typer.Option("--model", help="The model folder that writes the rewrites.")],
+    data: Annotated[str, typer.Option("--data", help="A prepared training split (.parquet / .jsonl, builtin://).")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for warmup.parquet (the SFT data) and warmup.json.")],
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="A YAML preset: app.query_rewrite.rag (default: none).")
+    ] = None,
+    rag_url: Annotated[str | None, typer.Option(help="app.query_rewrite.rag.url: an external RAG service.")] = None,
+    corpus: Annotated[
+        str | None, typer.Option(help="app.query_rewrite.rag.corpus: the embedded service's (rag.url=null).")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option(help="app.query_rewrite.rag.top_k: documents per result.")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Rewrites sampled per turn from the model.")] = 4,
+    shots: Annotated[int, typer.Option(min=0, help="Worked examples (other training turns) in each prompt.")] = 3,
+    temperature: Annotated[float, typer.Option(min=0.01, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.01, max=1.0, help="Nucleus sampling mass.")] = 0.95,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Reply budget of each sample.")] = 48,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per generation micro-batch.")] = 8,
+    dtype: Annotated[str | None, typer.Option(help="float32, bfloat16 or float16 (default: the folder's).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the examples and the sampling.")] = 0,
+    reference: Annotated[
+        bool, typer.Option("--reference/--no-reference", help="The reference rewriter's answer is a candidate too.")
+    ] = True,
+    max_rows: Annotated[int | None, typer.Option(min=1, help="Only the first N rows of --data.")] = None,
+) -> None:
+    """Self-driven warm-up data (ConvSearch-R1): the model's own rewrites that retrieve gold, as SFT targets.
+
+    Samples --samples rewrites per training turn from --model (a few-shot prompt, the row's answer format),
+    retrieves with each, keeps the one (or the reference rewriter's answer) whose result ranks a gold
+    document highest, and writes the rows with that target: train on it with queryrl sft.
+    """
+    from queryrl.apps.query_rewrite.eval_generation import check_dtype
+    from queryrl.apps.query_rewrite.eval_run import config_rag_client
+    from queryrl.apps.query_rewrite.eval_samples import EvalError
+    from queryrl.apps.query_rewrite.eval_settings import load_eval_config
+    from queryrl.apps.query_rewrite.warmup import WarmupSettings, build_warmup, write_warmup
+    from queryrl.data.builtin import resolve_data_path
+    from queryrl.data.records import DataError, load_records
+
+    try:
+        check_dtype(dtype)
+        if not (model / "config.json").is_file():
+            raise EvalError(f"--model {model}: not a Hugging Face model folder (no config.json)")
+        settings = WarmupSettings(
+            samples, shots, temperature, top_p, max_new_tokens, batch_size, dtype, seed=seed, reference=reference
+        )
+        cfg = load_eval_config(config, [], rag_url=rag_url, corpus=corpus, top_k=top_k).cfg
+        try:
+            rows = load_records(resolve_data_path(data))
+        except (DataError, ValueError) as exc:
+            raise EvalError(f"--data {data!r}: {exc}") from None
+        rows = rows[:max_rows] if max_rows else rows
+        if not rows:
+            raise EvalError(f"--data {data!r}: no rows")
+        result = build_warmup(model, rows, config_rag_client(cfg), settings, cfg.app.query_rewrite.rag.url, typer.echo)
+    except (EvalError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    parquet, summary = write_warmup(result, out, settings, data)
+    report = result.report()
+    typer.echo(
+        f"kept {report['kept']} of {report['turns']} turns ({report['target_source']}, "
+        f"{report['kept_no_retrieval_turns']} no-retrieval), dropped {report['dropped_no_gold_found']} "
+        f"where no candidate found gold; model samples format_ok {report['model_format_ok']}"
+    )
+    typer.echo(f"wrote {parquet} and {summary}")
+    if not report["kept_retrieval_turns"]:
+        _fail("no retrieval turn kept: no candidate found a gold document; nothing to warm up on")
+
+
 def add_commands(cli: CommandLine) -> None:
-    """``queryrl prepare conversations``, ``queryrl prepare kdconv`` and ``queryrl eval``."""
+    """``queryrl prepare conversations``, ``queryrl prepare kdconv``, ``queryrl eval`` and ``queryrl warmup``."""
     cli.prepare.command("conversations", cls=_ConversationsCommand)(prepare_conversations)
     cli.prepare.command("kdconv")(prepare_kdconv)
     extra_args = {"allow_extra_args": True, "ignore_unknown_options": True}  # dotted keys, as for `queryrl train`
     cli.app.command("eval", context_settings=extra_args)(cli.guard(eval_))
+    cli.app.command("warmup")(cli.guard(warmup))

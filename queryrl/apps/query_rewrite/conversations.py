@@ -68,6 +68,7 @@ from queryrl.apps.query_rewrite.prompts import (
     DEFAULT_DOMAINS,
     build_messages,
     check_answer_fields,
+    check_answer_format,
 )
 from queryrl.atomic import atomic_path
 from queryrl.data.records import DataError
@@ -322,10 +323,13 @@ def conversation_rows(
     *,
     domain: str | None = None,
     answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+    answer_format: str = "json",
 ) -> list[dict[str, Any]]:
     """One verl row per user turn of `conversation` (see the module docstring); ``data_source`` is
-    ``query_rewrite/<name>``; `domain` (default neutral) and `answer_fields` go to :func:`build_messages`."""
+    ``query_rewrite/<name>``; `domain` (default neutral), `answer_fields` and `answer_format` go to
+    :func:`build_messages` (and into ``extra_info``)."""
     fields = list(check_answer_fields(answer_fields))
+    fmt = check_answer_format(answer_format, fields)
     domain = (domain or "").strip() or DEFAULT_DOMAINS.get(lang, "")
     rows = []
     contexts: list[dict[str, str]] = []
@@ -339,7 +343,9 @@ def conversation_rows(
         rows.append(
             {
                 "data_source": f"query_rewrite/{name}",
-                "prompt": build_messages(contexts, profile, summary, lang, domain=domain, answer_fields=fields),
+                "prompt": build_messages(
+                    contexts, profile, summary, lang, domain=domain, answer_fields=fields, answer_format=fmt
+                ),
                 "ability": "query_rewrite",
                 "reward_model": {"style": "rule", "ground_truth": {"gold_doc_ids": list(message.gold_doc_ids)}},
                 "extra_info": {
@@ -352,6 +358,8 @@ def conversation_rows(
                     "history_summary": summary,
                     "turn_type": message.kind,
                     "answer_fields": list(fields),
+                    "answer_format": fmt,
+                    "lang": lang,
                     "domain": domain,
                 },
             }
@@ -366,13 +374,11 @@ def conversations_to_rows(
     *,
     domain: str | None = None,
     answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+    answer_format: str = "json",
 ) -> list[dict[str, Any]]:
     """:func:`conversation_rows` of every conversation, in order (the same options)."""
-    return [
-        row
-        for conv in conversations
-        for row in conversation_rows(conv, name, lang, domain=domain, answer_fields=answer_fields)
-    ]
+    options: dict[str, Any] = {"domain": domain, "answer_fields": answer_fields, "answer_format": answer_format}
+    return [row for conv in conversations for row in conversation_rows(conv, name, lang, **options)]
 
 
 def split_conversations(
@@ -468,6 +474,7 @@ def prepare_conversation_data(
     fill_down: bool = True,
     domain: str | None = None,
     answer_fields: str | Sequence[str] | None = None,
+    answer_format: str = "json",
 ) -> PreparedConversations:
     """Read a conversation log and write ``train/val/test.parquet`` into `out_dir`, with counts.
 
@@ -487,12 +494,15 @@ def prepare_conversation_data(
         domain: the prompt's domain line, e.g. ``"电子产品销售客服"`` (default neutral: ``"客服对话"``).
         answer_fields: the keys the policy answers with, a sequence or ``"rewritten_query,user_profile"``
             (default only ``rewritten_query``; :func:`~.prompts.check_answer_fields`).
+        answer_format: ``json`` (default) or ``text`` (:mod:`~.prompts`).
 
     Raises:
-        ValueError: bad `answer_fields` (before the log is read), and as :func:`load_conversation_log`.
+        ValueError: bad `answer_fields` or `answer_format` (before the log is read), and as
+            :func:`load_conversation_log`.
         DataError: as :func:`load_conversation_log`.
     """
     fields = check_answer_fields(answer_fields)
+    fmt = check_answer_format(answer_format, fields)
     input_path = Path(input_path)
     log = load_conversation_log(
         input_path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
@@ -504,7 +514,8 @@ def prepare_conversation_data(
     paths: dict[str, Path] = {}
     counts: dict[str, SplitCounts] = {}
     for split, convs in splits.items():
-        rows = add_sft_targets(conversations_to_rows(convs, source, lang, domain=domain, answer_fields=fields))
+        rows = conversations_to_rows(convs, source, lang, domain=domain, answer_fields=fields, answer_format=fmt)
+        rows = add_sft_targets(rows)
         paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
         counts[split] = SplitCounts(len(convs), sum(len(c.messages) for c in convs), len(rows))
     fractions = {"val": val_fraction, "test": test_fraction}

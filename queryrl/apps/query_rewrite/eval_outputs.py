@@ -158,7 +158,7 @@ def sample_records(
             answer = system_answers[i] if system_answers is not None else None
             entry: dict[str, Any] = {
                 "query": (result or {}).get("rewritten_query") if answer is None else answer.query,
-                "format_ok": answer is None or answer.query is not None,
+                "format_ok": answer is None or (answer.query is not None and not answer.trailing),
                 "top5": doc_ids(result)[:SAMPLES_TOP],
                 **(values[spec.name][i] or {}),  # recall@5, mrr, ndcg@5 on a turn with gold: --compare's inputs
             }

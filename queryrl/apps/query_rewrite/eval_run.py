@@ -27,7 +27,8 @@ The settings are the application's config nodes ``app.query_rewrite.rag`` and ``
    ``eval_samples.jsonl`` and the printed tables.
 
 Metrics per system, over the samples with gold (``n`` of them, ``n_skipped`` without): ``format_ok`` (the
-parsed fraction, 1 for the baselines), ``recall@k`` and ``ndcg@k`` for each k of (1, 3, 5, 10) that is
+parsed fraction, 1 for the baselines; a ``text``-format reply with more after its one-line answer is
+retrieved with but not format_ok), ``recall@k`` and ``ndcg@k`` for each k of (1, 3, 5, 10) that is
 at most ``top_k`` (the result lists are no longer), and ``mrr``, each with its interval
 (``<metric>_low`` / ``<metric>_high``). With a judge, every system but ``reference``: ``win``, ``tie``,
 ``loss``, ``judge_n`` (valid verdicts), ``judge_failed`` (no verdict: no gold for the offline judge, a
@@ -143,7 +144,7 @@ def evaluate(
     samples = load_samples(data, max_samples, cache_dir)
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
     _check_services(judge_check, rag, say)  # the judge and the RAG service answer, before any model is loaded
-    client = _rag_client(cfg)
+    client = config_rag_client(cfg)
     asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # a probe: a service that is down costs no model time
     answers = {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
     references, candidates = asyncio.run(retrieve(client, samples, answers, rag.url))
@@ -262,7 +263,7 @@ def _judge_client(judge: Any) -> JudgeClient:
     return judge_client(judge.base_url, judge.model, judge.api_key_env, judge.timeout_s, judge.max_retries, **request)
 
 
-def _rag_client(cfg: DictConfig) -> RAGClient:
+def config_rag_client(cfg: DictConfig) -> RAGClient:
     """The reward's shared RAG client for ``app.query_rewrite.rag`` (the embedded service's options as the
     reward derives them: :func:`~queryrl.apps.query_rewrite.training.reward_kwargs`)."""
     from queryrl.apps.query_rewrite.training import reward_kwargs
@@ -345,7 +346,7 @@ def _metrics(
     seed: int,
 ) -> dict[str, Any]:
     """One system's metrics: retrieval and abstention, and its judging where it was judged."""
-    ok = [True] * len(samples) if answers is None else [a.query is not None for a in answers]
+    ok = [True] * len(samples) if answers is None else [a.query is not None and not a.trailing for a in answers]
     queries = (
         [str((r or {}).get("rewritten_query") or "") for r in results]
         if answers is None

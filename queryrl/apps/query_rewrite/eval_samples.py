@@ -95,6 +95,7 @@ class Sample:
     kind: str
     conversation_id: str
     turn: Any
+    answer_format: str = "json"  # what the prompt asked for (extra_info.answer_format): how replies parse
 
 
 def load_samples(data: str, max_samples: int | None = None, cache_dir: str | None = None) -> list[Sample]:
@@ -135,6 +136,7 @@ def load_samples(data: str, max_samples: int | None = None, cache_dir: str | Non
                 kind=str(info.get("kind") or info.get("turn_type") or ""),
                 conversation_id=str(info.get("conversation_id") or ""),
                 turn=info.get("turn"),
+                answer_format=str(info.get("answer_format") or "json"),
             )
         )
     return samples
@@ -155,6 +157,7 @@ class Answer:
     user_profile: str = ""
     history_summary: str = ""
     raw: str | None = None  # a model's reply text
+    trailing: bool = False  # a text-format reply that went on after its line: retrieved with, not format_ok
 
 
 def baseline_answers(kind: str, samples: Sequence[Sample]) -> list[Answer]:

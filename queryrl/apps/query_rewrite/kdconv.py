@@ -104,16 +104,18 @@ def kdconv_rows(
     *,
     domain: str | None = None,
     answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+    answer_format: str = "json",
 ) -> list[dict[str, Any]]:
     """verl rows (one per user turn) of a KdConv dialogue file; ``data_source`` ``query_rewrite/<name>``.
 
     With `require_gold`, only the turns whose reply uses the knowledge base (the benchmark's turns).
     `domain`: the prompt's domain line (default :func:`kdconv_domain` of `path`); `answer_fields`: the
-    keys the policy answers with (default only ``rewritten_query``).
+    keys the policy answers with (default only ``rewritten_query``); `answer_format`: ``json`` or ``text``.
     """
     domain = domain or kdconv_domain(path, lang=lang)
     conversations = load_kdconv_conversations(path, both_speakers)
-    rows = conversations_to_rows(conversations, name, lang, domain=domain, answer_fields=answer_fields)
+    options: dict[str, Any] = {"domain": domain, "answer_fields": answer_fields, "answer_format": answer_format}
+    rows = conversations_to_rows(conversations, name, lang, **options)
     if require_gold:
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
     return rows

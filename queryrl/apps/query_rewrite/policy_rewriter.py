@@ -26,7 +26,12 @@ from typing import Any
 
 import torch
 
-from queryrl.apps.query_rewrite.prompts import DEFAULT_ANSWER_FIELDS, build_messages, check_answer_fields
+from queryrl.apps.query_rewrite.prompts import (
+    DEFAULT_ANSWER_FIELDS,
+    build_messages,
+    check_answer_fields,
+    check_answer_format,
+)
 from queryrl.apps.query_rewrite.reward_modes import parse_answer
 from queryrl.rag.rewriters import last_user_turn
 
@@ -42,6 +47,7 @@ class PolicyRewriter:
         domain: the prompt's domain line (default neutral).
         answer_fields: the keys the prompt asks for (default only ``rewritten_query``), a sequence or a
             comma-separated string.
+        answer_format: ``json`` (default) or ``text`` (:mod:`~queryrl.apps.query_rewrite.prompts`).
     """
 
     def __init__(
@@ -52,10 +58,12 @@ class PolicyRewriter:
         device: str = "cpu",
         domain: str | None = None,
         answer_fields: str | Sequence[str] = DEFAULT_ANSWER_FIELDS,
+        answer_format: str = "json",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.answer_fields = check_answer_fields(answer_fields)
+        self.answer_format = check_answer_format(answer_format, self.answer_fields)
         self.domain = domain
 
         path = Path(model_path)
@@ -81,7 +89,13 @@ class PolicyRewriter:
         if not contexts or str(contexts[-1].get("role")) != "user":
             return last.strip()
         messages = build_messages(
-            contexts, user_profile, history_summary, self.lang, domain=self.domain, answer_fields=self.answer_fields
+            contexts,
+            user_profile,
+            history_summary,
+            self.lang,
+            domain=self.domain,
+            answer_fields=self.answer_fields,
+            answer_format=self.answer_format,
         )
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         inputs = self.tokenizer(text, return_tensors="pt").to(self.device)
@@ -94,7 +108,7 @@ class PolicyRewriter:
                 eos_token_id=self.tokenizer.eos_token_id,
             )
         answer = self.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        parsed = parse_answer(answer)
+        parsed = parse_answer(answer, answer_format=self.answer_format)
         if parsed is None:
             self.fallbacks += 1
             return last.strip()

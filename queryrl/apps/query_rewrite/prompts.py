@@ -16,6 +16,16 @@ Made for real instruct models as well as the tiny one:
 - an empty ``rewritten_query`` means "no retrieval needed" (small talk, thanks, goodbyes);
 - ``rewritten_query`` comes first, so an answer cut at the token budget still carries a complete query:
   :func:`parse_rewrite` accepts it and marks it ``truncated``.
+
+Two answer formats (``answer_format``, chosen when the data is prepared and carried in each row's
+``extra_info.answer_format``, so the reward and eval always parse what the prompt asked for):
+
+- ``json`` (default): ``{"rewritten_query": ...}`` as above;
+- ``text``: the query itself on one line, :data:`NO_QUERY` (``无需检索`` / ``no search``) for a turn that
+  needs no retrieval, and the user message ends with a cue (``改写后的查询：``) that a base model without a
+  chat template continues. A small model that cannot write JSON yet usually can write this
+  (:func:`parse_text_answer`); the answer is its first line, and text after it is a format fault
+  (``ParsedRewrite.trailing``), not a parse failure.
 """
 
 from __future__ import annotations
@@ -34,13 +44,16 @@ QUERY_FIELD = "rewritten_query"
 ANSWER_FIELDS = (QUERY_FIELD, "user_profile", "history_summary")  # every field, in answer order
 DEFAULT_ANSWER_FIELDS = (QUERY_FIELD,)
 DEFAULT_DOMAINS = {"zh": "客服对话", "en": "customer conversations"}
+ANSWER_FORMATS = ("json", "text")
+NO_QUERY = {"zh": "无需检索", "en": "no search"}  # the text format's "no retrieval needed"
+_CUE = {"zh": "改写后的查询：", "en": "Rewritten query:"}  # the text format's last prompt line
 
 _TASK = {
     "zh": (
         "你是查询改写助手。场景：{domain}。\n"
         "根据对话历史{inputs}，把用户当前的问题改写成一个独立、完整、可直接用于知识库检索的查询："
         "补全代词和省略的名称与属性，保留原意，不编造对话中没有的信息。"
-        "不需要检索的问题（寒暄、致谢、告别）查询为空字符串。\n"
+        "{empty_rule}\n"
         "只输出 JSON：{fields}\n"
         "示例（烹饪话题，只示意格式）：历史“红烧肉怎么做？”，当前问题“要炖多久？”→{example}；"
         "当前问题“谢谢”→{empty}。"
@@ -49,12 +62,15 @@ _TASK = {
         "You rewrite search queries. Domain: {domain}.\n"
         "Given the conversation history{inputs}, rewrite the user's current turn as one standalone "
         "search query for the knowledge base: resolve pronouns and ellipsis (name the item and the "
-        "attribute), keep the user's intent, add nothing the conversation does not say. A turn that needs "
-        "no retrieval (small talk, thanks, goodbye) gets an empty query.\n"
+        "attribute), keep the user's intent, add nothing the conversation does not say.{empty_rule}\n"
         "Answer with JSON only: {fields}\n"
         'Example (cooking, format only): history "How do I make braised pork?", current turn "How long '
         'does it stew?" -> {example}; current turn "thanks" -> {empty}.'
     ),
+}
+_EMPTY_RULE = {  # where the JSON prompt says what an empty query means
+    "zh": "不需要检索的问题（寒暄、致谢、告别）查询为空字符串。",
+    "en": " A turn that needs no retrieval (small talk, thanks, goodbye) gets an empty query.",
 }
 _INPUTS = {"zh": "（以及用户画像、历史摘要，如有）", "en": " (and the user profile and history summary, if any)"}
 _FIELDS = {
@@ -68,6 +84,18 @@ _FIELDS = {
         "user_profile": "user_profile, the updated user profile (who they are, preferences, concerns)",
         "history_summary": "history_summary, the main points of the conversation so far",
     },
+}
+_TEXT_ANSWER = {
+    "zh": (
+        "只输出改写后的查询，一行，不加解释；不需要检索时输出“{none}”。\n"
+        "示例（烹饪话题，只示意格式）：历史“红烧肉怎么做？”，当前问题“要炖多久？”→{example}；"
+        "当前问题“谢谢”→{none}。"
+    ),
+    "en": (
+        'Answer with the query only, one line, no explanation; "{none}" when no retrieval is needed.\n'
+        'Example (cooking, format only): history "How do I make braised pork?", current turn "How long '
+        'does it stew?" -> {example}; current turn "thanks" -> {none}.'
+    ),
 }
 _ONE_KEY = {"zh": "一个键 {0}。", "en": "one key, {0}."}
 _KEYS = {"zh": "键依次为 {0}。", "en": "the keys, in this order: {0}."}
@@ -130,18 +158,43 @@ def check_answer_fields(fields: str | Sequence[str] | None, where: str = "answer
     return tuple(f for f in ANSWER_FIELDS if f in names)
 
 
-def system_prompt(
-    lang: str = "zh", domain: str | None = None, answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS
+def check_answer_format(
+    answer_format: str | None, answer_fields: Sequence[str] | None = None, where: str = "answer format"
 ) -> str:
-    """The system message: the task, ``场景：<domain>`` / ``Domain: <domain>``, the answer's keys in words,
-    and a worked example from an unrelated topic (the keys of `answer_fields`, in answer order).
+    """`answer_format` checked (None gives ``json``): one of :data:`ANSWER_FORMATS`; ``text`` carries only
+    the query, so it refuses other `answer_fields`.
 
     Raises:
-        ValueError: unknown `lang`, bad `answer_fields` (:func:`check_answer_fields`).
+        ValueError: naming `where`, the value and the choices.
+    """
+    fmt = "json" if answer_format is None else str(answer_format).strip()
+    if fmt not in ANSWER_FORMATS:
+        raise ValueError(f"{where}: unknown {answer_format!r}; choose from {', '.join(ANSWER_FORMATS)}")
+    if fmt == "text" and check_answer_fields(answer_fields) != DEFAULT_ANSWER_FIELDS:
+        raise ValueError(f"{where}: 'text' answers the query only; it cannot carry {', '.join(answer_fields or ())}")
+    return fmt
+
+
+def system_prompt(
+    lang: str = "zh",
+    domain: str | None = None,
+    answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+    answer_format: str = "json",
+) -> str:
+    """The system message: the task, ``场景：<domain>`` / ``Domain: <domain>``, the answer's keys in words
+    (or, for the ``text`` format, the one-line answer), and a worked example from an unrelated topic (the
+    keys of `answer_fields`, in answer order).
+
+    Raises:
+        ValueError: unknown `lang`, bad `answer_fields` (:func:`check_answer_fields`) or `answer_format`.
     """
     if lang not in _TASK:
         raise ValueError(f"unknown prompt language {lang!r}; use one of {sorted(_TASK)}")
     fields = check_answer_fields(answer_fields)
+    if check_answer_format(answer_format, fields) == "text":
+        head = "\n".join(_TASK[lang].split("\n")[:2])  # the task, without the JSON answer and example
+        head = head.format(domain=(domain or "").strip() or DEFAULT_DOMAINS[lang], inputs=_INPUTS[lang], empty_rule="")
+        return head + "\n" + _TEXT_ANSWER[lang].format(none=NO_QUERY[lang], example=_EXAMPLE[lang][QUERY_FIELD])
     described = [_FIELDS[lang][f] for f in fields]
     keys = (_ONE_KEY if len(fields) == 1 else _KEYS)[lang].format(_KEY_SEP[lang].join(described))
     example = {f: _EXAMPLE[lang][f] for f in fields}
@@ -149,6 +202,7 @@ def system_prompt(
     return _TASK[lang].format(
         domain=(domain or "").strip() or DEFAULT_DOMAINS[lang],
         inputs=_INPUTS[lang],
+        empty_rule=_EMPTY_RULE[lang],
         fields=keys,
         example=json.dumps(example, ensure_ascii=False),
         empty=json.dumps(empty, ensure_ascii=False),
@@ -161,18 +215,33 @@ SYSTEM_PROMPTS = {lang: system_prompt(lang) for lang in _TASK}  # the defaults: 
 @dataclass(frozen=True)
 class ParsedRewrite:
     """The policy's structured answer; ``truncated``: the reply was cut off after a complete query (a field
-    cut off, or never reached, is empty: see :func:`parse_rewrite`)."""
+    cut off, or never reached, is empty: see :func:`parse_rewrite`); ``trailing``: a text-format reply
+    wrote more after its one-line answer (:func:`parse_text_answer`)."""
 
     rewritten_query: str
     user_profile: str = ""
     history_summary: str = ""
     truncated: bool = False
+    trailing: bool = False  # text format: the reply went on after its first line (a format fault)
 
 
 # a label a model may put before its query ("查询：...", "Rewritten query: ..."), and quotes around it
 _LABELS_SEEN = "改写后的查询|改写查询|独立查询|检索查询|查询|rewritten[ _]query|search query|query"
 _LABEL = re.compile(rf"^\s*(?:\*\*)?(?:{_LABELS_SEEN})(?:\*\*)?\s*[:：]\s*", re.IGNORECASE)
 _QUOTES = "\"'“”‘’「」『』`"
+
+
+def _first_query_line(text: str) -> tuple[str, int] | None:
+    """The first non-empty line of `text` outside code fences, without a leading label or surrounding
+    quotes, whitespace-normalised, and the index (in ``text.splitlines()``) of the line it came from."""
+    for index, line in enumerate(text.splitlines()):
+        line = line.strip()
+        if not line or line.startswith("```"):
+            continue
+        line = _LABEL.sub("", line).strip().strip(_QUOTES).strip()
+        if line:
+            return " ".join(line.split()), index
+    return None
 
 
 def plain_text_query(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> str | None:
@@ -185,18 +254,27 @@ def plain_text_query(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> str |
     the current turn copied): read this way it can be retrieved with, so its reward differs from a
     neighbour's and GRPO has something to learn from (``app.query_rewrite.unparsed=retrieve``).
     """
-    if not isinstance(text, str):
+    found = _first_query_line(text) if isinstance(text, str) else None
+    if found is None or len(found[0]) > max_query_chars:
         return None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("```"):
-            continue
-        line = _LABEL.sub("", line).strip().strip(_QUOTES).strip()
-        if not line:
-            continue
-        query = " ".join(line.split())
-        return query if len(query) <= max_query_chars else None
-    return None
+    return found[0]
+
+
+def parse_text_answer(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> ParsedRewrite | None:
+    """A ``text``-format reply: its first non-empty line is the query (:func:`plain_text_query`: a label or
+    quotes around it are dropped); :data:`NO_QUERY` in either language (alone on the line) is the empty
+    query, "no retrieval needed". ``trailing`` is set when anything but whitespace follows that line.
+    None when there is no such line or it is longer than `max_query_chars`. Never raises.
+    """
+    found = _first_query_line(text) if isinstance(text, str) else None
+    if found is None or len(found[0]) > max_query_chars:
+        return None
+    assert isinstance(text, str)
+    query, index = found
+    trailing = any(line.strip() for line in text.splitlines()[index + 1 :])
+    if query.strip(" 。.!！").lower() in {v.lower() for v in NO_QUERY.values()}:
+        query = ""
+    return ParsedRewrite(query, trailing=trailing)
 
 
 def build_messages(
@@ -207,6 +285,7 @@ def build_messages(
     *,
     domain: str | None = None,
     answer_fields: Sequence[str] = DEFAULT_ANSWER_FIELDS,
+    answer_format: str = "json",
 ) -> list[dict[str, str]]:
     """Chat messages asking the policy to rewrite the last user turn of `history`.
 
@@ -222,12 +301,14 @@ def build_messages(
         domain: the domain line (e.g. ``"电子产品销售客服"``); default :data:`DEFAULT_DOMAINS`.
         answer_fields: the keys the answer must have (:func:`check_answer_fields`); default
             ``("rewritten_query",)``.
+        answer_format: ``json`` (default) or ``text`` (the user message then ends with the cue
+            ``改写后的查询：`` / ``Rewritten query:``).
 
     Raises:
-        ValueError: unknown `lang`, bad `answer_fields`, empty `history`, or a last message that is not
-            the user's.
+        ValueError: unknown `lang`, bad `answer_fields` or `answer_format`, empty `history`, or a last
+            message that is not the user's.
     """
-    system = system_prompt(lang, domain, answer_fields)
+    system = system_prompt(lang, domain, answer_fields, answer_format)
     if not history or history[-1].get("role") != "user":
         raise ValueError("history must end with the current user turn (role 'user')")
     labels = _LABELS[lang]
@@ -240,6 +321,8 @@ def build_messages(
     parts += [labels["history"], "\n".join(earlier) if earlier else labels["none"], ""]
     # the current turn last, right before the answer: at a fixed distance from where the model writes
     parts += [labels["current"], str(history[-1]["content"])]
+    if answer_format == "text":
+        parts += ["", _CUE[lang]]
     return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(parts)}]
 
 

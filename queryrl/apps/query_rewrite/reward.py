@@ -11,7 +11,10 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward_modes.mix_rewards`
 - ``judge``: ``2q - 1`` in [-1, 1] (``group_judge``), ``q`` from the offline judge (gold documents, no
   LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
 - ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2];
-- ``format``: 1 when the output parses and the query is within ``max_query_chars``. A reply cut off at the
+- ``format``: 1 when the output parses and the query is within ``max_query_chars``. A ``text``-format row
+  (``extra_info.answer_format``, :mod:`~.prompts`) is read by :func:`~.prompts.parse_text_answer`: its first
+  line is the query; more text after it is retrieved with the same, with ``format`` 0
+  (``format/trailing`` 1), so a model that does not stop yet still gets a retrieval signal. A reply cut off at the
   token budget after a complete ``rewritten_query`` parses (:func:`~.prompts.parse_rewrite`), is scored
   like any other, and is counted: ``format/truncated`` (1 / 0, logged ``reward/format/truncated/mean``).
   Its format credit is full when the row asked only for the query (``extra_info.answer_fields``, the
@@ -629,9 +632,11 @@ async def compute_score(
     max_query_chars = int(kwargs["max_query_chars"])
     gold = _gold(ground_truth)
 
-    parsed = parse_answer(solution_str, max_query_chars=max(max_query_chars, MAX_QUERY_CHARS))
+    answer_format = info.get("answer_format") or "json"
+    parsed = parse_answer(solution_str, max(max_query_chars, MAX_QUERY_CHARS), answer_format)
     salvaged = False
-    if parsed is None and kwargs.get("unparsed") == "retrieve":  # read as plain text: retrieved with, format 0
+    # read as plain text: retrieved with, format 0
+    if parsed is None and answer_format == "json" and kwargs.get("unparsed") == "retrieve":
         text_query = plain_text_query(solution_str, max_query_chars)
         if text_query:
             parsed, salvaged = ParsedRewrite(text_query), True
@@ -642,6 +647,9 @@ async def compute_score(
     # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
     missing_fields = parsed.truncated and check_answer_fields(info.get("answer_fields")) != (QUERY_FIELD,)
     cut = {"format/truncated": float(parsed.truncated)}
+    if answer_format == "text":  # text after the one-line answer: retrieved with, format 0
+        cut["format/trailing"] = float(parsed.trailing)
+        salvaged = parsed.trailing
     no_retrieval = no_retrieval_turn(gold, info.get("kind") or info.get("turn_type"))
     decided = abstain_components(query, no_retrieval, bool(gold))
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
@@ -655,10 +663,10 @@ async def compute_score(
 
     out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
-    if kwargs.get("unparsed") == "retrieve":
+    if kwargs.get("unparsed") == "retrieve" and answer_format == "json":
         out["format/plain_text"] = float(salvaged)
-        if salvaged:
-            out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
+    if salvaged:
+        out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
     out |= {  # for the samples files and the run page (non-numbers: not metrics)
         "candidate_query": query,
         "reference_query": str(reference.get("rewritten_query") or ""),

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, ParsedRewrite, parse_rewrite
+from queryrl.apps.query_rewrite.prompts import MAX_QUERY_CHARS, ParsedRewrite, parse_rewrite, parse_text_answer
 
 SELECTION_METHODS = ("max_log_prob", "weighted_sample")
 
@@ -70,14 +70,19 @@ def format_reward(parsed_ok: bool, query: str | None, max_chars: int, missing_fi
     return TRUNCATED_MISSING_FIELDS_CREDIT if missing_fields else 1.0
 
 
-def parse_answer(text: Any, max_query_chars: int = MAX_QUERY_CHARS) -> ParsedRewrite | None:
+def parse_answer(
+    text: Any, max_query_chars: int = MAX_QUERY_CHARS, answer_format: str | None = "json"
+) -> ParsedRewrite | None:
     """:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite` with the abstention allowed: an empty (or
     blank) ``rewritten_query`` parses as ``ParsedRewrite("", ...)``; a reply cut off after a complete query
-    parses with ``truncated=True``.
+    parses with ``truncated=True``. For ``answer_format="text"`` (the row's ``extra_info.answer_format``),
+    :func:`~queryrl.apps.query_rewrite.prompts.parse_text_answer` instead.
 
     ``parse_rewrite`` refuses a blank query by default (for logs and other callers an empty query is no
     query); the reward and the evaluation read it as "this turn needs no retrieval". Never raises.
     """
+    if answer_format == "text":
+        return parse_text_answer(text, max_query_chars)
     return parse_rewrite(text, max_query_chars=max_query_chars, allow_empty=True)
 
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
-from queryrl.apps.query_rewrite.prompts import QUERY_FIELD, check_answer_fields
+from queryrl.apps.query_rewrite.prompts import NO_QUERY, QUERY_FIELD, check_answer_fields
 from queryrl.rag import HeuristicRewriter
 from queryrl.rag.rewriters import last_user_turn
 
@@ -51,7 +51,7 @@ class SyncRewriter(Protocol):
 def reference_target(
     extra_info: Mapping[str, Any], rewriter: SyncRewriter | None = None, retrieve: bool | None = None
 ) -> str:
-    """The JSON answer the reference rewriter gives for one row's ``extra_info``.
+    """The answer the reference rewriter gives for one row's ``extra_info`` (:func:`render_answer`).
 
     Args:
         extra_info: the row's ``contexts``, ``user_profile``, ``history_summary`` and ``answer_fields`` (the
@@ -76,6 +76,17 @@ def reference_target(
         "user_profile": str(extra_info.get("user_profile") or ""),
         "history_summary": summary,
     }
+    return render_answer(carried, extra_info)
+
+
+def render_answer(carried: Mapping[str, str], extra_info: Mapping[str, Any]) -> str:
+    """The answer the row's prompt asks for, made of `carried` (``rewritten_query`` and the other fields):
+    the JSON object of ``extra_info.answer_fields``, or for ``answer_format="text"`` the query itself
+    (:data:`~.prompts.NO_QUERY` in the row's language when it is empty)."""
+    if extra_info.get("answer_format") == "text":
+        query = str(carried[QUERY_FIELD]).strip()
+        lang = "en" if str(extra_info.get("lang") or "") == "en" else "zh"
+        return query or NO_QUERY[lang]
     answer = {key: carried[key] for key in check_answer_fields(extra_info.get("answer_fields"))}
     return json.dumps(answer, ensure_ascii=False)
 

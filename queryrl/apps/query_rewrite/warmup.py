@@ -1,0 +1,296 @@
+"""Self-driven warm-up data for the rewriter (``queryrl warmup``): the model's own rewrites, kept where
+retrieval ranks a gold document highest.
+
+The idea is ConvSearch-R1's first stage, "self-driven policy warm-up" (Zhu et al. 2025,
+arXiv:2505.15776): a model that does not yet answer in the task's format gets no learning signal from
+RL (every group of a GRPO step scores the same), and SFT on another model's rewrites teaches it text it
+would not write itself. Instead, the model writes the data: prompted with a few worked examples, it
+samples `samples` rewrites per training turn; each is retrieved with, and the one whose result ranks a
+gold document highest (:func:`~queryrl.apps.query_rewrite.reward_modes.retrieval_rank_reward`) becomes
+that turn's SFT target, in the format the row's prompt asks for (JSON or text). SFT on that data (LoRA
+or full) then starts RL from a policy that writes the format and retrieves.
+
+Differences from the paper, on purpose:
+
+- the reference rewriter's answer (the row's ``extra_info.sft_target``) is one more candidate (``reference``
+  in the report), so a turn the model gets wrong in every sample still has a target when the reference
+  retrieves the gold; ties go to the reference (it keeps the customer's words by construction). Without
+  it (``reference=False``) the data is the model's alone, as in the paper;
+- a turn whose best candidate retrieves no gold document within the result list is dropped (the paper
+  keeps the rewrites that rank the gold passage; here the list is the RAG service's top_k);
+- turns that need no retrieval (no gold, a no-retrieval kind) keep their own target (the abstention).
+
+The worked examples are `shots` other training turns with gold and history (turns whose reference
+answer retrieves a gold document at rank 1), in the row's own format: for a chat model as earlier
+user/assistant turns, for a base model as text before the row's prompt (:func:`few_shot_messages`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from queryrl.apps.query_rewrite.eval_samples import Answer, Sample
+from queryrl.apps.query_rewrite.eval_scoring import doc_ids, retrieve
+from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
+from queryrl.apps.query_rewrite.reward_modes import parse_answer, retrieval_rank_reward
+from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, render_answer
+from queryrl.rag import RAGClient
+
+WARMUP_KEY = "warmup"  # in extra_info: where the kept target came from
+
+
+@dataclass(frozen=True)
+class WarmupSettings:
+    """How the warm-up data is sampled (the ``queryrl warmup`` options)."""
+
+    samples: int = 4  # rewrites per turn from the model
+    shots: int = 3  # worked examples in each prompt
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_new_tokens: int = 48
+    batch_size: int = 8
+    dtype: str | None = None
+    device: str | None = None
+    seed: int = 0
+    reference: bool = True  # the reference rewriter's answer is a candidate too
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "max_new_tokens", "batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"warmup: {name} must be >= 1 (got {getattr(self, name)})")
+        if self.shots < 0:
+            raise ValueError(f"warmup: shots must be >= 0 (got {self.shots})")
+
+
+@dataclass
+class Candidate:
+    """One candidate target of a turn: where it came from, its query (None: the reply did not parse) and
+    the rank reward of its retrieval result (None: not retrieved)."""
+
+    source: str  # "model" or "reference"
+    query: str | None
+    reward: float | None = None
+
+
+@dataclass
+class WarmupData:
+    """The kept rows (their ``extra_info.sft_target`` replaced) and what happened (:meth:`report`)."""
+
+    rows: list[dict[str, Any]]
+    considered: int
+    no_retrieval: int
+    dropped: int
+    sources: Counter[str] = field(default_factory=Counter)
+    parsed: int = 0  # model samples that parsed
+    clean: int = 0  # ... and had nothing after their answer (text format)
+    sampled: int = 0
+    found_by_model: int = 0  # retrieval turns where some model sample found a gold document
+    best_rewards: list[float] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def report(self) -> dict[str, Any]:
+        kept_retrieval = len(self.best_rewards)
+        return {
+            "turns": self.considered,
+            "kept": len(self.rows),
+            "kept_retrieval_turns": kept_retrieval,
+            "kept_no_retrieval_turns": self.no_retrieval,
+            "dropped_no_gold_found": self.dropped,
+            "target_source": dict(sorted(self.sources.items())),
+            "model_samples": self.sampled,
+            "model_format_ok": round(self.parsed / self.sampled, 4) if self.sampled else None,
+            "model_clean_format": round(self.clean / self.sampled, 4) if self.sampled else None,
+            "turns_a_model_sample_found_gold": self.found_by_model,
+            "mean_best_rank_reward": round(sum(self.best_rewards) / kept_retrieval, 4) if kept_retrieval else None,
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
+
+
+def few_shot_messages(prompt: Sequence[dict[str, Any]], examples: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    """`prompt` (system message, then the user message) with `examples` (a user message and its answer
+    each) as earlier turns between them: a chat model sees solved turns; a base model without a chat
+    template sees them as text before the question (:func:`~queryrl.data.prompts.prompt_text`)."""
+    messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    head = messages[:-1]
+    shots: list[dict[str, str]] = []
+    for user, answer in examples:
+        shots += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return [*head, *shots, messages[-1]]
+
+
+def _gold(row: dict[str, Any]) -> list[str]:
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    raw = truth.get("gold_doc_ids") if isinstance(truth, dict) else truth
+    return [raw] if isinstance(raw, str) else [str(g) for g in raw or []]
+
+
+def pick_examples(
+    rows: Sequence[dict[str, Any]], good: Sequence[bool], shots: int, seed: int
+) -> list[tuple[int, tuple[str, str]]]:
+    """`shots` demonstration turns (index, (user message, answer)): turns with gold and history whose
+    reference answer was `good` (found a gold document at rank 1), the shorter half of them, drawn with
+    `seed`."""
+    pool = [
+        i
+        for i, row in enumerate(rows)
+        if good[i]
+        and len((row.get("extra_info") or {}).get("contexts") or []) > 1
+        and row["extra_info"].get(SFT_TARGET_KEY)
+    ]
+    pool.sort(key=lambda i: len(str(rows[i]["prompt"][-1]["content"])))
+    pool = pool[: max(shots, len(pool) // 2)]
+    chosen = sorted(random.Random(seed).sample(pool, min(shots, len(pool))))
+    return [(i, (str(rows[i]["prompt"][-1]["content"]), str(rows[i]["extra_info"][SFT_TARGET_KEY]))) for i in chosen]
+
+
+def _sample_of(row: dict[str, Any], index: int) -> Sample:
+    info = dict(row.get("extra_info") or {})
+    return Sample(
+        index=index,
+        prompt=list(row["prompt"]),
+        contexts=[{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []],
+        gold=_gold(row),
+        ids={k: str(info.get(k) or "") for k in ("tenant_id", "contact_id", "account_id", "message_id")},
+        user_profile=str(info.get("user_profile") or ""),
+        history_summary=str(info.get("history_summary") or ""),
+        kind=str(info.get("kind") or info.get("turn_type") or ""),
+        conversation_id=str(info.get("conversation_id") or ""),
+        turn=info.get("turn"),
+        answer_format=str(info.get("answer_format") or "json"),
+    )
+
+
+def build_warmup(
+    model: Path,
+    rows: Sequence[dict[str, Any]],
+    client: RAGClient,
+    settings: WarmupSettings,
+    rag_url: str | None = None,
+    say: Callable[[str], None] = print,
+) -> WarmupData:
+    """The warm-up data of `rows` (a prepared training split, with ``extra_info.sft_target``) from the model
+    folder `model`, retrieving through `client` (see the module doc)."""
+    from queryrl.apps.query_rewrite.eval_generation import generate_replies
+    from queryrl.rollout.base import SamplingParams
+
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        r["extra_info"] = dict(r.get("extra_info") or {})
+    samples = [_sample_of(r, i) for i, r in enumerate(rows)]
+    retrieval = [i for i, s in enumerate(samples) if s.gold]
+    abstain = [i for i, s in enumerate(samples) if not s.gold and no_retrieval_turn(s.gold, s.kind)]
+    clock = time.perf_counter()
+    # the reference answers first: which turns make good examples, and the reference candidates
+    references = [
+        parse_answer(r["extra_info"].get(SFT_TARGET_KEY), answer_format=s.answer_format)
+        for r, s in zip(rows, samples, strict=True)
+    ]
+    ref_answers = [
+        Answer(p.rewritten_query if p else None, s.user_profile, s.history_summary)
+        for p, s in zip(references, samples, strict=True)
+    ]
+    chosen = [samples[i] for i in retrieval]
+    _, ref_results = asyncio.run(retrieve(client, chosen, {"reference": [ref_answers[i] for i in retrieval]}, rag_url))
+    ref_reward = {
+        i: retrieval_rank_reward(doc_ids(res), samples[i].gold)
+        for i, res in zip(retrieval, ref_results["reference"], strict=True)
+    }
+    good = [ref_reward.get(i) == 2.0 for i in range(len(rows))]
+    examples = pick_examples(rows, good, settings.shots, settings.seed)
+    shown = [i for i, _ in examples]
+    say(f"[warmup] {len(retrieval)} retrieval turns, {len(abstain)} no-retrieval turns; example rows {shown}")
+    taken = {i for i, _ in examples}
+    todo = [i for i in retrieval if i not in taken]
+    prompts = [few_shot_messages(rows[i]["prompt"], [e for _, e in examples]) for i in todo]
+    params = SamplingParams(
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        n=settings.samples,
+        max_new_tokens=settings.max_new_tokens,
+    )
+    import torch
+
+    torch.manual_seed(settings.seed)
+    start = time.perf_counter()
+    replies = generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype)
+    data = WarmupData(rows=[], considered=len(rows), no_retrieval=len(abstain), dropped=0)
+    data.seconds["generate"] = time.perf_counter() - start
+    say(f"[warmup] sampled {settings.samples} x {len(todo)} rewrites in {data.seconds['generate']:.0f} s")
+    candidates: dict[int, list[Candidate]] = {}
+    systems: dict[str, list[Answer] | None] = {}
+    for k in range(settings.samples):
+        answers = []
+        for n, i in enumerate(todo):
+            parsed = parse_answer(replies[n][k], answer_format=samples[i].answer_format)
+            data.sampled += 1
+            data.parsed += parsed is not None
+            data.clean += parsed is not None and not parsed.trailing
+            query = parsed.rewritten_query if parsed is not None and parsed.rewritten_query.strip() else None
+            candidates.setdefault(i, []).append(Candidate("model", query))
+            answers.append(Answer(query, samples[i].user_profile, samples[i].history_summary))
+        systems[f"sample_{k}"] = answers
+    start = time.perf_counter()
+    _, results = asyncio.run(retrieve(client, [samples[i] for i in todo], systems, rag_url))
+    data.seconds["retrieve"] = time.perf_counter() - start
+    for k in range(settings.samples):
+        for n, i in enumerate(todo):
+            result = results[f"sample_{k}"][n]
+            if result is not None:
+                candidates[i][k].reward = retrieval_rank_reward(doc_ids(result), samples[i].gold)
+    for i in range(len(rows)):
+        row = rows[i]
+        if i in abstain:
+            data.rows.append({**row, "extra_info": {**row["extra_info"], WARMUP_KEY: {"source": "no_retrieval"}}})
+            continue
+        if i not in candidates:
+            continue  # an example turn, or unlabelled
+        pool = list(candidates[i])
+        data.found_by_model += any((c.reward or 0.0) > 0 for c in pool)
+        if settings.reference and references[i] is not None:
+            pool.insert(0, Candidate("reference", references[i].rewritten_query, ref_reward.get(i)))
+        best = max(pool, key=lambda c: c.reward if c.reward is not None else -1.0)  # first of ties: reference
+        if best.query is None or not (best.reward or 0.0) > 0:
+            data.dropped += 1
+            continue
+        target = render_answer(
+            {
+                "rewritten_query": best.query,
+                "user_profile": samples[i].user_profile,
+                "history_summary": samples[i].history_summary,
+            },
+            row["extra_info"],
+        )
+        info = {
+            **row["extra_info"],
+            SFT_TARGET_KEY: target,
+            WARMUP_KEY: {"source": best.source, "rank_reward": best.reward},
+        }
+        data.rows.append({**row, "extra_info": info})
+        data.sources[best.source] += 1
+        data.best_rewards.append(float(best.reward or 0.0))
+    data.seconds["total"] = time.perf_counter() - clock
+    return data
+
+
+def write_warmup(data: WarmupData, out: Path, settings: WarmupSettings, source: str) -> tuple[Path, Path]:
+    """``out/warmup.parquet`` (the kept rows, the SFT data) and ``out/warmup.json`` (the report, the
+    settings, the source data), each written atomically."""
+    import json
+    from dataclasses import asdict
+
+    from queryrl.apps.query_rewrite.conversations import write_parquet
+    from queryrl.atomic import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    parquet = write_parquet(data.rows, out / "warmup.parquet")
+    report = {"data": source, "settings": asdict(settings), **data.report()}
+    summary = out / "warmup.json"
+    atomic_write_text(summary, json.dumps(report, ensure_ascii=False, indent=1) + "\n")
+    return parquet, summary
