@@ -113,6 +113,14 @@ class Application:
     def commands(self, cli: CommandLine) -> None:
         """Add the application's commands to the ``queryrl`` command line."""
 
+    def learning_problem(self, cfg: Any, metrics: Mapping[str, float]) -> str | None:
+        """Why one training step's `metrics` show that the run cannot learn (e.g. no answer parsed), or None.
+
+        A step with a problem counts toward ``trainer.max_no_signal_steps`` as a step whose groups all had
+        equal rewards does: the trainer says it on the console and stops the run with exit 3 after that many
+        steps in a row, naming the problem."""
+        return None
+
 
 APPS: Registry[Any] = Registry("application")
 _loaded = False

@@ -102,22 +102,29 @@ class NoSignalWatch:
     streak: int = 0
     first_step: int = 0
     parts: dict[str, float] = field(default_factory=dict)  # the reward's parts at the streak's last step
+    problem: str | None = None  # the application's reason at the streak's last step
 
-    def observe(self, step: int, signal: bool, metrics: dict[str, float]) -> dict[str, float]:
-        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics. Returns
-        ``training/no_signal_steps`` (the streak); a step without signal is said once on the console."""
-        if signal:
+    def observe(
+        self, step: int, signal: bool, metrics: dict[str, float], problem: str | None = None
+    ) -> dict[str, float]:
+        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics; `problem`
+        is the application's reason that the step cannot teach anything (answers that never parse, empty
+        queries: :meth:`~queryrl.application.Application.learning_problem`), which counts as no signal. Returns
+        ``training/no_signal_steps`` (the streak); a step without signal is said on the console."""
+        if signal and problem is None:
             self.streak = 0
+            self.problem = None
             return {"training/no_signal_steps": 0.0}
+        why = problem or "every group scored all its samples alike, so every advantage is 0"
         warnings.warn(
-            "no learning signal: every group scored all its samples alike, so every advantage is 0 "
-            f"(training/no_signal_steps counts the steps in a row; trainer.max_no_signal_steps={self.limit} "
-            "of them stop the run)",
+            f"no learning signal: {why} (training/no_signal_steps counts the steps in a row; "
+            f"trainer.max_no_signal_steps={self.limit} of them stop the run)",
             stacklevel=3,
         )
         if self.streak == 0:
             self.first_step = step
         self.streak += 1
+        self.problem = problem
         self.parts = {
             k.removeprefix("reward/").removesuffix("/mean"): v
             for k, v in metrics.items()
@@ -132,6 +139,11 @@ class NoSignalWatch:
         last = self.first_step + self.streak - 1
         parts = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.parts.items()))
         parts = f"; mean reward parts at the last step: {parts}" if parts else ""
+        if self.problem is not None:
+            return redact(
+                f"stopped: nothing to learn in {self.streak} steps in a row (steps {self.first_step}-{last}; "
+                f"trainer.max_no_signal_steps={self.limit}): {self.problem}{parts}"
+            )
         return redact(
             f"stopped: no learning signal in {self.streak} steps in a row (steps {self.first_step}-{last}; "
             f"trainer.max_no_signal_steps={self.limit}): in every group all samples got the same reward, so every "

@@ -89,6 +89,24 @@ class QueryRewriteApp(Application):
 
         return service_checks(cfg), reward_spec(cfg)
 
+    def learning_problem(self, cfg: DictConfig, metrics: Mapping[str, float]) -> str | None:
+        """No reply of the step parsed (``reward/parsed/mean`` 0), or every reply was an empty query where
+        retrieval was needed (``reward/empty_query/mean`` 1): RAG and judge saw nothing to compare."""
+        parsed, empty = metrics.get("reward/parsed/mean"), metrics.get("reward/empty_query/mean")
+        if parsed == 0.0:
+            fmt = "JSON with rewritten_query" if cfg.app.query_rewrite.unparsed == "floor" else "a usable line"
+            return (
+                f"no answer of the step parsed ({fmt}): no RAG or judge request was made. Prepare the data "
+                "with --answer-format text, set app.query_rewrite.unparsed=retrieve, or warm the model up "
+                "first (queryrl warmup, then queryrl sft)"
+            )
+        if empty == 1.0:
+            return (
+                "every rewrite of the step was an empty query on a turn that needs retrieval: nothing was "
+                "searched (see the samples files; an empty query means 'no retrieval needed')"
+            )
+        return None
+
     def commands(self, cli: CommandLine) -> None:
         from queryrl.apps.query_rewrite.commands import add_commands
 

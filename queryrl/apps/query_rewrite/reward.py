@@ -71,7 +71,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
-from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn, recall_at_k
+from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
 from queryrl.apps.query_rewrite.prompts import (
     MAX_QUERY_CHARS,
@@ -97,10 +97,12 @@ from queryrl.rag import (
     HeuristicRewriter,
     InProcessRAG,
     RAGClient,
+    RAGError,
     RAGFailure,
     build_rewriter,
     load_corpus,
 )
+from queryrl.rag.client import CHAT_FIELDS
 from queryrl.rag.index import title_entities
 from queryrl.rag.rewriters import missing_parameters
 from queryrl.rewards.judge import JudgeClient
@@ -480,7 +482,9 @@ async def _shared_judge(
 # --- the reward --------------------------------------------------------------------------------
 
 
-_NOT_CUT = {"format/truncated": 0.0}  # an unparsed reply is a format failure, not a truncated answer
+# an unparsed reply is a format failure, not a truncated answer; ``parsed`` 0 (``reward/parsed/mean``: the
+# share of replies that gave a query, which the app's learning_problem watches)
+_NOT_CUT = {"format/truncated": 0.0, "parsed": 0.0}
 
 
 @functools.cache
@@ -578,6 +582,12 @@ async def _retrieve_both(
     timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
     embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
     client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
+    if not query.strip():  # nothing to search with: no /rag/chat_8b call, no documents
+        try:
+            reference = await client.chat(**{k: v for k, v in fields.items() if k in CHAT_FIELDS})
+        except RAGError as exc:
+            raise RewardFailure(f"RAG /rag/chat failed: {exc.error}") from None
+        return abstained_result(), reference
     return await _shared_both(client, (rag_url, corpus, top_k), fields)
 
 
@@ -646,7 +656,7 @@ async def compute_score(
     query = normalise_rewrite(parsed.rewritten_query)
     # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
     missing_fields = parsed.truncated and check_answer_fields(info.get("answer_fields")) != (QUERY_FIELD,)
-    cut = {"format/truncated": float(parsed.truncated)}
+    cut = {"format/truncated": float(parsed.truncated), "parsed": 1.0}
     if answer_format == "text":  # text after the one-line answer: retrieved with, format 0
         cut["format/trailing"] = float(parsed.trailing)
         salvaged = parsed.trailing
@@ -657,8 +667,12 @@ async def compute_score(
             decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
         if salvaged:
             decided["format"] = 0.0
+        if not no_retrieval:  # a turn with gold answered with no query: counted (the app watches the share)
+            cut["empty_query"] = float(not query)
         return {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
+    # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
+    cut["empty_query"] = float(not query)
     candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
 
     out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
