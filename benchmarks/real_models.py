@@ -134,13 +134,17 @@ def check(m: RealModel, root: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from queryrl.models.gguf import SOURCE_FILE
+    from queryrl.models.gguf_licence import licence_record
     from queryrl.models.gguf_source import locate, whole_file
 
     folder = root / m.folder
     source = json.loads((folder / SOURCE_FILE).read_text())
     tok = AutoTokenizer.from_pretrained(folder)
     converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with tempfile.TemporaryDirectory() as tmp, whole_file(locate(m.source), Path(tmp)) as (gguf_file, _):
+    located = locate(m.source)
+    general = source.get("general", {})  # a folder converted before licences were recorded lacks "licence"
+    licence = source.get("licence") or licence_record(general.get("license"), located.folders, located.distribution)
+    with tempfile.TemporaryDirectory() as tmp, whole_file(located, Path(tmp)) as (gguf_file, _):
         name, parent = gguf_file.name, gguf_file.parent
         direct_tok = AutoTokenizer.from_pretrained(parent, gguf_file=name)
         direct = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32).eval()
@@ -154,9 +158,10 @@ def check(m: RealModel, root: Path) -> dict[str, Any]:
             diffs.append({"tokens": ids.shape[1], "max_abs_logit_diff": float((a - b).abs().max())})
         ids = tok(FEW_SHOT, return_tensors="pt")["input_ids"]
         out = converted.generate(ids, max_new_tokens=40, do_sample=False, attention_mask=torch.ones_like(ids))
-    keep = ("architecture", "parameters", "gguf_tensor_types", "tied_embeddings", "sha256", "licence", "package")
+    keep = ("architecture", "parameters", "gguf_tensor_types", "tied_embeddings", "sha256", "package")
     return {
         **{k: source[k] for k in keep if k in source},
+        "licence": licence,
         "prompts": diffs,
         "max_abs_logit_diff": max(d["max_abs_logit_diff"] for d in diffs),
         "greedy_40": tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
