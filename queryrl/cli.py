@@ -264,6 +264,9 @@ def convert_gguf(
         _fail(str(exc))
         return
     typer.echo(f"read {info.source}: {info.summary()}")
+    if info.sha256_checked:
+        typer.echo(f"SHA256 {info.sha256} matches {info.sha256_checked}")
+    typer.echo(info.licence_line())
     typer.echo(f"wrote {info.out}")
 
 

@@ -6,107 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 gguf = pytest.importorskip("gguf", reason="convert-gguf needs the gguf package (pip install 'queryrl[gguf]')")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from queryrl.cli import app  # noqa: E402
 from queryrl.models import gguf as gguf_mod  # noqa: E402
-
-MERGES = ["h e", "l l", "he ll", "Ġ w", "o r"]
-EOS = "<|endoftext|>"
-
-
-def vocabulary() -> tuple[list[str], list[int]]:
-    """A byte-level BPE vocabulary: the 256 byte symbols, the merges' results, one control token."""
-    tokens = list(bytes_to_unicode().values())
-    tokens += ["".join(m.split(" ")) for m in MERGES]
-    types = [gguf.TokenType.NORMAL] * len(tokens)
-    return [*tokens, EOS], [*types, gguf.TokenType.CONTROL]
-
-
-def tiny_llama(vocab_size: int, tie: bool, seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # grouped-query attention: K is permuted with its own head count
-        max_position_embeddings=128,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=tie,
-        bos_token_id=vocab_size - 1,
-        eos_token_id=vocab_size - 1,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # norms start at 1: make them random too, so a mixed-up tensor shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    return model
-
-
-def permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's row order of a Q/K projection (convert_hf_to_gguf.LlamaModel.permute)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_gguf(model: LlamaForCausalLM, path: Path, store_output: bool) -> None:
-    """`model` as an F32 GGUF file; `store_output`: write ``output.weight`` even when it is tied."""
-    cfg = model.config
-    tokens, types = vocabulary()
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-llama-test")
-    writer.add_license("apache-2.0")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(len(tokens) - 1)
-    writer.add_eos_token_id(len(tokens) - 1)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    state = model.state_dict()
-    if cfg.tie_word_embeddings and not store_output:
-        state.pop("lm_head.weight")
-    for hf_name, tensor in state.items():
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert name is not None, hf_name
-        data = tensor.detach().float().numpy().copy()
-        if hf_name.endswith("q_proj.weight"):
-            data = permute(data, cfg.num_attention_heads)
-        elif hf_name.endswith("k_proj.weight"):
-            data = permute(data, cfg.num_key_value_heads)
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=ids).logits
+from tests.models.helpers import EOS, logits, tiny_llama, write_gguf  # noqa: E402
+from tests.models.helpers import bpe_vocabulary as vocabulary  # noqa: E402
 
 
 def convert(src: Path, out: Path, *extra: str) -> tuple[int, str]:
