@@ -65,6 +65,9 @@ class QueryRewriteJudgeConfig:
     token_limit_param: str = "max_completion_tokens"  # the limit's name: max_completion_tokens | max_tokens (old)
     reasoning_effort: str | None = None  # minimal | low | medium | high (none, xhigh); null = not sent
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body as given
+    # queryrl eval with backend openai also asks the judge whether each rewrite keeps the customer's intent
+    # (intent_kept_judge; one more call per system and turn): false = only the offline check
+    intent_check: bool = True
 
 
 @dataclass

@@ -127,7 +127,7 @@ _SYSTEM = {
 _USER_HEAD = {"zh": "待评测的数据：", "en": "The data to evaluate:"}
 
 
-def _clean(text: Any, max_chars: int) -> str:
+def clean_data(text: Any, max_chars: int) -> str:
     """A data string: delimiters removed, truncated to `max_chars` (with an ellipsis)."""
     s = _DELIMITER.sub("", str(text if text is not None else ""))
     return s if len(s) <= max_chars else s[:max_chars] + "…"
@@ -135,12 +135,16 @@ def _clean(text: Any, max_chars: int) -> str:
 
 def _side(result: Mapping[str, Any], include_rewrite: bool, max_docs: int, max_doc_chars: int) -> dict[str, Any]:
     docs = [
-        {"rank": i + 1, "title": _clean(d.get("title"), 200), "content": _clean(d.get("content"), max_doc_chars)}
+        {
+            "rank": i + 1,
+            "title": clean_data(d.get("title"), 200),
+            "content": clean_data(d.get("content"), max_doc_chars),
+        }
         for i, d in enumerate(list(result.get("response") or [])[:max_docs])
     ]
     side: dict[str, Any] = {"documents": docs}
     if include_rewrite:
-        side = {"rewritten_query": _clean(result.get("rewritten_query"), 256), **side}
+        side = {"rewritten_query": clean_data(result.get("rewritten_query"), 256), **side}
     return side
 
 
@@ -170,7 +174,8 @@ def build_judge_messages(
         raise ValueError(f"unknown judge prompt language {lang!r}; use one of {sorted(_SYSTEM)}")
     data = {
         "conversation": [
-            {"role": _clean(m.get("role"), 20), "content": _clean(m.get("content"), max_turn_chars)} for m in contexts
+            {"role": clean_data(m.get("role"), 20), "content": clean_data(m.get("content"), max_turn_chars)}
+            for m in contexts
         ],
         "results": {
             "8b": _side(candidate_result, include_rewrites, max_docs, max_doc_chars),
