@@ -94,14 +94,25 @@ _GARBLED = re.compile(
     r"|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|[\u00c2-\u00f4][\u0080-\u00bf]"
 )
 _CUES = sorted(QUESTION_CUES, key=lambda c: (-len(c), c))  # longest first: a longer cue wins its span
+
+
 # a character of a cue -> the types of the cues it is in: a lone 扣 ("说说扣", 折扣 with a character lost)
 # may mean promotion; such hints only excuse a type the rewrite adds, they never demand one
-_CHAR_TYPES: dict[str, frozenset[str]] = {}
-for _cue, _types in QUESTION_CUES.items():
-    for _ch in _cue if len(_cue) > 1 else ():
-        if _ch not in STOP_CHARS:
-            _CHAR_TYPES[_ch] = _CHAR_TYPES.get(_ch, frozenset()) | _types
-_QUANTITY = re.compile(r"^[一二两三四五六七八九十百千万几半每]")  # 一天, 两年, 半个月: details, not the question
+def _cue_characters() -> dict[str, frozenset[str]]:
+    out: dict[str, frozenset[str]] = {}
+    for cue, types in QUESTION_CUES.items():
+        for ch in cue if len(cue) > 1 else ():
+            if ch not in STOP_CHARS:
+                out[ch] = out.get(ch, frozenset()) | types
+    return out
+
+
+_CHAR_TYPES = _cue_characters()
+_CHITCHAT = frozenset(CHITCHAT_WORDS)
+# 一天, 两年, 半个月: a quantity is a detail of the question, not what it asks (十三陵, 八达岭 are names)
+_QUANTITY = re.compile(
+    r"^[一二两三四五六七八九十百千万几半每]+(?:个|天|年|月|周|日|小时|分钟|次|块|元|台|只|件|寸|斤|公里|米|岁|星期|倍|折)"
+)
 # the demo customers' slips (typo -> the word meant), longest first
 _SLIPS = sorted(
     [(typo, word) for word, typos in HOMOPHONES.items() for typo in typos]
@@ -250,7 +261,8 @@ def _tokens(compact: str) -> list[tuple[str, int, int]]:
 
 @functools.lru_cache(maxsize=4096)
 def read_text(text: str) -> Reading:
-    """The :class:`Reading` of `text` (cached: the history of a prompt is read once for all its rewrites)."""
+    """The :class:`Reading` of `text` (cached, so shared and not to be changed: the history of a prompt is
+    read once for all its rewrites)."""
     spaced = normalise(text)
     compact = spaced.replace(" ", "")
     reading = Reading(compact)
@@ -268,7 +280,6 @@ def read_text(text: str) -> Reading:
     questions = [(s, e) for s, e in clauses if _is_question(compact[s:e], any(covered[s:e]))]
     reading.asks = bool(questions)
     chosen = questions or clauses  # a turn without a question word ("发我看看"): every clause counts
-    chitchat = set(CHITCHAT_WORDS)
     hinted: set[str] = set()
     for token, start, end in _tokens(compact):
         if not any(covered[start:end]) and (len(token) == 1 or token not in jieba.dt.FREQ):
@@ -280,7 +291,7 @@ def read_text(text: str) -> Reading:
             len(token) < 2
             or not _CJK.search(token)
             or token in STOPWORDS
-            or token in chitchat
+            or token in _CHITCHAT
             or token in GENERIC_WORDS
             or token in CATEGORY_WORDS
             or _QUANTITY.match(token) is not None
