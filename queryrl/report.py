@@ -2,7 +2,8 @@
 
 The page needs no server and no network (inline CSS and JS, no external URL): the training curves
 drawn as inline SVG by a few lines of JS, the eval table when ``run_dir/eval.json`` exists (the file
-``queryrl eval --out`` writes beside a run; only the run's own folder is looked at), and a rollout
+``queryrl eval --out`` writes beside a run; only the run's own folder is looked at), the eval examples
+(:mod:`queryrl.report_examples`: turns where the two systems of ``--compare`` differ) and a rollout
 inspector over ``samples/step_N.jsonl``.
 
 Size: the samples of at most ``MAX_STEPS`` steps are embedded: every k-th step with the smallest k that
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.atomic import atomic_write_text
+from queryrl.report_examples import EXAMPLES_CSS, EXAMPLES_JS, NAV_HTML, SECTION_HTML, eval_examples
 
 MAX_STEPS = 200  # steps whose samples are embedded
 MAX_TEXT = 4000  # characters kept of one text field
@@ -205,11 +207,13 @@ def write_report(run_dir: Path) -> Path:
             _json_tag("info", info),
             _json_tag("curves", _curves(run_dir)),
             _json_tag("eval", _eval(run_dir)),
+            _json_tag("examples", eval_examples(run_dir)),
             _json_tag("samples", _samples(run_dir, chosen)),
         ]
     )
     page = _PAGE.replace("@TITLE@", html.escape(f"queryrl run: {info['run']}")).replace("@DATA@", body)
-    page = page.replace("@CSS@", _CSS).replace("@JS@", _JS)
+    page = page.replace("@CSS@", _CSS + EXAMPLES_CSS).replace("@JS@", _JS + EXAMPLES_JS)
+    page = page.replace("@EXAMPLES@", SECTION_HTML).replace("@EXAMPLES_NAV@", NAV_HTML)
     out = run_dir / "report.html"
     atomic_write_text(out, page)
     return out
@@ -218,9 +222,11 @@ def write_report(run_dir: Path) -> Path:
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>@TITLE@</title><style>@CSS@</style></head>
 <body><h1 id="title">@TITLE@</h1>
-<nav><a href="#curves">Curves</a> · <a href="#evalsec">Evaluation</a> · <a href="#inspector">Rollouts</a></nav>
+<nav><a href="#curves">Curves</a> · <a href="#evalsec">Evaluation</a>@EXAMPLES_NAV@
+ · <a href="#inspector">Rollouts</a></nav>
 <section id="curves"><h2>Training curves</h2><div id="charts"></div></section>
 <section id="evalsec"><h2>Evaluation</h2><div id="evaltable"></div></section>
+@EXAMPLES@
 <section id="inspector"><h2>Rollout inspector</h2>
 <p id="subsample"></p>
 <div class="controls">

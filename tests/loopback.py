@@ -48,6 +48,8 @@ def rag_and_judge(api_key: str, better: str = "same", seed_paths: bool = False) 
 
     def judge(messages: list[dict[str, Any]]) -> str:
         judged.append(messages[-1]["content"])
+        if "same_intent" in str(messages[0].get("content")):  # queryrl eval's intent question (intent_judge.py)
+            return json.dumps({"same_intent": "yes", "reason": "the stand-in reads every rewrite as the turn"})
         other = {**SIDE, "sum": SIDE["sum"] - 5} if better == "8b" else SIDE
         return json.dumps({"better": better, "score": {"8b": SIDE, "32b": other}})
 

@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
         "tracking",
         "fonts",
         "report",
+        "report_examples",
     },
     {"algos"},
     {"data"},

@@ -7,6 +7,7 @@ copied to ``runs/test-artifacts/report.png`` (``runs/`` is git-ignored).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -168,4 +169,41 @@ def test_documents_verdict_failure_and_zoom(browser: Any, tmp_path: Path) -> Non
     page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "inspector.png", ARTIFACTS / "inspector.png")
+    assert errors == []
+
+
+def test_eval_examples_section(browser: Any, tmp_path: Path) -> None:
+    """eval --compare grpo:sft's per-turn output: the turns where grpo is better and worse, both sides shown."""
+    run = fake_run(tmp_path / "run", steps=2)
+    report = json.loads((run / "eval.json").read_text(encoding="utf-8"))
+    (run / "eval.json").write_text(json.dumps(report | {"settings": {"compare": ["grpo:sft"]}}), encoding="utf-8")
+
+    def side(query: str, recall: float, kept: bool, reason: str) -> dict[str, Any]:
+        ids = ["g", "x"] if recall else ["x"]
+        titles = [f"云帆 Pro2 {i}" for i in ids]
+        return {"query": query, "recall@5": recall, "top5": ids, "top5_titles": titles, "intent_kept": kept}
+
+    rows = [
+        {"last_turn": "这个多少钱?", "gold": ["g"], "kind": "pronoun", "systems": {
+            "grpo": side("这个能马上发货吗? pro2", 1.0, False, "") | {"intent_reason": "asks stock instead of price"},
+            "sft": side("这个多少钱? pro2", 0.0, True, "") | {"intent_reason": "keeps the question (price)"}}},
+        {"last_turn": "它有几个颜色", "gold": ["g"], "kind": "pronoun", "systems": {
+            "grpo": side("pro2 <b>价格</b>", 0.0, False, ""), "sft": side("pro2 颜色", 1.0, True, "")}},
+    ]  # fmt: skip
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    (run / "eval_samples.jsonl").write_text(lines, encoding="utf-8")
+    page, errors = open_page(browser, write_report(run))
+    examples = page.locator("#examplelist .example")
+    assert examples.count() == 2
+    better = examples.nth(0)
+    assert "这个多少钱?" in better.locator(".turn").text_content()
+    cells = better.locator("td").all_text_contents()
+    assert "这个能马上发货吗? pro2" in cells
+    assert any(c.startswith("CHANGED: asks stock instead of price") for c in cells)
+    assert better.locator("td.changed").count() == 1
+    assert better.locator("li.gold").count() == 1  # the gold document marked in grpo's list
+    worse = examples.nth(1)
+    assert worse.locator("b", has_text="<b>").count() == 0  # markup in a query shows as text
+    assert "pro2 <b>价格</b>" in worse.locator("td").all_text_contents()
+    assert "grpo better on 1, worse on 1" in page.locator("#examplelist p").first.text_content()
     assert errors == []

@@ -16,6 +16,7 @@ from queryrl.apps.query_rewrite.reward import (
     RewardFailure,
     candidate_calls,
     compute_score,
+    default_kwargs,
     pop_reward_metrics,
     readable_verdict,
 )
@@ -24,6 +25,8 @@ from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards import RewardInput, load_reward_function, make_reward_manager
 from queryrl.rewards.judge_server import make_app as make_judge_app
 from queryrl.rewards.judge_server import running_server
+
+PENALTY = default_kwargs()["intent_penalty"]  # what a reply that changes the customer's intent loses
 
 
 @cache
@@ -85,6 +88,7 @@ def test_correct_rewrite_beats_useless_and_raw_turn() -> None:
         assert useless["quality"] < 0.5
         assert useless["retrieval_rank"] == 0.0
         shown = {"candidate_query", "reference_query", "candidate_documents", "reference_documents", "judge_verdict"}
+        shown.add("intent_check")  # {"kept", "code", "reason"}: the offline intent check (reward_intent.py)
         assert all(isinstance(v, float) for k, v in good.items() if k not in shown)
         # what a person reads in the samples files: both sides' documents with gold marked, and the verdict
         gold = set(row["reward_model"]["ground_truth"]["gold_doc_ids"])
@@ -107,7 +111,8 @@ def test_unparseable_output_gets_the_format_penalty_not_a_failure() -> None:
     assert bad["format"] == 0.0
     assert bad["retrieval_rank"] == 0.0
     assert bad["judge"] == -1.0
-    assert bad["score"] == pytest.approx(-1.0)
+    assert bad["score"] == pytest.approx(-1.0 - PENALTY)  # the floor; it asks nothing: the intent penalty too
+    assert bad["intent/changed"] == 1.0
     assert bad["score"] < useless["score"]  # garbage never beats a parseable rewrite
 
 
@@ -121,11 +126,11 @@ def test_unparsed_retrieve_reads_plain_text_as_the_query_with_format_zero() -> N
     assert (right["format"], right["format/plain_text"]) == (0.0, 1.0)
     assert right["retrieval_rank"] > wrong["retrieval_rank"]
     assert right["score"] > wrong["score"] > nothing["score"]  # a signal between answers that all miss the format
-    assert nothing["score"] == pytest.approx(-1.0)  # no usable line: the floor
+    assert nothing["score"] == pytest.approx(-1.0 - PENALTY)  # no usable line: the floor (and it asks nothing)
     parsed = _score(row, _answer(_correct(row)), unparsed="retrieve")
     assert (parsed["format"], parsed["format/plain_text"]) == (1.0, 0.0)
     assert parsed["score"] == pytest.approx(right["score"] + 0.2)  # the format weight is the price of plain text
-    assert _score(row, _correct(row))["score"] == pytest.approx(-1.0)  # the default (floor) is unchanged
+    assert _score(row, _correct(row))["score"] == pytest.approx(-1.0 - PENALTY)  # the default (floor) is unchanged
 
 
 def test_plain_text_query_takes_the_first_line_without_labels_or_quotes() -> None:
@@ -150,7 +155,8 @@ def test_over_long_query_gets_format_zero_and_weights_configure_the_mix() -> Non
 def test_no_gold_drops_the_retrieval_rank_weight() -> None:
     row = _rows()[0]
     gt: dict[str, list[str]] = {"gold_doc_ids": []}
-    out = asyncio.run(compute_score(row["data_source"], _answer("你好"), gt, row["extra_info"], weights={"judge": 0.0}))
+    query = _answer(_correct(row))
+    out = asyncio.run(compute_score(row["data_source"], query, gt, row["extra_info"], weights={"judge": 0.0}))
     assert "retrieval_rank" not in out
     assert out["score"] == pytest.approx(0.2)
     with pytest.raises(RewardFailure, match="offline judge"):  # the offline judge needs gold

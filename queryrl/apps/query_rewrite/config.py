@@ -65,6 +65,9 @@ class QueryRewriteJudgeConfig:
     token_limit_param: str = "max_completion_tokens"  # the limit's name: max_completion_tokens | max_tokens (old)
     reasoning_effort: str | None = None  # minimal | low | medium | high (none, xhigh); null = not sent
     extra_body: dict[str, Any] = field(default_factory=dict)  # merged into the request body as given
+    # queryrl eval with backend openai also asks the judge whether each rewrite keeps the customer's intent
+    # (intent_kept_judge; one more call per system and turn): false = only the offline check
+    intent_check: bool = True
 
 
 @dataclass
@@ -110,6 +113,9 @@ class QueryRewriteConfig:
     # retrieve (its first line is read as the query and retrieved with; format 0): a model that does not
     # follow the format yet then still gets rewards that differ within a group
     unparsed: str = "floor"
+    # subtracted from the reward of a rewrite that changes the customer's intent (the offline check of
+    # apps/query_rewrite/intent.py: another question, an answer, invented facts, garbled text); 0 = off
+    intent_penalty: float = 1.0
     judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
     rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)
     seed_hybrid: SeedHybridConfig = field(default_factory=SeedHybridConfig)
@@ -175,6 +181,8 @@ def validate_settings(cfg: DictConfig) -> None:
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
     _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
     _choice(qr.unparsed, ["floor", "retrieve"], "app.query_rewrite.unparsed")
+    if not qr.intent_penalty >= 0.0:  # NaN too
+        raise ConfigError(f"app.query_rewrite.intent_penalty must be >= 0 (0: off), got {qr.intent_penalty}")
     judge = qr.judge  # the request settings (the same checks as queryrl.rewards.judge.JudgeClient's)
     limit_names = ["max_completion_tokens", "max_tokens"]
     _choice(judge.token_limit_param, limit_names, "app.query_rewrite.judge.token_limit_param")

@@ -9,7 +9,8 @@ headline cutoff, 5) with its paired percentile-bootstrap interval
 (:func:`~queryrl.apps.query_rewrite.evaluation.paired_bootstrap`: one draw of turn indices per replicate,
 applied to both systems), ``n``, and the shares of turns where A > B, A < B and A = B. Where both
 systems have judge verdicts against the reference (not ``reference`` itself), the difference of their
-judge scores (1 win, 0.5 tie, 0 loss) over the turns where both verdicts are valid.
+judge scores (1 win, 0.5 tie, 0 loss) over the turns where both verdicts are valid. The intent columns
+(``intent_kept``, ``intent_kept_judge``, over every turn) come from :func:`~.eval_intent.compare_intents`.
 
 The eval writes them to the JSON (``comparisons: {"A-B": {...}}``), prints them as a second table
 (:func:`format_comparisons`) and draws them as a panel of the chart (:func:`draw_differences`).
@@ -132,6 +133,8 @@ def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> 
     header = ["A - B", "n", *(f"{label} [95% CI]" for _, label in metrics), f"recall@{k} A>B / A<B / A=B"]
     if judged:
         header.append("Δ judge_score [95% CI] (n)")
+    extra = [m for m in ("intent_kept", "intent_kept_judge") if any(m in c for c in comparisons.values())]
+    header += [f"Δ {m} [95% CI] (n)" for m in extra]
     lines = [
         "paired differences (A - B on the same turns; paired bootstrap 95% CI):",
         "| " + " | ".join(header) + " |",
@@ -141,9 +144,9 @@ def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> 
         cells = [f"{c['a']} - {c['b']}", str(c["n"]), *(_interval(c.get(m)) for m, _ in metrics)]
         head = c.get(f"recall@{k}")
         cells.append(f"{head['a_better']:.2f} / {head['b_better']:.2f} / {head['tie']:.2f}" if head else "-")
-        if judged:
-            judge = c.get("judge_score")
-            cells.append(f"{_interval(judge)} ({int(judge['n'])})" if judge else "-")
+        for metric in (["judge_score"] if judged else []) + extra:
+            stats = c.get(metric)
+            cells.append(f"{_interval(stats)} ({int(stats['n'])})" if stats else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -4,8 +4,10 @@
   ``eval_file``, ``n_samples``, ``judge_calls`` and ``settings``; a non-finite number is written as null;
 - ``eval.png``: a bar chart of recall@5 and MRR per system with 95 % intervals, and with ``--compare`` a
   third panel of the paired differences (:func:`plot_systems`);
-- ``eval_samples.jsonl``: per sample, each system's query, its top-5 doc ids, whether it parsed, the
-  judge's verdict and, on turns with gold, its recall@5 / MRR / NDCG@5 (:func:`sample_records`);
+- ``eval_samples.jsonl``: per sample, each system's query, its top-5 doc ids and their titles, whether it
+  parsed, the judge's verdict, the intent verdicts (``intent_kept``, ``intent_code``, ``intent_reason``;
+  with an LLM judge ``intent_kept_judge``, ``intent_judge_reason``) and, on turns with gold, its recall@5 /
+  MRR / NDCG@5 (:func:`sample_records`);
 - the printed table (:func:`table_rows`, a subset of the metrics: :data:`TABLE_KEYS`) and, with
   ``--compare``, the paired differences.
 """
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from queryrl.apps.query_rewrite.eval_compare import draw_differences, format_comparisons
+from queryrl.apps.query_rewrite.eval_intent import SystemIntents, intent_fields
 from queryrl.apps.query_rewrite.eval_samples import Answer, Sample, SystemSpec
 from queryrl.apps.query_rewrite.eval_scoring import doc_ids
 from queryrl.apps.query_rewrite.evaluation import HEADLINE_K, format_table
@@ -39,6 +42,8 @@ TABLE_KEYS = {
     "format_ok": "format",
     "judge_score": "judge",
     "abstain_accuracy": "abstain acc",
+    "intent_kept": "intent kept",
+    "intent_kept_judge": "intent (judge)",
 }
 
 
@@ -138,6 +143,7 @@ def sample_records(
     results: Mapping[str, Sequence[Mapping[str, Any] | None]],
     verdicts: Mapping[str, Sequence[Mapping[str, Any] | None]],
     values: Mapping[str, Sequence[Mapping[str, float] | None]],
+    intents: Mapping[str, SystemIntents] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per sample for ``eval_samples.jsonl`` (see the module doc).
 
@@ -148,6 +154,7 @@ def sample_records(
         results: a system's RAG result per sample (None: a format failure).
         verdicts: a judged system's verdict per sample.
         values: a system's recall@5 / MRR / NDCG@5 per sample (None without gold).
+        intents: a system's intent verdicts (:mod:`~.eval_intent`).
     """
     records = []
     for i, s in enumerate(samples):
@@ -160,6 +167,7 @@ def sample_records(
                 "query": (result or {}).get("rewritten_query") if answer is None else answer.query,
                 "format_ok": answer is None or (answer.query is not None and not answer.trailing),
                 "top5": doc_ids(result)[:SAMPLES_TOP],
+                "top5_titles": [str(d.get("title", "")) for d in (result or {}).get("response") or []][:SAMPLES_TOP],
                 **(values[spec.name][i] or {}),  # recall@5, mrr, ndcg@5 on a turn with gold: --compare's inputs
             }
             if answer is not None and answer.raw is not None:
@@ -167,6 +175,8 @@ def sample_records(
             if spec.name in verdicts:
                 verdict = verdicts[spec.name][i]
                 entry["verdict"] = verdict.get("better") if verdict else None
+            if intents is not None and spec.name in intents:
+                entry |= intent_fields(intents[spec.name], i)
             per_system[spec.name] = entry
         records.append(
             {

@@ -40,11 +40,14 @@ kinds, else (KdConv and logs, which carry no marker) those with any earlier mess
 Turns that need no retrieval (no gold, kind ``chitchat``): ``n_no_retrieval``, ``abstain_accuracy`` (the
 share where the system's query was empty: for ``reference`` the service's own rewrite, the baselines
 never abstain) and ``false_abstain`` (the share of turns with gold where it was empty); an empty query
-costs no RAG call, and the offline judge prefers no documents to any on those turns.
+costs no RAG call, and the offline judge prefers no documents to any on those turns. Meaning kept, on
+every turn (:mod:`~.eval_intent`): ``intent_kept`` with its interval and ``intent_n`` (the offline check);
+with an OpenAI-compatible judge also ``intent_kept_judge`` (the LLM asked the same question).
 
 ``compare`` (``--compare grpo:sft,grpo:reference``): for each pair A:B, the paired difference A - B of
 recall@5, MRR and NDCG@5 over the same turns with its paired bootstrap interval, the shares of turns where
-A > B / A < B / A = B, and the judge-score difference where both were judged: ``comparisons`` in the
+A > B / A < B / A = B, the judge-score difference where both were judged, and the ``intent_kept``
+(``intent_kept_judge``) difference over every turn: ``comparisons`` in the
 JSON, a second printed table and a third panel of ``eval.png``. A name that is not one of the systems is
 an :class:`~.eval_samples.EvalError` before anything is generated.
 
@@ -68,6 +71,13 @@ from omegaconf import DictConfig, OmegaConf
 from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_services
 from queryrl.apps.query_rewrite.eval_compare import compare_systems, parse_compare, per_sample_values
 from queryrl.apps.query_rewrite.eval_generation import check_dtype, model_answers, model_dtype
+from queryrl.apps.query_rewrite.eval_intent import (
+    SystemIntents,
+    assess_intents,
+    compare_intents,
+    intent_call_summary,
+    intent_metrics,
+)
 from queryrl.apps.query_rewrite.eval_outputs import sample_records, write_outputs
 from queryrl.apps.query_rewrite.eval_samples import (
     Answer,
@@ -151,11 +161,16 @@ def evaluate(
     results = {s.name: list(references) if s.kind == "reference" else candidates[s.name] for s in specs}
     outcomes = _judge_systems(judge_node, judge_check, specs, samples, results, references, int(rag.top_k), say)
     verdicts = {name: outcome.verdicts for name, outcome in outcomes.items()}
+    asked = judge_node is not None and judge_node.backend == "openai" and bool(judge_node.intent_check)
+    llm = judge_check if asked else None
+    lang = str(judge_node.lang) if judge_node is not None else "zh"
+    intents = assess_intents(specs, samples, answers, results, llm, lang, say)  # eval_intent.py
     values = _per_sample_values(specs, samples, results)
     run = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "decoding": "greedy", "bootstrap": n_boot}
     run |= {"compare": [f"{a}:{b}" for a, b in pairs], "ci": 0.95, "seed": seed, "max_samples": max_samples}
-    report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run)
-    write_outputs(report, sample_records(samples, specs, answers, results, verdicts, values), Path(out), say)
+    report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run, intents)
+    records = sample_records(samples, specs, answers, results, verdicts, values, intents)
+    write_outputs(report, records, Path(out), say)
     complain_about_judge(report["judge_calls"], Path(out), warn)
     if not any(s.gold for s in samples):  # the table's n is 0: say why rather than print zeros silently
         (warn or _stderr)(
@@ -213,6 +228,7 @@ def _report(
     rag: Any,
     judge: Any | None,
     run: Mapping[str, Any],
+    intents: Mapping[str, SystemIntents],
 ) -> dict[str, Any]:
     """The JSON summary: each system's metrics, the comparisons, the judge calls and the settings."""
     n_boot, seed = int(run["bootstrap"]), int(run["seed"])
@@ -220,15 +236,19 @@ def _report(
     ks = [k for k in DEFAULT_KS if k <= int(rag.top_k)]
     summary = {
         s.name: _metrics(s, samples, answers[s.name], results[s.name], outcomes, dependent, ks, n_boot, seed)
+        | intent_metrics(intents[s.name], n_boot, seed)
         for s in specs
     }
     verdicts = {name: outcome.verdicts for name, outcome in outcomes.items()}
+    comparisons = compare_systems(pairs, values, verdicts, n_boot, seed)
+    for key, entry in compare_intents(pairs, intents, n_boot, seed).items():
+        comparisons[key] |= entry
     return {
         "systems": summary,
-        "comparisons": compare_systems(pairs, values, verdicts, n_boot, seed),
+        "comparisons": comparisons,
         "eval_file": data,
         "n_samples": len(samples),
-        "judge_calls": judge_call_summary(outcomes),
+        "judge_calls": intent_call_summary(judge_call_summary(outcomes), intents),
         "settings": _settings(specs, rag, judge, ks) | dict(run) | {"context_dependent": dependent_rule},
     }
 

@@ -45,6 +45,9 @@ Failures and penalties.
   non-empty query there gets judge -1 and retrieval_rank 0 (format 1); an empty query on a turn with gold
   gets that same floor. These are settled by the label alone: no RAG or judge call
   (:func:`~queryrl.apps.query_rewrite.reward_modes.abstain_components`). ``abstained`` (1 / 0) is logged.
+- A rewrite that changes the customer's intent (the offline check of :mod:`.intent`: another question, an
+  answer, invented facts, garbled text) loses ``intent_penalty`` (:mod:`.reward_intent`); so does an
+  unparsed reply, which asks nothing. The result carries ``intent/changed`` and ``intent_check``.
 - No gold documents: ``retrieval_rank`` is not applicable and its weight is dropped (the other
   components are mixed as configured). The offline judge needs gold, so there it fails the sample
   unless the judge weight is 0 (a component with weight 0 is not computed).
@@ -80,6 +83,7 @@ from queryrl.apps.query_rewrite.prompts import (
     check_answer_fields,
     plain_text_query,
 )
+from queryrl.apps.query_rewrite.reward_intent import intent_sources, pop_intent_metrics, rewrite_intent, with_intent
 from queryrl.apps.query_rewrite.reward_modes import (
     TRUNCATED_MISSING_FIELDS_CREDIT,
     abstain_components,
@@ -346,14 +350,16 @@ async def _judge_quality(
     reference: dict[str, Any],
     gold: Sequence[str],
     top_k: int,
+    sources: Sequence[str] = (),
 ) -> tuple[float, dict[str, Any]]:
     """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`); raises
-    :class:`RewardFailure` on a failed / inconsistent verdict."""
+    :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the row's summary and profile,
+    for the offline judge's intent check."""
     judge = kwargs["judge"]
     if judge == "offline":
         with _LOCK:
             offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
-        verdict = offline.judge(contexts, candidate, reference, gold)
+        verdict = offline.judge(contexts, candidate, reference, gold, sources=sources)
         quality = quality_from_verdict(verdict)
         if quality is None:
             raise RewardFailure("offline judge: no verdict (it needs gold_doc_ids)")
@@ -439,7 +445,8 @@ def pop_reward_metrics() -> dict[str, float]:
     """Counters since the last call, for the trainer's step metrics (reset here): the RAG clients'
     ``rag/*`` (calls, failures, retries, reference cache hits, latency), ``rag/candidate_calls``
     (distinct candidate requests actually sent), and with position swap ``judge/position_consistency``
-    (the fraction of swapped pairs whose two verdicts agreed)."""
+    (the fraction of swapped pairs whose two verdicts agreed), and ``reward/intent/changed`` (the share of
+    rewrites that changed the customer's intent, :func:`~.reward_intent.pop_intent_metrics`)."""
     metrics: dict[str, float] = {}
     with _LOCK:
         clients = list(_RAG_CLIENTS.values())
@@ -454,7 +461,7 @@ def pop_reward_metrics() -> dict[str, float]:
     inconsistent = counts.pop("judge/position_inconsistent", 0.0)
     if consistent + inconsistent:
         metrics["judge/position_consistency"] = consistent / (consistent + inconsistent)
-    return metrics | counts
+    return metrics | counts | pop_intent_metrics()
 
 
 async def _shared_judge(
@@ -464,16 +471,18 @@ async def _shared_judge(
     reference: dict[str, Any],
     gold: Sequence[str],
     top_k: int,
+    sources: Sequence[str] = (),
 ) -> tuple[float, dict[str, Any]]:
     """:func:`_judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
     their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
     settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
     sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
-    key = json.dumps([settings, contexts, sides, list(gold), top_k], sort_keys=True, ensure_ascii=False, default=str)
+    scope = [settings, contexts, sides, list(gold), top_k, list(sources)]
+    key = json.dumps(scope, sort_keys=True, ensure_ascii=False, default=str)
     verdict: tuple[float, dict[str, Any]] = await _share(
         _JUDGED,
         key,
-        lambda: _judge_quality(kwargs, contexts, candidate, reference, gold, top_k),
+        lambda: _judge_quality(kwargs, contexts, candidate, reference, gold, top_k, sources),
         "judge/distinct_calls",
     )
     return verdict
@@ -617,7 +626,8 @@ async def compute_score(
             ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
             ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
             ``top_k`` (5), ``max_query_chars`` (256), ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
-            ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent).
+            ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent),
+            ``intent_penalty`` (subtracted when the rewrite changes the intent; 0: off).
 
     Returns:
         ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
@@ -628,7 +638,8 @@ async def compute_score(
         RAG service was asked, also what a person reads in the samples files: ``candidate_query``,
         ``reference_query``, ``candidate_documents`` and ``reference_documents`` (:func:`shown_documents`,
         gold marked) and, where the judge was asked, ``judge_verdict`` (:func:`readable_verdict`; with
-        ``position_swap`` also ``judge_verdict_swapped``).
+        ``position_swap`` also ``judge_verdict_swapped``); ``intent/changed`` (1 / 0) and ``intent_check``
+        (``{"kept", "code", "reason"}``) where the row has a conversation.
 
     Raises:
         RewardFailure: RAG or judge failure, or inconsistent positions: the sample fails.
@@ -651,7 +662,7 @@ async def compute_score(
         if text_query:
             parsed, salvaged = ParsedRewrite(text_query), True
     if parsed is None:  # the policy's fault: every component at its floor, no service call
-        return _unparsed_score(kwargs, info, weights)
+        return with_intent(_unparsed_score(kwargs, info, weights), rewrite_intent(None, info, False), kwargs, weights)
 
     query = normalise_rewrite(parsed.rewritten_query)
     # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
@@ -661,6 +672,7 @@ async def compute_score(
         cut["format/trailing"] = float(parsed.trailing)
         salvaged = parsed.trailing
     no_retrieval = no_retrieval_turn(gold, info.get("kind") or info.get("turn_type"))
+    intent = rewrite_intent(query, info, no_retrieval)  # the offline intent check (reward_intent.py)
     decided = abstain_components(query, no_retrieval, bool(gold))
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
         if missing_fields:
@@ -669,7 +681,8 @@ async def compute_score(
             decided["format"] = 0.0
         if not no_retrieval:  # a turn with gold answered with no query: counted (the app watches the share)
             cut["empty_query"] = float(not query)
-        return {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
+        decided_score = {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
+        return with_intent(decided_score, intent, kwargs, weights)
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
     cut["empty_query"] = float(not query)
@@ -697,19 +710,20 @@ async def compute_score(
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
     if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
-        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
+        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
         z = float(info.get("seed_hybrid_z", 0.0))
         hybrid = hybrid_reward(quality, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
-        return {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
+        seed = {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
+        return with_intent(seed, intent, kwargs, weights)
     if weights.get("judge", 0.0) != 0.0:
-        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k)
+        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
         (judge_reward,) = group_judge_rewards([quality])
         assert judge_reward is not None
         out.update(quality=quality, judge=judge_reward, **extra)
     score = mix_rewards({k: out.get(k) for k in weights}, weights)
     if score is None:  # unreachable: every weighted component was computed above
         raise RewardFailure("a weighted reward component is missing")
-    return {"score": score, **out}
+    return with_intent({"score": score, **out}, intent, kwargs, weights)
 
 
 class QueryRewriteReward:

@@ -71,6 +71,7 @@ def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "rag_max_retries": qr.rag.max_retries,
         "max_query_chars": qr.max_query_chars,
         "unparsed": qr.unparsed,
+        "intent_penalty": qr.intent_penalty,
         "retriever": qr.rag.retriever,
         "embedder": qr.rag.embedder,
         "reference_rewriter": qr.rag.reference_rewriter,

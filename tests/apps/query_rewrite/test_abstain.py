@@ -16,7 +16,7 @@ from queryrl.apps.query_rewrite.eval_run import evaluate
 from queryrl.apps.query_rewrite.eval_samples import load_samples
 from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, system_metrics
 from queryrl.apps.query_rewrite.judging import OfflineJudge, quality_from_verdict
-from queryrl.apps.query_rewrite.reward import compute_score
+from queryrl.apps.query_rewrite.reward import compute_score, default_kwargs
 from queryrl.config import load_config
 
 WEIGHTS = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2}  # the demo's
@@ -71,7 +71,9 @@ def test_retrieval_turn_gives_the_empty_query_the_lowest_well_formed_reward() ->
     row = _of_kind("pronoun")
     down = _closed_url()
     empty = _score(row, _answer(""), rag_url=down, rag_max_retries=0)  # no call for it either
-    assert empty["score"] == pytest.approx(-0.5 + 0.0 + 0.2)
+    # ... and it drops the customer's question: the intent penalty too (reward_intent.py)
+    assert empty["score"] == pytest.approx(-0.5 + 0.0 + 0.2 - default_kwargs()["intent_penalty"])
+    assert empty["intent_check"]["code"] == "empty"
     assert empty["recall_at_5"] == 0.0
     assert empty["abstained"] == 1.0
     # the embedded service: any real rewrite scores at least as much, and the title of the gold document more

@@ -313,6 +313,7 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
         args += ["--bootstrap", "20", "--judge", "openai", "--judge-base-url", url, "--judge-model", "gpt-5"]
         args += ["--judge-api-key-env", "QUERYRL_TEST_JUDGE_KEY", "--judge-reasoning-effort", "minimal"]
         args += ["--judge-max-tokens", "3000", "--judge-extra-body", '{"verbosity": "low"}']
+        args += ["app.query_rewrite.judge.intent_check=false"]  # the intent question: test_intent_judge.py
         result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "checked judge 'gpt-5'" in result.output
@@ -330,7 +331,7 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
     assert settings["judge_extra_body_keys"] == ["verbosity"]
     assert JUDGE_KEY not in out.read_text(encoding="utf-8") + result.output
 
-    bad = runner.invoke(app, [*args[:-2], "--judge-extra-body", "{verbosity: low}"])
+    bad = runner.invoke(app, [*args[:-3], "--judge-extra-body", "{verbosity: low}"])
     assert bad.exit_code == 2
     assert "--judge-extra-body: not valid JSON" in bad.output
 
@@ -341,10 +342,9 @@ def test_judge_failures_are_loud_and_all_failed_exits_2(tmp_path: Path, model_ca
     # the probe passes, then one judge call is refused: a warning with the count and the server's message
     some = make_judge_app(_rubric_judge, chaos=["ok", "400"])
     warnings: list[str] = []
-    with running_server(some) as url:
-        report = evaluate(
-            DATA, "raw_turn", out, _openai(url, "m", api_key_env=None), judge=True, warn=warnings.append, **common
-        )
+    with running_server(some) as url:  # the intent question (intent_check) is test_intent_judge.py's
+        cfg = _openai(url, "m", api_key_env=None, intent_check="false")
+        report = evaluate(DATA, "raw_turn", out, cfg, judge=True, warn=warnings.append, **common)
     assert report["judge_calls"]["failed"] == 1
     assert report["systems"]["raw_turn"]["judge_call_failed"] == 1
     assert len(warnings) == 1
@@ -357,7 +357,7 @@ def test_judge_failures_are_loud_and_all_failed_exits_2(tmp_path: Path, model_ca
     with running_server(every) as url:
         args = ["eval", "--data", DATA, "--systems", "raw_turn", "--out", str(out), "--max-samples", "4"]
         args += ["--bootstrap", "20", "--judge", "openai", "--judge-base-url", url, "--judge-model", "m"]
-        args += ["--judge-api-key-env", ""]
+        args += ["--judge-api-key-env", "", "app.query_rewrite.judge.intent_check=false"]
         result = runner.invoke(app, args, env={"QUERYRL_CACHE": str(model_cache)})
     assert result.exit_code == 2, result.output
     assert "every judge call failed (4 of 4)" in result.output
