@@ -18,7 +18,10 @@ Differences from the paper, on purpose:
   it (``reference=False``) the data is the model's alone, as in the paper;
 - a turn whose best candidate retrieves no gold document within the result list is dropped (the paper
   keeps the rewrites that rank the gold passage; here the list is the RAG service's top_k);
-- turns that need no retrieval (no gold, a no-retrieval kind) keep their own target (the abstention).
+- turns that need no retrieval (no gold, a no-retrieval kind) keep their own target (the abstention);
+- a candidate that changes the customer's intent (:func:`~queryrl.apps.query_rewrite.intent.check_intent`:
+  answers the question, invents facts, swaps the question type, garbled text) is never a target, however
+  well it retrieves.
 
 The worked examples are `shots` other training turns with gold and history (turns whose reference
 answer retrieves a gold document at rank 1), in the row's own format: for a chat model as earlier
@@ -39,6 +42,8 @@ from typing import Any
 from queryrl.apps.query_rewrite.eval_samples import Answer, Sample
 from queryrl.apps.query_rewrite.eval_scoring import doc_ids, retrieve
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
+from queryrl.apps.query_rewrite.intent import check_intent
+from queryrl.apps.query_rewrite.reward_intent import intent_sources
 from queryrl.apps.query_rewrite.reward_modes import parse_answer, retrieval_rank_reward
 from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, render_answer
 from queryrl.rag import RAGClient
@@ -93,6 +98,7 @@ class WarmupData:
     sampled: int = 0
     found_by_model: int = 0  # retrieval turns where some model sample found a gold document
     best_rewards: list[float] = field(default_factory=list)
+    intent_changed: Counter[str] = field(default_factory=Counter)  # candidates refused: they change the intent
     seconds: dict[str, float] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
@@ -108,6 +114,7 @@ class WarmupData:
             "model_format_ok": round(self.parsed / self.sampled, 4) if self.sampled else None,
             "model_clean_format": round(self.clean / self.sampled, 4) if self.sampled else None,
             "turns_a_model_sample_found_gold": self.found_by_model,
+            "candidates_refused_intent_changed": dict(sorted(self.intent_changed.items())),
             "mean_best_rank_reward": round(sum(self.best_rewards) / kept_retrieval, 4) if kept_retrieval else None,
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
         }
@@ -255,6 +262,13 @@ def build_warmup(
         data.found_by_model += any((c.reward or 0.0) > 0 for c in pool)
         if settings.reference and references[i] is not None:
             pool.insert(0, Candidate("reference", references[i].rewritten_query, ref_reward.get(i)))
+        for c in pool:  # a rewrite that changes the question (answers it, invents facts) is no target
+            if (
+                c.query is not None
+                and not check_intent(samples[i].contexts, c.query, intent_sources(row["extra_info"])).kept
+            ):
+                c.reward = None
+                data.intent_changed[c.source] += 1
         best = max(pool, key=lambda c: c.reward if c.reward is not None else -1.0)  # first of ties: reference
         if best.query is None or not (best.reward or 0.0) > 0:
             data.dropped += 1

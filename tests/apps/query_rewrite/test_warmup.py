@@ -156,3 +156,18 @@ def test_the_command_refuses_a_folder_that_is_no_model_and_fails_when_nothing_is
     result = runner.invoke(app, [*base, "--model", model, "--no-reference", "--samples", "1", "--shots", "0"])
     assert result.exit_code == 2
     assert "nothing to warm up on" in result.output
+
+
+def test_a_sample_that_retrieves_but_invents_facts_is_never_a_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    titles = _titles()
+    by_prompt = {r["prompt"][-1]["content"]: r for r in _rows()}
+
+    def reply(prompt: list[dict[str, str]], k: int) -> str:
+        row = by_prompt[prompt[-1]["content"]]
+        return f"{titles[_gold(row)[0]]}，电话是13800138000" if _gold(row) else NOTHING  # an answer, invented
+
+    data, _ = _warmup(monkeypatch, reply, samples=1, shots=0)
+    report = data.report()
+    assert report["candidates_refused_intent_changed"].get("model", 0) == sum(1 for r in _rows() if _gold(r))
+    assert "model" not in report["target_source"]
+    assert all("13800138000" not in r["extra_info"][SFT_TARGET_KEY] for r in data.rows)
