@@ -400,6 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     write_json(out_json, result)
     print(table(evals["final"]["systems"]))
+    print(
+        "intent kept: "
+        + ", ".join(f"{k} {v.get('intent_kept', float('nan')):.3f}" for k, v in result["final_eval"].items())
+    )
     print(json.dumps(result.get("comparisons"), ensure_ascii=False, indent=1)[:3000])
     print(f"wall time {result['wall_time_s']:.0f} s; wrote {out_json}")
     return 0
