@@ -16,7 +16,10 @@ The response contract, checked on every HTTP answer (:func:`contract_problem`): 
 ``response`` is a list of documents, each an object with ``doc_id``, ``title`` and ``content`` (``score``
 optional). An answer that breaks it fails the call, naming the missing fields and the ones it has (a
 service that says ``knowledge_id``/``question``/``answer`` instead): scored on empty documents, a judge
-would compare nothing and the run would train on it silently. Not retried.
+would compare nothing and the run would train on it silently. Not retried. A service whose documents use
+other names maps them with ``document_fields`` (``app.query_rewrite.rag.document_fields``: ours -> its,
+e.g. ``{"doc_id": "knowledge_id", "title": "question", "content": "answer"}``,
+:func:`map_document_fields`), applied before the check.
 
 Tokens. With ``token_env`` (``app.query_rewrite.rag.token_env``) every request carries
 ``Authorization: Bearer <the variable's value>``, as ``serve-rag --token-env`` wants; the value is
@@ -111,6 +114,7 @@ class RAGClient:
         backoff_base_s, backoff_max_s: the retry waits.
         cache_reference: cache :meth:`chat` results.
         token_env: an environment variable holding the service's bearer token (None: none sent).
+        document_fields: our document field -> the service's name for it (:func:`map_document_fields`).
 
     Raises:
         TokenError: `token_env` names a variable that is not set or empty.
@@ -125,6 +129,7 @@ class RAGClient:
         backoff_max_s: float = 2.0,
         cache_reference: bool = True,
         token_env: str | None = None,
+        document_fields: dict[str, str] | None = None,
     ) -> None:
         if timeout_s <= 0 or max_retries < 0:
             raise ValueError(f"need timeout_s > 0 and max_retries >= 0, got {timeout_s}, {max_retries}")
@@ -135,6 +140,7 @@ class RAGClient:
         self.backoff_max_s = backoff_max_s
         self.cache_reference = cache_reference
         self._headers = bearer_header(token_env, "app.query_rewrite.rag.token_env")
+        self.document_fields = check_document_fields(document_fields or {})
         self._cache: dict[str, dict[str, Any]] = {}
         self._inflight: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Task[Any]]] = (
             weakref.WeakKeyDictionary()
@@ -245,8 +251,8 @@ class RAGClient:
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
             raise RAGError(endpoint, f"HTTP {response.status_code}: {response.text[:300]}")
-        body: dict[str, Any] = response.json()
-        problem = contract_problem(body)
+        body: dict[str, Any] = map_document_fields(response.json(), self.document_fields)
+        problem = contract_problem(body, self.document_fields)
         if problem is not None:
             raise RAGError(endpoint, problem)
         return body
@@ -270,8 +276,43 @@ class RAGClient:
 DOCUMENT_FIELDS = ("doc_id", "title", "content")  # what every document of a RAG answer must carry
 
 
-def contract_problem(body: Any) -> str | None:
-    """Why a RAG service's answer breaks the response contract (see the module docstring), or None."""
+def check_document_fields(
+    mapping: dict[str, str], where: str = "app.query_rewrite.rag.document_fields"
+) -> dict[str, str]:
+    """`mapping` (our field -> the service's name) checked: keys among :data:`DOCUMENT_FIELDS` and ``score``,
+    values non-empty strings. Raises ValueError naming `where` and the bad entry."""
+    allowed = (*DOCUMENT_FIELDS, "score")
+    out: dict[str, str] = {}
+    for ours, theirs in dict(mapping).items():
+        if ours not in allowed:
+            raise ValueError(
+                f"{where}: unknown field {ours!r}; map any of {', '.join(allowed)} to your service's names"
+            )
+        if not isinstance(theirs, str) or not theirs.strip():
+            raise ValueError(f"{where}.{ours}: the service's field name must be a non-empty string, got {theirs!r}")
+        out[str(ours)] = theirs.strip()
+    return out
+
+
+def map_document_fields(body: Any, mapping: dict[str, str]) -> Any:
+    """`body` with each document of its ``response`` list given our field names: ``doc[ours] =
+    doc[theirs]`` for each ``ours -> theirs`` of `mapping` where the document has ``theirs`` (the service's
+    own keys are kept). Anything that is not such a body is returned as it is (the contract check names it)."""
+    if not mapping or not isinstance(body, dict) or not isinstance(body.get("response"), list):
+        return body
+    docs = []
+    for doc in body["response"]:
+        if isinstance(doc, dict):
+            doc = {**doc, **{ours: doc[theirs] for ours, theirs in mapping.items() if theirs in doc}}
+            if "doc_id" in doc and not isinstance(doc["doc_id"], str):
+                doc["doc_id"] = str(doc["doc_id"])  # a numeric knowledge_id
+        docs.append(doc)
+    return {**body, "response": docs}
+
+
+def contract_problem(body: Any, mapping: dict[str, str] | None = None) -> str | None:
+    """Why a RAG service's answer breaks the response contract (see the module docstring), or None;
+    `mapping` (the configured ``document_fields``) is named in the message when a field is missing."""
     if not isinstance(body, dict):
         return f"the answer is a JSON {type(body).__name__}, not an object with a 'response' list of documents"
     docs = body.get("response")
@@ -284,9 +325,12 @@ def contract_problem(body: Any) -> str | None:
             return f"document {i} of 'response' is a JSON {type(doc).__name__}, not an object"
         missing = [f for f in DOCUMENT_FIELDS if f not in doc]
         if missing:
+            mapped = f" after app.query_rewrite.rag.document_fields {mapping}" if mapping else ""
             return (
-                f"document {i} of 'response' lacks {', '.join(missing)} (it has: {', '.join(sorted(map(str, doc)))}); "
-                f"every document needs {', '.join(DOCUMENT_FIELDS)}"
+                f"document {i} of 'response' lacks {', '.join(missing)}{mapped} (it has: "
+                f"{', '.join(sorted(map(str, doc)))}); every document needs {', '.join(DOCUMENT_FIELDS)}: map your "
+                "service's names with app.query_rewrite.rag.document_fields, e.g. "
+                '{"doc_id": "knowledge_id", "title": "question", "content": "answer"}'
             )
     return None
 

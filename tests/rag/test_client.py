@@ -151,6 +151,53 @@ def test_documents_under_other_field_names_fail_the_call_naming_them() -> None:
         assert client.pop_stats()["rag/retries"] == 0  # a broken contract is not retried
 
 
+def test_a_field_mapping_reads_documents_under_other_names() -> None:
+    """app.query_rewrite.rag.document_fields maps the service's names to ours; a wrong map still fails loudly."""
+    app = FastAPI()
+    doc = {"knowledge_id": 17, "question": "颐和园门票多少钱", "answer": "30元", "score": 1.2}
+
+    @app.post("/rag/chat_8b")
+    async def other_names() -> Any:
+        return {**OK_BODY, "response": [doc]}
+
+    mapping = {"doc_id": "knowledge_id", "title": "question", "content": "answer"}
+    with running_server(app, max_lifetime_s=60) as url:
+        result = asyncio.run(RAGClient(base(url), document_fields=mapping).chat_8b(**fields()))
+        (got,) = result["response"]
+        assert (got["doc_id"], got["title"], got["content"]) == ("17", "颐和园门票多少钱", "30元")
+        assert got["knowledge_id"] == 17  # the service's own keys are kept
+        wrong = RAGClient(base(url), document_fields={"doc_id": "id", "title": "question", "content": "answer"})
+        with pytest.raises(RAGError) as caught:
+            asyncio.run(wrong.chat_8b(**fields()))
+        assert "lacks doc_id after app.query_rewrite.rag.document_fields" in str(caught.value)
+    with pytest.raises(ValueError, match="unknown field 'text'"):
+        RAGClient("http://127.0.0.1:1", document_fields={"text": "answer"})
+    with pytest.raises(ValueError, match=r"document_fields\.title: the service's field name must be"):
+        RAGClient("http://127.0.0.1:1", document_fields={"title": ""})
+
+
+def test_the_preflight_probe_finds_a_broken_contract_before_training() -> None:
+    from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_rag_contract
+
+    app = FastAPI()
+    doc = {"knowledge_id": "k1", "question": "颐和园门票多少钱", "answer": "30元"}
+
+    @app.post("/rag/chat")
+    async def other_names() -> Any:
+        return {**OK_BODY, "response": [doc]}
+
+    @app.post("/needs_ids/rag/chat")
+    async def picky() -> Any:
+        return JSONResponse({"detail": "tenant_id required"}, status_code=422)
+
+    with running_server(app, max_lifetime_s=60) as url:
+        with pytest.raises(ServiceCheckFailed, match="lacks doc_id, title, content"):
+            check_rag_contract(base(url), 5.0)
+        mapping = {"doc_id": "knowledge_id", "title": "question", "content": "answer"}
+        assert "answered 1 documents" in check_rag_contract(base(url), 5.0, mapping)
+        assert "not probed" in check_rag_contract(base(url) + "/needs_ids", 5.0)  # checked on every answer
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -207,3 +254,12 @@ def test_in_process_client_matches_http(rag_url: str, index: BM25Index) -> None:
     assert isinstance(cand, RAGFailure)
     assert "rewritten_query" in cand.error
     assert httpx.get(f"{rag_url}/health").status_code == 200
+
+
+def test_a_bad_field_mapping_in_the_config_is_one_message() -> None:
+    from queryrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="app.query_rewrite.rag.document_fields: unknown field 'text'"):
+        load_config(None, ["app.query_rewrite.enable=true", "+app.query_rewrite.rag.document_fields.text=answer"])
+    cfg = load_config(None, ["app.query_rewrite.enable=true", "+app.query_rewrite.rag.document_fields.doc_id=kid"])
+    assert dict(cfg.app.query_rewrite.rag.document_fields) == {"doc_id": "kid"}

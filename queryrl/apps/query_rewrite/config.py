@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from queryrl.config import ConfigError
 from queryrl.config.validation import choice as _choice
+from queryrl.rag.client import check_document_fields
 
 
 @dataclass
@@ -77,6 +78,9 @@ class QueryRewriteRAGConfig:
     url: str | None = None
     # an env var holding the bearer token the service at `url` wants (serve-rag --token-env); null = none sent
     token_env: str | None = None
+    # our document field -> your service's name for it, where they differ (checked on every answer), e.g.
+    # {doc_id: knowledge_id, title: question, content: answer}
+    document_fields: dict[str, str] = field(default_factory=dict)
     corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
     top_k: int = 5
     timeout_s: float = 10.0
@@ -194,6 +198,10 @@ def validate_settings(cfg: DictConfig) -> None:
     if judge.max_tokens is not None and judge.max_tokens < 1:
         raise ConfigError(f"app.query_rewrite.judge.max_tokens must be >= 1 or null, got {judge.max_tokens}")
     _choice(qr.rag.retriever, ["bm25", "dense", "hybrid"], "app.query_rewrite.rag.retriever")
+    try:
+        check_document_fields(dict(qr.rag.document_fields))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _choice(qr.rag.reference_rewriter, ["heuristic", "policy", "openai"], "app.query_rewrite.rag.reference_rewriter")
     if qr.rag.reference_rewriter == "openai" and not (qr.rag.reference_base_url and qr.rag.reference_model):
         raise ConfigError(

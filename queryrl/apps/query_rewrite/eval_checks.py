@@ -100,6 +100,39 @@ def check_rag(rag_url: str, timeout_s: float) -> str:
     return f"RAG service at {rag_url}: /health HTTP {response.status_code}"
 
 
+PROBE_TURN = [{"role": "user", "content": "你好，介绍一下你们的产品"}]
+
+
+def check_rag_contract(
+    rag_url: str, timeout_s: float, document_fields: dict[str, str] | None = None, token_env: str | None = None
+) -> str:
+    """One ``POST /rag/chat`` with a one-turn conversation: an answer that breaks the response contract
+    (:func:`~queryrl.rag.client.contract_problem`, after `document_fields`) raises
+    :class:`ServiceCheckFailed` naming the fields; an answer that is not a success (a service that needs
+    real ids) leaves the contract to be checked on every answer during the run, and says so."""
+    import httpx
+
+    from queryrl.rag.client import check_document_fields, contract_problem, endpoint_url, map_document_fields
+    from queryrl.service_auth import bearer_header
+
+    fields = check_document_fields(document_fields or {})
+    url = endpoint_url(rag_url.rstrip("/"), "chat")
+    body = {"tenant_id": "", "contact_id": "", "account_id": "", "message_id": "", "contexts": PROBE_TURN}
+    try:
+        headers = bearer_header(token_env, "app.query_rewrite.rag.token_env")
+        response = httpx.post(url, json=body, timeout=timeout_s, headers=headers)
+        answer = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"RAG contract not probed ({type(exc).__name__}); every answer is checked during the run"
+    if answer is None or (isinstance(answer, dict) and answer.get("status") not in (None, "success")):
+        return f"RAG contract not probed (POST {url}: HTTP {response.status_code}); every answer is checked"
+    problem = contract_problem(map_document_fields(answer, fields), fields)
+    if problem is not None:
+        raise ServiceCheckFailed(f"RAG service at {rag_url}: POST {url}: {problem}")
+    docs = answer.get("response") or []
+    return f"RAG contract: POST {url} answered {len(docs)} documents with doc_id, title, content"
+
+
 def check_judge(client: JudgeClient) -> str:
     """:meth:`JudgeClient.check` in its own event loop; raises :class:`ServiceCheckFailed`."""
     from queryrl.rewards.judge import JudgeConfigError, JudgeUnavailable

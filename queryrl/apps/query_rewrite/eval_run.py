@@ -298,6 +298,7 @@ def config_rag_client(cfg: DictConfig) -> RAGClient:
             float(rag.timeout_s),
             int(rag.max_retries),
             rag.token_env,
+            dict(rag.document_fields) or None,
             **embedded,
         )
     except (OSError, ValueError) as exc:

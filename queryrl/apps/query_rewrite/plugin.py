@@ -29,7 +29,7 @@ class QueryRewriteApp(Application):
     name = "query_rewrite"
     config = QueryRewriteConfig
     aliases: ClassVar[Mapping[str, str]] = {"algorithm.hybrid_grpo_gpt5.*": "app.query_rewrite.seed_hybrid.*"}
-    free_form = ("judge.extra_body",)
+    free_form = ("judge.extra_body", "rag.document_fields")
     # where the services live and how patiently they are called (a restarted server gets a new port);
     # which judge model, rubric and retriever answer is not in this list
     resume_may_differ = (

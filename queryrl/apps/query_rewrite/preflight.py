@@ -2,7 +2,8 @@
 
 The same checks as ``queryrl eval`` (:mod:`.eval_checks`): an OpenAI-compatible judge, when the reward
 uses one, answers with these settings (key variable, ``GET /models``, one tiny request); an external
-RAG service answers ``GET /health``. The reward checked is the application's own
+RAG service answers ``GET /health`` and one ``POST /rag/chat`` whose documents keep the response contract
+(:func:`~.eval_checks.check_rag_contract`). The reward checked is the application's own
 (:data:`~queryrl.apps.query_rewrite.training.REWARD_FUNCTION` with :func:`~.training.reward_kwargs`).
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_judge, check_rag
+from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_judge, check_rag, check_rag_contract
 from queryrl.trainer.preflight import Check, PreflightError, RewardSpec
 
 
@@ -58,4 +59,7 @@ def service_checks(cfg: DictConfig) -> list[Check]:
     rag = cfg.app.query_rewrite.rag
     if rag.url:
         checks.append(_one_message(lambda: check_rag(str(rag.url), float(rag.timeout_s))))
+        fields = dict(rag.document_fields)
+        contract = lambda: check_rag_contract(str(rag.url), float(rag.timeout_s), fields, rag.token_env)  # noqa: E731
+        checks.append(_one_message(contract))
     return checks

@@ -237,6 +237,7 @@ def rag_client(
     timeout_s: float,
     max_retries: int,
     token_env: str | None = None,
+    document_fields: Mapping[str, str] | None = None,
     **options: Any,
 ) -> RAGClient:
     """The shared client of this configuration (made on first use): HTTP to `rag_url` (with the bearer
@@ -251,13 +252,20 @@ def rag_client(
         max_retries,
         repr(sorted(embedded.items())),
         token_env if rag_url is not None else None,
+        repr(sorted((document_fields or {}).items())),
     )
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
             target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
             token = token_env if rag_url is not None else None
-            client = RAGClient(target, timeout_s=timeout_s, max_retries=max_retries, token_env=token)
+            client = RAGClient(
+                target,
+                timeout_s=timeout_s,
+                max_retries=max_retries,
+                token_env=token,
+                document_fields=dict(document_fields or {}),
+            )
             _RAG_CLIENTS[key] = client
         return client
 
@@ -590,7 +598,8 @@ async def _retrieve_both(
     rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), int(kwargs["top_k"])
     timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
     embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
-    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), **embedded)
+    fields_map = kwargs.get("rag_document_fields")
+    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), fields_map, **embedded)
     if not query.strip():  # nothing to search with: no /rag/chat_8b call, no documents
         try:
             reference = await client.chat(**{k: v for k, v in fields.items() if k in CHAT_FIELDS})

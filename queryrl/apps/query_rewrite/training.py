@@ -65,6 +65,7 @@ def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "position_swap": qr.judge.position_swap,
         "rag_url": qr.rag.url,
         "rag_token_env": qr.rag.token_env,
+        "rag_document_fields": dict(qr.rag.document_fields) or None,
         "corpus": qr.rag.corpus,
         "top_k": qr.rag.top_k,
         "rag_timeout_s": qr.rag.timeout_s,
