@@ -259,7 +259,7 @@ def test_in_process_client_matches_http(rag_url: str, index: BM25Index) -> None:
 def test_a_bad_field_mapping_in_the_config_is_one_message() -> None:
     from queryrl.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="app.query_rewrite.rag.document_fields: unknown field 'text'"):
+    with pytest.raises(ConfigError, match=r"app\.query_rewrite\.rag\.document_fields: unknown field 'text'"):
         load_config(None, ["app.query_rewrite.enable=true", "+app.query_rewrite.rag.document_fields.text=answer"])
     cfg = load_config(None, ["app.query_rewrite.enable=true", "+app.query_rewrite.rag.document_fields.doc_id=kid"])
     assert dict(cfg.app.query_rewrite.rag.document_fields) == {"doc_id": "kid"}
