@@ -1,7 +1,7 @@
 """Rollout: prompts (token ids) -> sampled responses with their log-probs.
 
-Backends by name (``rollout.backend``): ``hf`` (transformers ``generate``, CPU or GPU; for plain
-Qwen2/Qwen3 models :mod:`queryrl.rollout.fast_decode`'s own decode loop, ``rollout.fast_decode``);
+Backends by name (``rollout.backend``): ``hf`` (transformers ``generate``, CPU or GPU; for Qwen2, Qwen3,
+Llama and Gemma 3 models :mod:`queryrl.rollout.fast_decode`'s own decode loop, ``rollout.fast_decode``);
 ``vllm`` (:mod:`queryrl.rollout.vllm`: a CUDA GPU and the vllm extra; imported only when chosen).
 """
 

@@ -7,7 +7,7 @@ A backend turns token-id prompts into sampled responses with the log-probs of th
 Rows are prompt-major: the ``n`` samples of prompt ``i`` are contiguous, and ``prompt_index``
 says which input prompt each row came from (an absolute index into the prompts given to
 ``generate``). The registry maps ``rollout.backend`` to a factory; ``hf`` runs anywhere (with a
-fast decode path for Qwen2/Qwen3, ``rollout.fast_decode``),
+fast decode path for Qwen2, Qwen3, Llama and Gemma 3, ``rollout.fast_decode``),
 ``vllm`` (GPU, imported lazily) runs vLLM with weights synced from the trainer.
 """
 

@@ -10,10 +10,10 @@ log-prob of each sampled token is recorded while generating, from the raw logits
 (``log_softmax(logits / temperature)``, before top-k/top-p), by a logits processor that keeps
 only one step's (B, V) log-probs alive instead of all T steps' logits.
 
-Qwen2/Qwen3 models that :mod:`queryrl.rollout.fast_decode` supports, LoRA policies included, skip
-``generate`` by default (``fast_decode="auto"``): the same function, tokens and log-probs with a
-fraction of transformers' per-token overhead; ``fast_decode="off"``, or any other model, uses
-``generate``. A model with a compute dtype (``model.compute_dtype``, mixed precision) generates in
+Qwen2, Qwen3, Llama and Gemma 3 models that :mod:`queryrl.rollout.fast_decode` supports, LoRA
+policies included, skip ``generate`` by default (``fast_decode="auto"``): the same function, tokens
+and log-probs with a fraction of transformers' per-token overhead; ``fast_decode="off"``, or any
+other model, uses ``generate``. A model with a compute dtype (``model.compute_dtype``, mixed precision) generates in
 it: under ``torch.autocast`` on the ``generate`` path, from weights cast to it on the fast path.
 """
 

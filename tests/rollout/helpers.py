@@ -33,9 +33,10 @@ def with_lm_head_bias(model: nn.Module, token_id: int, bias: float, sharpen: flo
 
 def tiny_config(tokenizer: Any, arch: str = "qwen2", **overrides: Any) -> Any:
     """A small config of `arch` for the tiny tokenizer."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    config_class = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
+    classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig, "gemma3": Gemma3TextConfig}
+    config_class = (classes | {"mistral": MistralConfig})[arch]
     settings: dict[str, Any] = {
         "vocab_size": len(tokenizer),
         "hidden_size": 32,
@@ -48,6 +49,84 @@ def tiny_config(tokenizer: Any, arch: str = "qwen2", **overrides: Any) -> Any:
         "bos_token_id": None,
     }
     return config_class(**(settings | overrides))
+
+
+# the other architectures' configs the fast path runs, each with what it adds to the tiny Qwen2; every
+# one a GQA model of prompts longer than its sliding windows (the prompts have 13 to 50 tokens)
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    # SmolLM2's family: untied lm_head, every attention and MLP bias
+    "llama": ("llama", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False}),
+    # tied, one KV head, head_dim != hidden / heads, llama3-scaled RoPE
+    "llama_tied": (
+        "llama",
+        {
+            "tie_word_embeddings": True,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+    # Gemma 3 270M's layout in small: tied, sliding window 4 on the local layers (local RoPE base
+    # 1e4, global 1e6), query_pre_attn_scalar != head_dim
+    "gemma3": (
+        "gemma3",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 8,
+            "sliding_window": 4,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        },
+    ),
+    # untied, one KV head, linear-scaled global RoPE (Gemma 3 4B's), final logit softcapping
+    "gemma3_untied": (
+        "gemma3",
+        {
+            "tie_word_embeddings": False,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+            "query_pre_attn_scalar": 8,
+            "sliding_window": 3,
+            "final_logit_softcapping": 3.0,
+            "layer_types": ["full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        },
+    ),
+    # Qwen2 with use_sliding_window: the second layer slides (max_window_layers=1)
+    "qwen2_sliding": ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+}
+
+
+def arch_model(tokenizer: Any, name: str, **overrides: Any) -> nn.Module:
+    """The random model of ``ARCHS[name]`` (plus `overrides`) for the tiny tokenizer."""
+    arch, settings = ARCHS[name]
+    model = build(tiny_config(tokenizer, arch, **(settings | overrides)))
+    with torch.no_grad():  # Llama's o_proj and MLP biases as large as build's would make every token the same
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("proj.bias"):
+                param.mul_(0.03)
+    return model
+
+
+def to_bfloat16(model: nn.Module) -> nn.Module:
+    """`model` stored in bfloat16 as ``from_pretrained(dtype=bfloat16)`` leaves it: the RoPE frequency
+    buffers stay float32."""
+    rotary: Any = model.model.rotary_emb  # type: ignore[union-attr]
+    buffers = {name: buf.clone() for name, buf in rotary.named_buffers()}
+    model = model.to(torch.bfloat16)
+    for name, buf in buffers.items():
+        setattr(rotary, name, buf)
+    return model
 
 
 def build(config: Any) -> nn.Module:

@@ -11,12 +11,23 @@ import torch
 from torch import Tensor, nn
 
 import queryrl.rollout.fast_decode as fast_decode
+import queryrl.rollout.fast_decode_arch as fast_decode_arch
 from queryrl.engine.batch import Batch
 from queryrl.engine.policy import compute_logprobs
 from queryrl.rollout import HFRollout, SamplingParams, make_rollout
 from queryrl.rollout.base import left_pad
 from queryrl.rollout.fast_decode import FastDecoder, draw, unsupported_reason, warp
-from tests.rollout.helpers import GREEDY, assert_same_greedy, build, paths, tiny_config, with_lm_head_bias
+from tests.rollout.helpers import (
+    ARCHS,
+    GREEDY,
+    arch_model,
+    assert_same_greedy,
+    build,
+    paths,
+    tiny_config,
+    to_bfloat16,
+    with_lm_head_bias,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +51,32 @@ def greedy_eos_model(tiny_bundle: Any) -> nn.Module:
     return with_lm_head_bias(tiny_bundle.model, tiny_bundle.tokenizer.eos_token_id, 1.15)
 
 
+# the scaled RoPE types not in helpers.ARCHS (llama3 is), on the Llama model; yarn also scales cos and sin
+ROPES = {
+    "llama_linear_rope": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+    "llama_yarn_rope": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def arch_models(tiny_bundle: Any) -> dict[str, nn.Module]:
+    """Llama, Gemma 3 and sliding-window Qwen2 models (helpers.ARCHS), each also with EOS boosted
+    (``<name>_eos``: sampled responses of mixed lengths), and Llama with the ROPES."""
+    tok = tiny_bundle.tokenizer
+    models = {name: arch_model(tok, name) for name in ARCHS}
+    models |= {f"{name}_eos": with_lm_head_bias(m, tok.eos_token_id, 3.0) for name, m in models.items()}
+    return models | {name: arch_model(tok, "llama", rope_parameters=rope) for name, rope in ROPES.items()}
+
+
 @pytest.fixture
 def models(
-    sharp_model: nn.Module, eos_model: nn.Module, greedy_eos_model: nn.Module, qwen3_model: nn.Module
+    sharp_model: nn.Module,
+    eos_model: nn.Module,
+    greedy_eos_model: nn.Module,
+    qwen3_model: nn.Module,
+    arch_models: dict[str, nn.Module],
 ) -> dict[str, nn.Module]:
-    return {"sharp": sharp_model, "eos": eos_model, "greedy_eos": greedy_eos_model, "qwen3": qwen3_model}
+    return {"sharp": sharp_model, "eos": eos_model, "greedy_eos": greedy_eos_model, "qwen3": qwen3_model} | arch_models
 
 
 def test_the_tiny_model_is_supported(tiny_bundle: Any) -> None:
@@ -56,7 +88,7 @@ def test_the_tiny_model_is_supported(tiny_bundle: Any) -> None:
     assert off.decode_path == "generate"  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("name", ["sharp", "greedy_eos", "qwen3"])
+@pytest.mark.parametrize("name", ["sharp", "greedy_eos", "qwen3", *ARCHS, *ROPES])
 def test_greedy_equals_generate(
     name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
@@ -70,18 +102,18 @@ def test_greedy_equals_generate(
         assert not a.truncated.all()
 
 
-@pytest.mark.parametrize("name", ["sharp", "qwen3"])
+@pytest.mark.parametrize("name", ["sharp", "qwen3", "llama", "gemma3"])
 def test_unfused_projections_give_the_same_tokens(
     name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A model whose fused QKV and gate/up copies would be too big keeps one matmul per projection."""
-    monkeypatch.setattr(fast_decode, "FUSE_MAX_BYTES", 0)
+    monkeypatch.setattr(fast_decode_arch, "FUSE_MAX_BYTES", 0)
     fast, slow = paths(models[name], tiny_bundle.tokenizer)
-    assert all(len(layer.qkv) == 3 for layer in FastDecoder(models[name])._layers())
+    assert all(len(layer.qkv) == 3 for layer in FastDecoder(models[name])._weights().layers)
     assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
 
 
-@pytest.mark.parametrize("name", ["eos", "qwen3"])
+@pytest.mark.parametrize("name", ["eos", "qwen3", *(f"{name}_eos" for name in ARCHS), *ROPES])
 def test_every_steps_logits_match_the_models_forward(
     name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,14 +143,66 @@ def test_every_steps_logits_match_the_models_forward(
     torch.testing.assert_close(torch.stack(seen, 1), logits[:, p - 1 : -1].float(), atol=1e-5, rtol=0)
 
 
-def test_sampled_logprobs_equal_the_trainers(eos_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("name", ["eos", "llama_eos", "llama_tied_eos", "gemma3_eos", "gemma3_untied_eos"])
+def test_sampled_logprobs_equal_the_trainers(
+    name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]]
+) -> None:
     """rollout_logprobs (temperature, top-k and top-p on) = compute_logprobs of the same sequences."""
-    fast, _ = paths(eos_model, tiny_bundle.tokenizer)
+    model = models[name]
+    fast, _ = paths(model, tiny_bundle.tokenizer)
     torch.manual_seed(0)
     out = fast.generate(prompts, SamplingParams(n=4, temperature=0.7, top_k=30, top_p=0.9, max_new_tokens=10))
+    if name != "eos":  # (the tiny model's boosted EOS comes first at temperature 0.7)
+        assert out.response_mask.sum(1).unique().numel() > 2, out.response_mask.sum(1)  # EOS at different steps
     batch = Batch.from_rollout(out)
-    logprobs, _ = compute_logprobs(eos_model, batch, micro_batch_size=8, temperature=0.7)
+    logprobs, _ = compute_logprobs(model, batch, micro_batch_size=8, temperature=0.7)
     torch.testing.assert_close(out.rollout_logprobs, logprobs * out.response_mask, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen2_sliding"])
+def test_the_sliding_window_matters(name: str, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """The same weights with a window longer than every sequence answer otherwise, and also as generate does."""
+    tok = tiny_bundle.tokenizer
+    windowed, full = arch_model(tok, name), arch_model(tok, name, sliding_window=4096)
+    a, b = paths(windowed, tok)[0].generate(prompts, GREEDY), paths(full, tok)[0].generate(prompts, GREEDY)
+    assert not torch.equal(a.response_ids, b.response_ids)
+    assert_same_greedy(b, paths(full, tok)[1].generate(prompts, GREEDY))
+
+
+def _reference_logits(model: nn.Module, out: Any) -> Tensor:
+    """(N, T, V) float32 logits of one full forward over prompt + response, at the response tokens."""
+    attention_mask = torch.cat([out.prompt_mask, torch.ones_like(out.response_ids)], dim=1)  # (N, P + T)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.cat([out.prompt_ids, out.response_ids], 1),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+        ).logits
+    return logits[:, out.prompt_ids.shape[1] - 1 : -1].float()
+
+
+@pytest.mark.parametrize("name", ["llama", "llama_tied", "gemma3", "gemma3_untied", "qwen2_sliding"])
+def test_bfloat16_matches_generate_up_to_rounding_ties(name: str, tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """A model stored in bfloat16: each row's greedy tokens equal generate's until a step whose top two
+    logits (one full forward over generate's tokens) are within TIE: one bf16 rounding of two nearly
+    equal logits may go either way there. A quarter of the tokens at least is compared, and the
+    log-probs there agree within TIE; every step's logits are within 2 TIE of the full forward's."""
+    tie = 0.03  # about 4 bf16 ulps at the logits' scale (1 to 2)
+    tok = tiny_bundle.tokenizer
+    model = to_bfloat16(arch_model(tok, name))
+    fast, slow = paths(model, tok, micro_batch_size=3)
+    a, b = fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY)
+    top2 = _reference_logits(model, b).topk(2, dim=-1).values  # (N, T, 2)
+    near = (top2[..., 0] - top2[..., 1]) < tie  # (N, T)
+    shared = (~near).long().cumprod(dim=1).bool()  # the steps before each row's first near-tie
+    assert shared.float().mean() >= 0.25, shared.float().mean()
+    assert torch.equal(a.response_ids[shared], b.response_ids[shared])
+    torch.testing.assert_close(a.rollout_logprobs[shared], b.rollout_logprobs[shared], atol=tie, rtol=0)
+    # the fast path's own sequences against the model's forward, ties or not
+    logits = _reference_logits(model, a)
+    logprobs = torch.log_softmax(logits, -1).gather(-1, a.response_ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(a.rollout_logprobs, logprobs, atol=2 * tie, rtol=0)
 
 
 def test_in_place_optimizer_steps_are_seen(tiny_bundle: Any, prompts: list[list[int]]) -> None:
@@ -172,14 +256,34 @@ def _lora_in_place(model: nn.Module) -> nn.Module:
 FALLBACKS = {
     "peft prompt tuning": (lambda tok: _prompt_tuning(build(tiny_config(tok))), "type PROMPT_TUNING (only LoRA)"),
     "lora on the embeddings": (lambda tok: _lora_in_place(build(tiny_config(tok))), "wrapped or quantized embed"),
-    "llama": (lambda tok: build(tiny_config(tok, "llama")), "architecture LlamaForCausalLM"),
-    "sliding window": (
-        lambda tok: build(tiny_config(tok, use_sliding_window=True, sliding_window=4, max_window_layers=0)),
-        "sliding-window",
+    "gemma3 lora on the embeddings": (
+        lambda tok: _lora_in_place(arch_model(tok, "gemma3")),
+        "wrapped or quantized embed",
     ),
-    "rope scaling": (
-        lambda tok: build(tiny_config(tok, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})),
-        "rope_type 'linear'",
+    "mistral": (lambda tok: build(tiny_config(tok, "mistral")), "architecture MistralForCausalLM"),
+    "dynamic rope": (
+        lambda tok: build(tiny_config(tok, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})),
+        "rope_type 'dynamic'",
+    ),
+    "gemma3 dynamic rope": (
+        lambda tok: arch_model(
+            tok,
+            "gemma3",
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6},
+            },
+        ),
+        "rope_type 'dynamic' (full_attention)",
+    ),
+    "gelu mlp": (lambda tok: build(tiny_config(tok, "llama", hidden_act="gelu")), "hidden_act 'gelu'"),
+    "attention softcapping": (
+        lambda tok: arch_model(tok, "gemma3", attn_logit_softcapping=50.0),
+        "attn_logit_softcapping",
+    ),
+    "bidirectional attention": (
+        lambda tok: arch_model(tok, "gemma3", use_bidirectional_attention=True),
+        "use_bidirectional_attention",
     ),
     "forward hook": (lambda tok: _hooked(build(tiny_config(tok))), "forward hooks"),
 }

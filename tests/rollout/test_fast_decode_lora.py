@@ -10,19 +10,35 @@ import pytest
 import torch
 from torch import nn
 
-import queryrl.rollout.fast_decode as fast_decode
+import queryrl.rollout.fast_decode_arch as fast_decode_arch
 from queryrl.engine.batch import Batch
 from queryrl.engine.policy import compute_logprobs
 from queryrl.models.loading import set_compute_dtype
 from queryrl.rollout import HFRollout, SamplingParams
 from queryrl.rollout.fast_decode import FastDecoder
-from tests.rollout.helpers import GREEDY, TARGETS, assert_same_greedy, build, paths, tiny_config, with_lora
+from tests.rollout.helpers import (
+    GREEDY,
+    TARGETS,
+    arch_model,
+    assert_same_greedy,
+    build,
+    paths,
+    tiny_config,
+    with_lora,
+)
+
+ARCHS = ["qwen2", "llama", "gemma3"]
+
+
+def random_model(tokenizer: Any, name: str) -> nn.Module:
+    """A small random Qwen2 (diverse greedy tokens, unlike the tiny model's), or helpers.ARCHS[name]."""
+    return build(tiny_config(tokenizer)) if name == "qwen2" else arch_model(tokenizer, name)
 
 
 @pytest.fixture
-def lora_model(tiny_bundle: Any) -> nn.Module:
-    """A small random Qwen2 (diverse greedy tokens, unlike the tiny model's) with LoRA adapters."""
-    return with_lora(build(tiny_config(tiny_bundle.tokenizer)))
+def lora_model(request: pytest.FixtureRequest, tiny_bundle: Any) -> nn.Module:
+    """`random_model` (Qwen2 unless parametrized with another name) with LoRA adapters."""
+    return with_lora(random_model(tiny_bundle.tokenizer, getattr(request, "param", "qwen2")))
 
 
 def adapter_step(model: nn.Module, lr: float = 0.01) -> None:
@@ -36,6 +52,7 @@ def adapter_step(model: nn.Module, lr: float = 0.01) -> None:
     optimizer.step()
 
 
+@pytest.mark.parametrize("lora_model", ARCHS, indirect=True)
 def test_lora_takes_the_fast_path_with_generates_tokens(
     lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
@@ -50,6 +67,7 @@ def test_lora_takes_the_fast_path_with_generates_tokens(
     assert not torch.equal(a.response_ids, base.response_ids)
 
 
+@pytest.mark.parametrize("lora_model", ARCHS, indirect=True)
 def test_lora_sampled_logprobs_equal_the_trainers(
     lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
@@ -60,6 +78,7 @@ def test_lora_sampled_logprobs_equal_the_trainers(
     torch.testing.assert_close(out.rollout_logprobs, logprobs * out.response_mask, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("lora_model", ["qwen2", "gemma3"], indirect=True)
 def test_optimizer_steps_on_the_adapters_are_seen(
     lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
@@ -115,24 +134,28 @@ def test_lora_layers_injected_in_place_and_qwen3(tiny_bundle: Any, prompts: list
 def test_unfused_lora_projections(
     lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fast_decode, "FUSE_MAX_BYTES", 0)
+    monkeypatch.setattr(fast_decode_arch, "FUSE_MAX_BYTES", 0)
     fast, slow = paths(lora_model, tiny_bundle.tokenizer)
-    assert all(len(layer.qkv) == 3 for layer in FastDecoder(lora_model)._layers())
+    assert all(len(layer.qkv) == 3 for layer in FastDecoder(lora_model)._weights().layers)
     assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
 
 
-def test_a_compute_dtype_decodes_like_a_model_stored_in_it(tiny_bundle: Any, prompts: list[list[int]]) -> None:
+@pytest.mark.parametrize("name", ARCHS)
+def test_a_compute_dtype_decodes_like_a_model_stored_in_it(
+    name: str, tiny_bundle: Any, prompts: list[list[int]]
+) -> None:
     """Mixed precision: float32 master weights (LoRA included), bf16 decoding = the same model stored in
     bf16 (same tokens, same log-probs); a step on the master weights reaches the bf16 copies."""
     tok = tiny_bundle.tokenizer
-    master = with_lora(build(tiny_config(tok)))
+    master = with_lora(random_model(tok, name))
     set_compute_dtype(master, torch.bfloat16)
     backend = HFRollout(master, tok)
     assert backend.decode_path == "fast"
     for step in range(2):
         stored = copy.deepcopy(master).merge_and_unload().to(torch.bfloat16)  # type: ignore[operator]
         # as from_pretrained(dtype=bfloat16) leaves it: the RoPE frequencies stay float32
-        stored.model.rotary_emb.inv_freq = master.get_base_model().model.rotary_emb.inv_freq.clone()  # type: ignore[operator]
+        for buffer, value in master.get_base_model().model.rotary_emb.named_buffers():  # type: ignore[operator]
+            setattr(stored.model.rotary_emb, buffer, value.clone())
         set_compute_dtype(stored, None)
         reference = HFRollout(stored, tok)
         assert reference.decode_path == "fast"
