@@ -117,29 +117,39 @@ def load_samples(data: str, max_samples: int | None = None, cache_dir: str | Non
         raise EvalError(f"data {data!r}: no rows")
     samples = []
     for i, row in enumerate(rows):
-        info = dict(row.get("extra_info") or {})
-        contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
-        if not contexts or contexts[-1]["role"] != "user":
-            raise EvalError(f"data {data!r}: row {i}: extra_info.contexts must end with the current user turn")
-        truth = (row.get("reward_model") or {}).get("ground_truth")
-        gold_raw = truth.get("gold_doc_ids") if isinstance(truth, Mapping) else truth
-        gold = [gold_raw] if isinstance(gold_raw, str) else [str(g) for g in gold_raw or []]
-        samples.append(
-            Sample(
-                index=i,
-                prompt=list(row["prompt"]),
-                contexts=contexts,
-                gold=gold,
-                ids={k: str(info.get(k) or "") for k in ID_FIELDS},
-                user_profile=str(info.get("user_profile") or ""),
-                history_summary=str(info.get("history_summary") or ""),
-                kind=str(info.get("kind") or info.get("turn_type") or ""),
-                conversation_id=str(info.get("conversation_id") or ""),
-                turn=info.get("turn"),
-                answer_format=str(info.get("answer_format") or "json"),
-            )
-        )
+        try:
+            samples.append(sample_of(row, i))
+        except ValueError as exc:
+            raise EvalError(f"data {data!r}: row {i}: {exc}") from None
     return samples
+
+
+def sample_of(row: Mapping[str, Any], index: int) -> Sample:
+    """One verl row as a :class:`Sample` (its position `index`).
+
+    Raises:
+        ValueError: ``extra_info.contexts`` does not end with the current user turn.
+    """
+    info = dict(row.get("extra_info") or {})
+    contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
+    if not contexts or contexts[-1]["role"] != "user":
+        raise ValueError("extra_info.contexts must end with the current user turn")
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    gold_raw = truth.get("gold_doc_ids") if isinstance(truth, Mapping) else truth
+    gold = [gold_raw] if isinstance(gold_raw, str) else [str(g) for g in gold_raw or []]
+    return Sample(
+        index=index,
+        prompt=list(row["prompt"]),
+        contexts=contexts,
+        gold=gold,
+        ids={k: str(info.get(k) or "") for k in ID_FIELDS},
+        user_profile=str(info.get("user_profile") or ""),
+        history_summary=str(info.get("history_summary") or ""),
+        kind=str(info.get("kind") or info.get("turn_type") or ""),
+        conversation_id=str(info.get("conversation_id") or ""),
+        turn=info.get("turn"),
+        answer_format=str(info.get("answer_format") or "json"),
+    )
 
 
 def context_dependent(samples: Sequence[Sample]) -> tuple[list[bool], str]:

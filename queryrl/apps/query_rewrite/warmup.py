@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.eval_samples import Answer, Sample
+from queryrl.apps.query_rewrite.eval_samples import Answer, sample_of
 from queryrl.apps.query_rewrite.eval_scoring import doc_ids, retrieve
 from queryrl.apps.query_rewrite.evaluation import no_retrieval_turn
 from queryrl.apps.query_rewrite.intent import check_intent
@@ -132,12 +132,6 @@ def few_shot_messages(prompt: Sequence[dict[str, Any]], examples: Sequence[tuple
     return [*head, *shots, messages[-1]]
 
 
-def _gold(row: dict[str, Any]) -> list[str]:
-    truth = (row.get("reward_model") or {}).get("ground_truth")
-    raw = truth.get("gold_doc_ids") if isinstance(truth, dict) else truth
-    return [raw] if isinstance(raw, str) else [str(g) for g in raw or []]
-
-
 def pick_examples(
     rows: Sequence[dict[str, Any]], good: Sequence[bool], shots: int, seed: int
 ) -> list[tuple[int, tuple[str, str]]]:
@@ -157,23 +151,6 @@ def pick_examples(
     return [(i, (str(rows[i]["prompt"][-1]["content"]), str(rows[i]["extra_info"][SFT_TARGET_KEY]))) for i in chosen]
 
 
-def _sample_of(row: dict[str, Any], index: int) -> Sample:
-    info = dict(row.get("extra_info") or {})
-    return Sample(
-        index=index,
-        prompt=list(row["prompt"]),
-        contexts=[{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []],
-        gold=_gold(row),
-        ids={k: str(info.get(k) or "") for k in ("tenant_id", "contact_id", "account_id", "message_id")},
-        user_profile=str(info.get("user_profile") or ""),
-        history_summary=str(info.get("history_summary") or ""),
-        kind=str(info.get("kind") or info.get("turn_type") or ""),
-        conversation_id=str(info.get("conversation_id") or ""),
-        turn=info.get("turn"),
-        answer_format=str(info.get("answer_format") or "json"),
-    )
-
-
 def build_warmup(
     model: Path,
     rows: Sequence[dict[str, Any]],
@@ -190,7 +167,7 @@ def build_warmup(
     rows = [dict(r) for r in rows]
     for r in rows:
         r["extra_info"] = dict(r.get("extra_info") or {})
-    samples = [_sample_of(r, i) for i, r in enumerate(rows)]
+    samples = [sample_of(r, i) for i, r in enumerate(rows)]
     retrieval = [i for i, s in enumerate(samples) if s.gold]
     abstain = [i for i, s in enumerate(samples) if not s.gold and no_retrieval_turn(s.gold, s.kind)]
     clock = time.perf_counter()
