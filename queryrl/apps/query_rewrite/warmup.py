@@ -161,6 +161,8 @@ def build_warmup(
 ) -> WarmupData:
     """The warm-up data of `rows` (a prepared training split, with ``extra_info.sft_target``) from the model
     folder `model`, retrieving through `client` (see the module doc)."""
+    import torch
+
     from queryrl.apps.query_rewrite.eval_generation import generate_replies
     from queryrl.rollout.base import SamplingParams
 
@@ -169,7 +171,7 @@ def build_warmup(
         r["extra_info"] = dict(r.get("extra_info") or {})
     samples = [sample_of(r, i) for i, r in enumerate(rows)]
     retrieval = [i for i, s in enumerate(samples) if s.gold]
-    abstain = [i for i, s in enumerate(samples) if not s.gold and no_retrieval_turn(s.gold, s.kind)]
+    abstain = {i for i, s in enumerate(samples) if not s.gold and no_retrieval_turn(s.gold, s.kind)}
     clock = time.perf_counter()
     # the reference answers first: which turns make good examples, and the reference candidates
     references = [
@@ -181,7 +183,10 @@ def build_warmup(
         for p, s in zip(references, samples, strict=True)
     ]
     chosen = [samples[i] for i in retrieval]
-    _, ref_results = asyncio.run(retrieve(client, chosen, {"reference": [ref_answers[i] for i in retrieval]}, rag_url))
+    reference_answers: dict[str, list[Answer] | None] = {"reference": [ref_answers[i] for i in retrieval]}
+    _, ref_results = (
+        asyncio.run(retrieve(client, chosen, reference_answers, rag_url)) if chosen else (None, {"reference": []})
+    )
     ref_reward = {
         i: retrieval_rank_reward(doc_ids(res), samples[i].gold)
         for i, res in zip(retrieval, ref_results["reference"], strict=True)
@@ -199,11 +204,11 @@ def build_warmup(
         n=settings.samples,
         max_new_tokens=settings.max_new_tokens,
     )
-    import torch
-
     torch.manual_seed(settings.seed)
     start = time.perf_counter()
-    replies = generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype)
+    replies = (
+        generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype) if todo else []
+    )
     data = WarmupData(rows=[], considered=len(rows), no_retrieval=len(abstain), dropped=0)
     data.seconds["generate"] = time.perf_counter() - start
     say(f"[warmup] sampled {settings.samples} x {len(todo)} rewrites in {data.seconds['generate']:.0f} s")
@@ -221,7 +226,7 @@ def build_warmup(
             answers.append(Answer(query, samples[i].user_profile, samples[i].history_summary))
         systems[f"sample_{k}"] = answers
     start = time.perf_counter()
-    _, results = asyncio.run(retrieve(client, [samples[i] for i in todo], systems, rag_url))
+    _, results = asyncio.run(retrieve(client, [samples[i] for i in todo], systems, rag_url)) if todo else (None, {})
     data.seconds["retrieve"] = time.perf_counter() - start
     for k in range(settings.samples):
         for n, i in enumerate(todo):

@@ -171,3 +171,16 @@ def test_a_sample_that_retrieves_but_invents_facts_is_never_a_target(monkeypatch
     assert report["candidates_refused_intent_changed"].get("model", 0) == sum(1 for r in _rows() if _gold(r))
     assert "model" not in report["target_source"]
     assert all("13800138000" not in r["extra_info"][SFT_TARGET_KEY] for r in data.rows)
+
+
+def test_rows_without_retrieval_turns_keep_their_abstentions_and_sample_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _scripted(monkeypatch, lambda prompt, k: NOTHING)
+    rows = [r for r in _rows() if not _gold(r)]
+    assert rows
+    client = rag_client(None, "sales_demo", 5, 10.0, 0)
+    data = build_warmup(Path("unused"), rows, client, WarmupSettings(samples=2), say=lambda _: None)
+    assert seen == []  # nothing sampled, nothing retrieved (an empty retrieve used to fail)
+    assert data.report()["kept_no_retrieval_turns"] == len(rows)
+    assert data.report()["kept_retrieval_turns"] == 0
