@@ -242,8 +242,9 @@ def build_warmup(
             continue  # an example turn, or unlabelled
         pool = list(candidates[i])
         data.found_by_model += any((c.reward or 0.0) > 0 for c in pool)
-        if settings.reference and references[i] is not None:
-            pool.insert(0, Candidate("reference", references[i].rewritten_query, ref_reward.get(i)))
+        ref = references[i]
+        if settings.reference and ref is not None:
+            pool.insert(0, Candidate("reference", ref.rewritten_query, ref_reward.get(i)))
         for c in pool:  # a rewrite that changes the question (answers it, invents facts) is no target
             if (
                 c.query is not None
