@@ -161,3 +161,12 @@ def enabled_app(cfg: Any) -> Application | None:
         if node is not None and node.get("enable", False):
             return app
     return None
+
+
+def learning_problem_check(cfg: Any) -> Callable[[Mapping[str, float]], str | None] | None:
+    """The enabled application's :meth:`Application.learning_problem` for `cfg`, as a function of a step's
+    metrics (None without an enabled application)."""
+    app = enabled_app(cfg)
+    if app is None:
+        return None
+    return lambda metrics: app.learning_problem(cfg, metrics)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
 from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
-from queryrl.application import enabled_app
+from queryrl.application import learning_problem_check
 from queryrl.config import save_config
 from queryrl.engine.batch import Batch
 from queryrl.engine.seeding import seed_everything
@@ -73,8 +73,7 @@ class Trainer:
         )
         self.step = 0
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
-        self.no_signal = NoSignalWatch(cfg.trainer.max_no_signal_steps)
-        self.app = enabled_app(cfg)  # its learning_problem is asked at every step
+        self.no_signal = NoSignalWatch(cfg.trainer.max_no_signal_steps, problem_of=learning_problem_check(cfg))
         self._set_aside: list[Batch] = []  # this step's rows not trained on (failed; a skipped step's), for samples
         self._resume(resume_from)
         self.train_sampling = SamplingParams(
@@ -185,8 +184,7 @@ class Trainer:
             return metrics
         batch, baselines = scored
         scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
-        problem = self.app.learning_problem(cfg, metrics) if self.app is not None else None
-        metrics |= self.no_signal.observe(self.step, has_signal(scores, batch.group_ids.cpu()), metrics, problem)
+        metrics |= self.no_signal.observe(self.step, has_signal(scores, batch.group_ids.cpu()), metrics)
         if cfg.algo.filter_groups.enable:
             batch = self._informative_groups(batch, len(items), timer, metrics)
             if len(batch) == 0:

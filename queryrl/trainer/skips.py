@@ -12,7 +12,7 @@ gives the message naming the first failed sample's error; the trainer raises :cl
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -103,14 +103,15 @@ class NoSignalWatch:
     first_step: int = 0
     parts: dict[str, float] = field(default_factory=dict)  # the reward's parts at the streak's last step
     problem: str | None = None  # the application's reason at the streak's last step
+    # the application's check of a step's metrics (Application.learning_problem), if it has one
+    problem_of: Callable[[dict[str, float]], str | None] | None = None
 
-    def observe(
-        self, step: int, signal: bool, metrics: dict[str, float], problem: str | None = None
-    ) -> dict[str, float]:
-        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics; `problem`
-        is the application's reason that the step cannot teach anything (answers that never parse, empty
-        queries: :meth:`~queryrl.application.Application.learning_problem`), which counts as no signal. Returns
+    def observe(self, step: int, signal: bool, metrics: dict[str, float]) -> dict[str, float]:
+        """Step `step` had (`signal`) or lacked a learning signal; `metrics` are its reward metrics. A reason
+        of ``problem_of(metrics)`` that the step cannot teach anything (answers that never parse, empty
+        queries: :meth:`~queryrl.application.Application.learning_problem`) counts as no signal. Returns
         ``training/no_signal_steps`` (the streak); a step without signal is said on the console."""
+        problem = self.problem_of(metrics) if self.problem_of is not None else None
         if signal and problem is None:
             self.streak = 0
             self.problem = None

@@ -40,12 +40,15 @@ def test_the_app_names_a_step_where_nothing_parsed_or_every_query_was_empty() ->
 
 
 def test_a_problem_counts_as_a_step_without_signal_and_is_named_when_the_run_stops() -> None:
-    watch = NoSignalWatch(limit=2)
+    watch = NoSignalWatch(
+        limit=2, problem_of=lambda m: "no answer parsed" if m.get("reward/parsed/mean") == 0 else None
+    )
+    parsed_none = {"reward/parsed/mean": 0.0}
     with pytest.warns(UserWarning, match="no learning signal: no answer parsed"):
-        assert watch.observe(1, True, {}, "no answer parsed") == {"training/no_signal_steps": 1.0}
+        assert watch.observe(1, True, parsed_none) == {"training/no_signal_steps": 1.0}
     assert watch.stop_message() is None
     with pytest.warns(UserWarning, match="no answer parsed"):
-        watch.observe(2, True, {"reward/format/mean": 0.0}, "no answer parsed")
+        watch.observe(2, True, {**parsed_none, "reward/format/mean": 0.0})
     message = watch.stop_message()
     assert message is not None
     assert (
