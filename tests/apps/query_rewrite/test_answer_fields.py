@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
-from fastapi import FastAPI, Request
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.conversations import Conversation, Message, conversations_to_rows
-from queryrl.apps.query_rewrite.demo_data import DOMAIN, make_catalogue, sales_demo_corpus, sales_demo_rows
+from queryrl.apps.query_rewrite.conversations import conversations_to_rows
+from queryrl.apps.query_rewrite.demo_data import DOMAIN, sales_demo_rows
 from queryrl.apps.query_rewrite.kdconv import kdconv_domain, kdconv_rows
 from queryrl.apps.query_rewrite.prompts import ANSWER_FIELDS, ParsedRewrite
 from queryrl.apps.query_rewrite.reward import compute_score
@@ -25,23 +21,14 @@ from queryrl.apps.query_rewrite.reward_modes import format_reward, parse_answer
 from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, add_sft_targets
 from queryrl.cli import app
 from queryrl.data.records import load_records
-from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG
 from queryrl.rewards import RewardInput, make_reward_manager
-from queryrl.rewards.judge_server import running_server
 from queryrl.rewards.manager import summarize
+from tests.apps.query_rewrite.helpers import CONVERSATION, KDCONV, needs_kdconv
+from tests.apps.query_rewrite.helpers import demo_row as _row
+from tests.apps.query_rewrite.helpers import gold_title as _query
+from tests.apps.query_rewrite.helpers import write_log as _log
 
 runner = CliRunner()
-KDCONV = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "kdconv" / "travel"
-needs_kdconv = pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv travel data not at {KDCONV}")
-
-CONVERSATION = Conversation(
-    "c1",
-    [
-        Message("user", "星辰 X3 多少钱？", 0, "学生", "", gold_doc_ids=["phone-01-price"]),
-        Message("assistant", "售价 2999 元。", 1),
-        Message("user", "它续航怎么样？", 2, history_summary="问过星辰 X3 的价格", gold_doc_ids=["phone-01-battery"]),
-    ],
-)
 
 
 # --- rows and SFT targets ----------------------------------------------------------------------------
@@ -107,48 +94,6 @@ def test_kdconv_rows_say_travel() -> None:
 
 
 # --- the reward: what /rag/chat_8b receives, the truncated count -------------------------------------
-
-
-@pytest.fixture(scope="module")
-def recording_rag() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A real HTTP RAG service (the embedded one behind FastAPI) that keeps every /rag/chat_8b body."""
-    rag = InProcessRAG(
-        BM25Index([Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]),
-        HeuristicRewriter(),
-        top_k=5,
-    )
-    bodies: list[dict[str, Any]] = []
-    service = FastAPI()
-
-    @service.post("/rag/chat_8b")
-    async def chat_8b(request: Request) -> dict[str, Any]:
-        body = await request.json()
-        bodies.append(body)
-        return await rag.chat_8b(**body)
-
-    @service.post("/rag/chat")
-    async def chat(request: Request) -> dict[str, Any]:
-        return await rag.chat(**await request.json())
-
-    with running_server(service) as url:
-        yield url.removesuffix("/v1"), bodies
-
-
-@cache
-def _row() -> dict[str, Any]:
-    """A retrieval turn of the demo whose CRM profile and summary are both non-empty."""
-    return next(
-        r
-        for r in sales_demo_rows("val")
-        if r["reward_model"]["ground_truth"]["gold_doc_ids"]
-        and r["extra_info"]["user_profile"]
-        and r["extra_info"]["history_summary"]
-    )
-
-
-def _query(row: dict[str, Any]) -> str:
-    titles = {d["doc_id"]: d["title"] for d in make_catalogue()}
-    return titles[row["reward_model"]["ground_truth"]["gold_doc_ids"][0]]
 
 
 def _score(row: dict[str, Any], answer: str, url: str, **info: Any) -> dict[str, float]:
@@ -247,18 +192,6 @@ def test_eval_model_answers_fall_back_to_the_samples_profile_and_summary(
 
 
 # --- the CLI -----------------------------------------------------------------------------------------
-
-
-def _log(path: Path) -> Path:
-    messages = []
-    for c in range(3):
-        messages += [
-            {"conversation_id": f"c{c}", "turn": 0, "role": "user", "text": "星辰 X3 多少钱？", "user_profile": "学生"},
-            {"conversation_id": f"c{c}", "turn": 1, "role": "assistant", "text": "2999 元。", "user_profile": ""},
-            {"conversation_id": f"c{c}", "turn": 2, "role": "user", "text": "它续航呢？", "user_profile": ""},
-        ]
-    pd.DataFrame(messages).to_csv(path, index=False)
-    return path
 
 
 def test_prepare_conversations_answer_fields_and_domain(tmp_path: Path) -> None:

@@ -26,15 +26,14 @@ from queryrl.apps.query_rewrite.reward_modes import parse_answer
 from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, add_sft_targets
 from queryrl.cli import app
 from queryrl.data.records import load_records
-from tests.apps.query_rewrite.test_answer_fields import (
+from tests.apps.query_rewrite.helpers import (
     CONVERSATION,
     KDCONV,
-    _log,
-    _query,
-    _row,
     needs_kdconv,
-    recording_rag,  # noqa: F401 (a fixture)
 )
+from tests.apps.query_rewrite.helpers import demo_row as _row
+from tests.apps.query_rewrite.helpers import gold_title as _query
+from tests.apps.query_rewrite.helpers import write_log as _log
 
 runner = CliRunner()
 HISTORY = [
@@ -149,7 +148,7 @@ def _score(row: dict[str, Any], answer: str, url: str) -> dict[str, Any]:
 
 
 def test_a_text_answer_is_retrieved_with_and_text_after_it_costs_the_format_credit(
-    recording_rag: tuple[str, list[Any]],  # noqa: F811 (the imported fixture)
+    recording_rag: tuple[str, list[Any]],
 ) -> None:
     url, bodies = recording_rag
     row = _row()

@@ -19,7 +19,7 @@ from queryrl.config import load_config
 from queryrl.errors import user_error
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.skips import NoSignalWatch, NothingToLearn
-from tests.apps.query_rewrite.test_answer_fields import _row, recording_rag  # noqa: F401 (a fixture)
+from tests.apps.query_rewrite.helpers import demo_row as _row
 from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[3]
@@ -67,7 +67,7 @@ def _score(row: dict[str, Any], answer: str, url: str, **info: Any) -> dict[str,
     return asyncio.run(compute_score(row["data_source"], answer, gt, {**row["extra_info"], **info}, **kwargs))
 
 
-def test_an_empty_query_is_counted_and_never_sent(recording_rag: tuple[str, list[Any]]) -> None:  # noqa: F811
+def test_an_empty_query_is_counted_and_never_sent(recording_rag: tuple[str, list[Any]]) -> None:
     url, bodies = recording_rag
     row = _row()
     sent = len(bodies)
