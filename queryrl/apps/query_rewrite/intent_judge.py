@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queryrl.apps.query_rewrite.intent import IntentVerdict
-from queryrl.apps.query_rewrite.judging import DATA_CLOSE, DATA_OPEN, clean_data
+from queryrl.apps.query_rewrite.judging import DATA_CLOSE, DATA_OPEN, clean_conversation, clean_data
 from queryrl.rewards.judge import JudgeClient
 
 INTENT_SCHEMA: dict[str, Any] = {
@@ -75,10 +75,7 @@ def build_intent_messages(
     if lang not in _SYSTEM:
         raise ValueError(f"unknown judge prompt language {lang!r}; use one of {sorted(_SYSTEM)}")
     data = {
-        "conversation": [
-            {"role": clean_data(m.get("role"), 20), "content": clean_data(m.get("content"), max_turn_chars)}
-            for m in contexts
-        ],
+        "conversation": clean_conversation(contexts, max_turn_chars),
         "rewritten_query": clean_data(rewrite, 512),
     }
     blob = json.dumps(data, ensure_ascii=False, indent=1)

@@ -148,6 +148,14 @@ def _side(result: Mapping[str, Any], include_rewrite: bool, max_docs: int, max_d
     return side
 
 
+def clean_conversation(contexts: Sequence[Mapping[str, Any]], max_turn_chars: int) -> list[dict[str, str]]:
+    """The conversation as the judge sees it: each message's role and content, cleaned and truncated."""
+    return [
+        {"role": clean_data(m.get("role"), 20), "content": clean_data(m.get("content"), max_turn_chars)}
+        for m in contexts
+    ]
+
+
 def build_judge_messages(
     contexts: Sequence[Mapping[str, Any]],
     candidate_result: Mapping[str, Any],
@@ -173,10 +181,7 @@ def build_judge_messages(
     if lang not in _SYSTEM:
         raise ValueError(f"unknown judge prompt language {lang!r}; use one of {sorted(_SYSTEM)}")
     data = {
-        "conversation": [
-            {"role": clean_data(m.get("role"), 20), "content": clean_data(m.get("content"), max_turn_chars)}
-            for m in contexts
-        ],
+        "conversation": clean_conversation(contexts, max_turn_chars),
         "results": {
             "8b": _side(candidate_result, include_rewrites, max_docs, max_doc_chars),
             "32b": _side(reference_result, include_rewrites, max_docs, max_doc_chars),
