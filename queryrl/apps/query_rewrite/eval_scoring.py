@@ -3,7 +3,7 @@
 Retrieval. The reference pipeline ``/rag/chat`` answers each sample once (its result is the
 ``reference`` system's, and what every other system is judged against); every other system's query
 goes to ``/rag/chat_8b`` with its profile and summary (:func:`retrieve`). The client is the reward's
-(:func:`~queryrl.apps.query_rewrite.reward.rag_client`: HTTP to a service, or the embedded one). A
+(:func:`~queryrl.apps.query_rewrite.reward_rag.rag_client`: HTTP to a service, or the embedded one). A
 format failure sends nothing and has no result (None); an empty query is an abstention: no call, no
 documents (:func:`~queryrl.apps.query_rewrite.evaluation.abstained_result`). A failed call is an
 :class:`~queryrl.apps.query_rewrite.eval_samples.EvalError` naming the service and the endpoint.

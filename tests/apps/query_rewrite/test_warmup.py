@@ -15,7 +15,7 @@ import queryrl.apps.query_rewrite.eval_generation as eval_generation
 from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
 from queryrl.apps.query_rewrite.demo_data import DOMAIN, make_catalogue, make_dialogues
 from queryrl.apps.query_rewrite.prompts import parse_text_answer
-from queryrl.apps.query_rewrite.reward import rag_client
+from queryrl.apps.query_rewrite.reward_rag import rag_client
 from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, add_sft_targets
 from queryrl.apps.query_rewrite.warmup import WARMUP_KEY, WarmupSettings, build_warmup, few_shot_messages
 from queryrl.cli import app
