@@ -18,7 +18,7 @@ The eval writes them to the JSON (``comparisons: {"A-B": {...}}``), prints them 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from queryrl.apps.query_rewrite.evaluation import mrr, ndcg_at_k, paired_bootstrap, recall_at_k
@@ -107,17 +107,21 @@ def compare_systems(
             xs, ys = [x[metric] for x, _ in both], [y[metric] for _, y in both]
             entry[metric] = paired_bootstrap(xs, ys, n_boot, seed=seed)
         if a in verdicts and b in verdicts:
-            scored = [
-                (x, y)
-                for x, y in zip(judge_scores(verdicts[a]), judge_scores(verdicts[b]), strict=True)
-                if x is not None and y is not None
-            ]
-            if scored:
-                entry["judge_score"] = paired_bootstrap(
-                    [x for x, _ in scored], [y for _, y in scored], n_boot, seed=seed
-                )
+            paired = paired_where_both(judge_scores(verdicts[a]), judge_scores(verdicts[b]), n_boot, seed)
+            if paired is not None:
+                entry["judge_score"] = paired
         out[pair_key(a, b)] = entry
     return out
+
+
+def paired_where_both(
+    xs: Iterable[float | None], ys: Iterable[float | None], n_boot: int, seed: int
+) -> dict[str, float] | None:
+    """:func:`paired_bootstrap` over the samples where both systems have a value (None: no such sample)."""
+    both = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and y is not None]
+    if not both:
+        return None
+    return paired_bootstrap([x for x, _ in both], [y for _, y in both], n_boot, seed=seed)
 
 
 def _interval(stats: Mapping[str, float] | None) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queryrl.apps.query_rewrite.eval_compare import pair_key
+from queryrl.apps.query_rewrite.eval_compare import pair_key, paired_where_both
 from queryrl.apps.query_rewrite.eval_samples import Answer, EvalError, Sample, SystemSpec
 from queryrl.apps.query_rewrite.evaluation import bootstrap_ci, no_retrieval_turn, paired_bootstrap
 from queryrl.apps.query_rewrite.intent import IntentVerdict, check_intent
@@ -132,15 +132,11 @@ def compare_intents(
             )
         ja, jb = intents[a].judged, intents[b].judged
         if ja is not None and jb is not None:
-            both = [
-                (float(x), float(y))
-                for x, y in zip(map(verdict_kept, ja.verdicts), map(verdict_kept, jb.verdicts), strict=True)
-                if x is not None and y is not None
-            ]
-            if both:
-                entry["intent_kept_judge"] = paired_bootstrap(
-                    [x for x, _ in both], [y for _, y in both], n_boot, seed=seed
-                )
+            kept_a = [None if k is None else float(k) for k in map(verdict_kept, ja.verdicts)]
+            kept_b = [None if k is None else float(k) for k in map(verdict_kept, jb.verdicts)]
+            paired = paired_where_both(kept_a, kept_b, n_boot, seed)
+            if paired is not None:
+                entry["intent_kept_judge"] = paired
         out[pair_key(a, b)] = entry
     return out
 
