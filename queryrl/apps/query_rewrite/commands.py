@@ -291,7 +291,9 @@ def warmup(
         str | None, typer.Option(help="app.query_rewrite.rag.corpus: the embedded service's (rag.url=null).")
     ] = None,
     top_k: Annotated[int | None, typer.Option(help="app.query_rewrite.rag.top_k: documents per result.")] = None,
-    samples: Annotated[int, typer.Option(min=1, help="Rewrites sampled per turn from the model.")] = 4,
+    samples: Annotated[
+        int, typer.Option(min=0, help="Rewrites sampled per turn from the model (0: the reference's answer only).")
+    ] = 4,
     shots: Annotated[int, typer.Option(min=0, help="Worked examples (other training turns) in each prompt.")] = 3,
     temperature: Annotated[float, typer.Option(min=0.01, help="Sampling temperature.")] = 1.0,
     top_p: Annotated[float, typer.Option(min=0.01, max=1.0, help="Nucleus sampling mass.")] = 0.95,

@@ -16,6 +16,8 @@ Differences from the paper, on purpose:
   in the report), so a turn the model gets wrong in every sample still has a target when the reference
   retrieves the gold; ties go to the reference (it keeps the customer's words by construction). Without
   it (``reference=False``) the data is the model's alone, as in the paper;
+- ``samples=0`` samples nothing: the data is the reference's answers that retrieve a gold document
+  (reference SFT filtered by retrieval), the cheap variant when the model's own samples never win;
 - a turn whose best candidate retrieves no gold document within the result list is dropped (the paper
   keeps the rewrites that rank the gold passage; here the list is the RAG service's top_k);
 - turns that need no retrieval (no gold, a no-retrieval kind) keep their own target (the abstention);
@@ -67,9 +69,13 @@ class WarmupSettings:
     reference: bool = True  # the reference rewriter's answer is a candidate too
 
     def __post_init__(self) -> None:
-        for name in ("samples", "max_new_tokens", "batch_size"):
+        for name in ("max_new_tokens", "batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"warmup: {name} must be >= 1 (got {getattr(self, name)})")
+        if self.samples < 0:
+            raise ValueError(f"warmup: samples must be >= 0 (got {self.samples})")
+        if self.samples == 0 and not self.reference:
+            raise ValueError("warmup: samples 0 without the reference leaves no candidate; sample >= 1 or keep it")
         if self.shots < 0:
             raise ValueError(f"warmup: shots must be >= 0 (got {self.shots})")
 
@@ -192,27 +198,27 @@ def build_warmup(
         for i, res in zip(retrieval, ref_results["reference"], strict=True)
     }
     good = [ref_reward.get(i) == 2.0 for i in range(len(rows))]
-    examples = pick_examples(rows, good, settings.shots, settings.seed)
+    examples = pick_examples(rows, good, settings.shots, settings.seed) if settings.samples else []
     shown = [i for i, _ in examples]
     say(f"[warmup] {len(retrieval)} retrieval turns, {len(abstain)} no-retrieval turns; example rows {shown}")
     taken = {i for i, _ in examples}
     todo = [i for i in retrieval if i not in taken]
     prompts = [few_shot_messages(rows[i]["prompt"], [e for _, e in examples]) for i in todo]
-    params = SamplingParams(
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        n=settings.samples,
-        max_new_tokens=settings.max_new_tokens,
-    )
     torch.manual_seed(settings.seed)
     start = time.perf_counter()
-    replies = (
-        generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype) if todo else []
-    )
+    replies = []
+    if todo and settings.samples:  # samples 0: the reference's answers only, the model is never loaded
+        params = SamplingParams(
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            n=settings.samples,
+            max_new_tokens=settings.max_new_tokens,
+        )
+        replies = generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype)
     data = WarmupData(rows=[], considered=len(rows), no_retrieval=len(abstain), dropped=0)
     data.seconds["generate"] = time.perf_counter() - start
     say(f"[warmup] sampled {settings.samples} x {len(todo)} rewrites in {data.seconds['generate']:.0f} s")
-    candidates: dict[int, list[Candidate]] = {}
+    candidates: dict[int, list[Candidate]] = {i: [] for i in todo}
     systems: dict[str, list[Answer] | None] = {}
     for k in range(settings.samples):
         answers = []
@@ -226,7 +232,9 @@ def build_warmup(
             answers.append(Answer(query, samples[i].user_profile, samples[i].history_summary))
         systems[f"sample_{k}"] = answers
     start = time.perf_counter()
-    _, results = asyncio.run(retrieve(client, [samples[i] for i in todo], systems, rag_url)) if todo else (None, {})
+    _, results = (
+        asyncio.run(retrieve(client, [samples[i] for i in todo], systems, rag_url)) if todo and systems else (None, {})
+    )
     data.seconds["retrieve"] = time.perf_counter() - start
     for k in range(settings.samples):
         for n, i in enumerate(todo):

@@ -118,10 +118,29 @@ def test_without_the_reference_a_turn_no_sample_solves_is_dropped(monkeypatch: p
     assert data.report()["kept_retrieval_turns"] > 0
 
 
-@pytest.mark.parametrize(("name", "value"), [("samples", 0), ("batch_size", 0), ("shots", -1)])
+@pytest.mark.parametrize(("name", "value"), [("samples", -1), ("batch_size", 0), ("shots", -1)])
 def test_bad_settings_name_the_setting(name: str, value: int) -> None:
     with pytest.raises(ValueError, match=f"warmup: {name} must be"):
         WarmupSettings(**{name: value})
+    with pytest.raises(ValueError, match="samples 0 without the reference"):
+        WarmupSettings(samples=0, reference=False)
+
+
+def test_samples_0_keeps_the_reference_answers_that_retrieve_gold_and_samples_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data, seen = _warmup(monkeypatch, lambda prompt, k: NOTHING, samples=0, shots=2)
+    assert seen == []  # the model is never asked
+    report = data.report()
+    retrieval = sum(1 for r in _rows() if _gold(r))
+    assert report["model_samples"] == 0
+    assert report["model_format_ok"] is None
+    assert report["target_source"] == {"reference": report["kept_retrieval_turns"]}
+    # no turn is taken as a worked example: every retrieval turn is kept or dropped on its reference
+    assert report["kept_retrieval_turns"] + report["dropped_no_gold_found"] == retrieval
+    assert report["kept_retrieval_turns"] > 0
+    with_samples, _ = _warmup(monkeypatch, lambda prompt, k: NOTHING, samples=1, shots=0)
+    assert with_samples.report()["kept_retrieval_turns"] == report["kept_retrieval_turns"]
 
 
 def test_the_command_writes_the_sft_data_with_the_tiny_model(tiny_cfg: DictConfig, tmp_path: Path) -> None:
