@@ -86,6 +86,8 @@ CODES = (
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[a-z]")
 _DIGITS = re.compile(r"[0-9]+")
+# a list number before the query ("1. ", "2、", "(3) ", "①"): layout, not a number the rewrite states
+_ENUMERATOR = re.compile(r"^\s*(?:[(（]?[0-9]{1,2}[)）.、](?![0-9])|[①-⑩])\s*")
 _SPACE = re.compile(r"\s+")
 # garbled text: replacement character, surrogates, C0/C1 controls but tab/newline, noncharacters, escaped
 # bytes or code points written out, UTF-8 read as Latin-1 (a lead byte then a continuation byte)
@@ -426,7 +428,7 @@ def check_intent(
     broken = garbled(query)
     if broken:
         return IntentVerdict(False, "garbled", f"garbled: {broken}")
-    mine = read_text(query)
+    mine = read_text(_ENUMERATOR.sub("", query, count=1) or query)
     problems: list[tuple[str, str]] = []
     answer = _answer(mine, last)
     if answer:

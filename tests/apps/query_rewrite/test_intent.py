@@ -227,3 +227,12 @@ def test_the_demo_reference_and_gold_titles_keep_the_intent() -> None:
     kept = sum(v.kept for v in title_verdicts)
     assert kept >= 0.97 * len(title_verdicts), [v.reason for v in title_verdicts if not v.kept]
     assert {v.code for v in title_verdicts if not v.kept} <= {"question_changed", "words_dropped"}
+
+
+@pytest.mark.parametrize("marker", ["1. ", "2、", "(3) ", "①"])
+def test_a_list_number_before_the_query_is_no_invented_number(marker: str) -> None:
+    contexts = _contexts(["星辰X3 多少钱？", "2999 元。"], "那保修呢")
+    assert check_intent(contexts, f"{marker}星辰X3 保修").kept
+    # a number that follows the list number is still read: a decimal or a time is no list number
+    assert check_intent(contexts, f"{marker}星辰X3 保修 5 年").code == "invented"
+    assert check_intent(contexts, "1.5 年 星辰X3 保修").code == "invented"
