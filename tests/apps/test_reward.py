@@ -12,14 +12,9 @@ from typing import Any
 import pytest
 
 from queryrl.apps.query_rewrite.demo_data import make_catalogue, sales_demo_corpus, sales_demo_rows
-from queryrl.apps.query_rewrite.reward import (
-    RewardFailure,
-    candidate_calls,
-    compute_score,
-    default_kwargs,
-    pop_reward_metrics,
-    readable_verdict,
-)
+from queryrl.apps.query_rewrite.reward import RewardFailure, compute_score, default_kwargs
+from queryrl.apps.query_rewrite.reward_calls import candidate_calls, pop_reward_metrics
+from queryrl.apps.query_rewrite.reward_judge import readable_verdict
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards import RewardInput, load_reward_function, make_reward_manager

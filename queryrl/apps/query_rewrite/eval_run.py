@@ -98,7 +98,7 @@ from queryrl.apps.query_rewrite.eval_scoring import (
     retrieve,
 )
 from queryrl.apps.query_rewrite.evaluation import DEFAULT_KS, HEADLINE_K, judge_metrics, system_metrics
-from queryrl.apps.query_rewrite.reward import JUDGE_REQUEST_KWARGS, judge_client, judge_request_options
+from queryrl.apps.query_rewrite.reward_judge import JUDGE_REQUEST_KWARGS, judge_client, judge_request_options
 from queryrl.apps.query_rewrite.reward_rag import EMBEDDED_OPTIONS
 from queryrl.apps.query_rewrite.reward_rag import rag_client as shared_rag_client
 from queryrl.rag import RAGClient

@@ -52,29 +52,17 @@ Failures and penalties.
   components are mixed as configured). The offline judge needs gold, so there it fails the sample
   unless the judge weight is 0 (a component with weight 0 is not computed).
 
-Sharing work. One :class:`~queryrl.rag.RAGClient` (and one :class:`~queryrl.rewards.JudgeClient`) per
-configuration, made lazily and kept in module dicts. Both clients keep their HTTP connections and
-in-flight tables per event loop, so one client is safe on the manager's background loop and on any
-other. The reference result is cached by the client per prompt. Identical rewrites of one prompt share
-one candidate call: a per-event-loop LRU (:data:`CANDIDATE_CACHE_SIZE` entries, plus an in-flight table
-so concurrent identical calls share one request) keyed by the RAG configuration, the message ids, the
-contexts and the sent ``/rag/chat_8b`` fields (the whitespace-normalised rewrite plus the policy's
-profile and summary: a cached result is only reused for the very same request). Failures are not cached.
+Sharing work: identical requests share one RAG pair and one verdict (:mod:`.reward_calls`); the judge
+side is :mod:`.reward_judge`, the RAG clients :mod:`.reward_rag`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
-import threading
-import weakref
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, recall_at_k
-from queryrl.apps.query_rewrite.judging import OfflineJudge, combine_swapped, judge_pair, quality_from_verdict
 from queryrl.apps.query_rewrite.prompts import (
     MAX_QUERY_CHARS,
     QUERY_FIELD,
@@ -82,7 +70,9 @@ from queryrl.apps.query_rewrite.prompts import (
     check_answer_fields,
     plain_text_query,
 )
-from queryrl.apps.query_rewrite.reward_intent import intent_sources, pop_intent_metrics, rewrite_intent, with_intent
+from queryrl.apps.query_rewrite.reward_calls import RewardFailure, pop_reward_metrics, shared_both
+from queryrl.apps.query_rewrite.reward_intent import intent_sources, rewrite_intent, with_intent
+from queryrl.apps.query_rewrite.reward_judge import shared_judge
 from queryrl.apps.query_rewrite.reward_modes import (
     TRUNCATED_MISSING_FIELDS_CREDIT,
     abstain_components,
@@ -94,210 +84,15 @@ from queryrl.apps.query_rewrite.reward_modes import (
     parse_answer,
     retrieval_rank_reward,
 )
-from queryrl.apps.query_rewrite.reward_rag import EMBEDDED_OPTIONS, rag_client, rag_clients
+from queryrl.apps.query_rewrite.reward_rag import EMBEDDED_OPTIONS, rag_client
 from queryrl.rag import (
-    RAGClient,
     RAGError,
-    RAGFailure,
 )
 from queryrl.rag.client import CHAT_FIELDS
-from queryrl.rewards.judge import JudgeClient
 
 DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
 COMPONENTS = tuple(DEFAULT_WEIGHTS)
-JUDGES = ("offline", "openai")
-CANDIDATE_CACHE_SIZE = 4096
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
-
-Pair = tuple[dict[str, Any], dict[str, Any]]
-
-
-class RewardFailure(RuntimeError):
-    """The sample cannot be scored (RAG down, judge failed or inconsistent): the manager marks it failed."""
-
-
-# --- shared clients ----------------------------------------------------------------------------
-
-_LOCK = threading.Lock()
-_JUDGE_CLIENTS: dict[tuple[Any, ...], JudgeClient] = {}
-_OFFLINE_JUDGES: dict[int, OfflineJudge] = {}
-
-
-class _CandidateCache:
-    """One event loop's LRU of finished (candidate, reference) pairs and its in-flight calls."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.done: OrderedDict[str, Any] = OrderedDict()
-        self.inflight: dict[str, asyncio.Task[Any]] = {}
-        self.calls = 0  # candidate calls actually sent (for tests and debugging)
-
-
-_CANDIDATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
-_JUDGED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
-# reward kwargs -> JudgeClient's request settings (each sent only when set: GPT-5 takes no temperature)
-JUDGE_REQUEST_KWARGS = {
-    "judge_temperature": "temperature",
-    "judge_max_tokens": "max_tokens",
-    "judge_token_limit_param": "token_limit_param",
-    "judge_reasoning_effort": "reasoning_effort",
-    "judge_extra_body": "extra_body",
-}
-JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap", *JUDGE_REQUEST_KWARGS)
-
-
-def judge_request_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """JudgeClient's request settings from the reward's ``judge_*`` kwargs (:data:`JUDGE_REQUEST_KWARGS`);
-    an unset (None) one is left out, so the client's default -- not sent -- applies."""
-    out = {name: kwargs[k] for k, name in JUDGE_REQUEST_KWARGS.items() if kwargs.get(k) is not None}
-    if "extra_body" in out:
-        out["extra_body"] = dict(out["extra_body"])
-    return out
-
-
-def judge_client(
-    base_url: str, model: str, api_key_env: str | None, timeout_s: float, max_retries: int, **request: Any
-) -> JudgeClient:
-    """The shared OpenAI-compatible judge client of this configuration (made on first use); `request`:
-    JudgeClient's request settings (``temperature``, ``max_tokens``, ``token_limit_param``,
-    ``reasoning_effort``, ``extra_body``)."""
-    settings = json.dumps(request, sort_keys=True, default=str)
-    key = (base_url, model, api_key_env, float(timeout_s), max_retries, settings)
-    with _LOCK:
-        client = _JUDGE_CLIENTS.get(key)
-        if client is None:
-            client = _JUDGE_CLIENTS[key] = JudgeClient(
-                base_url, model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries, **request
-            )
-        return client
-
-
-def candidate_calls() -> int:
-    """Candidate calls sent so far by the cache of the running event loop."""
-    cache = _CANDIDATES.get(asyncio.get_running_loop())
-    return cache.calls if cache is not None else 0
-
-
-async def _share(
-    caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache],
-    key: str,
-    make: Callable[[], Awaitable[Any]],
-    counter: str,
-) -> Any:
-    """``await make()``, shared with every call of the same `key` on this event loop: a finished result
-    comes from the loop's LRU, a running one is awaited rather than started twice. Failures are not kept."""
-    loop = asyncio.get_running_loop()
-    cache = caches.get(loop)
-    if cache is None:
-        cache = caches[loop] = _CandidateCache(CANDIDATE_CACHE_SIZE)
-    if key in cache.done:
-        cache.done.move_to_end(key)
-        return cache.done[key]
-    task = cache.inflight.get(key)
-    if task is None:
-        cache.calls += 1
-        _count(counter)
-        task = cache.inflight[key] = asyncio.ensure_future(make())
-        task.add_done_callback(lambda _: cache.inflight.pop(key, None))
-    result = await asyncio.shield(task)
-    cache.done[key] = result
-    cache.done.move_to_end(key)
-    while len(cache.done) > cache.size:
-        cache.done.popitem(last=False)
-    return result
-
-
-async def _shared_both(client: RAGClient, scope: Any, fields: dict[str, Any]) -> Pair:
-    """``client.both(**fields)``, shared with every identical request on this loop; raises on a failed side."""
-    key = json.dumps([repr(scope), fields], sort_keys=True, ensure_ascii=False, default=str)
-    pair: Pair = await _share(_CANDIDATES, key, lambda: _both(client, fields), "rag/candidate_calls")
-    return pair
-
-
-async def _both(client: RAGClient, fields: dict[str, Any]) -> Pair:
-    candidate, reference = await client.both(**fields)
-    for side in (candidate, reference):
-        if isinstance(side, RAGFailure):
-            raise RewardFailure(f"RAG /rag/{side.endpoint} failed: {side.error}")
-    assert not isinstance(candidate, RAGFailure)
-    assert not isinstance(reference, RAGFailure)
-    return candidate, reference
-
-
-# --- judging -----------------------------------------------------------------------------------
-
-
-async def _judge_quality(
-    kwargs: Mapping[str, Any],
-    contexts: list[dict[str, Any]],
-    candidate: dict[str, Any],
-    reference: dict[str, Any],
-    gold: Sequence[str],
-    top_k: int,
-    sources: Sequence[str] = (),
-) -> tuple[float, dict[str, Any]]:
-    """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`); raises
-    :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the row's summary and profile,
-    for the offline judge's intent check."""
-    judge = kwargs["judge"]
-    if judge == "offline":
-        with _LOCK:
-            offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
-        verdict = offline.judge(contexts, candidate, reference, gold, sources=sources)
-        quality = quality_from_verdict(verdict)
-        if quality is None:
-            raise RewardFailure("offline judge: no verdict (it needs gold_doc_ids)")
-        return quality, {"judge_verdict": readable_verdict(verdict)}
-    if judge != "openai":
-        raise ValueError(f"unknown judge {judge!r}; use one of {JUDGES}")
-    base_url, model = kwargs.get("judge_base_url"), kwargs.get("judge_model")
-    if not base_url or not model:
-        raise ValueError("judge='openai' needs judge_base_url and judge_model")
-    client = judge_client(
-        str(base_url),
-        str(model),
-        kwargs["judge_api_key_env"],
-        float(kwargs["judge_timeout_s"]),
-        int(kwargs["judge_max_retries"]),
-        **judge_request_options(kwargs),
-    )
-    lang, swap = str(kwargs["judge_lang"]), bool(kwargs["position_swap"])
-    results = await judge_pair(client, contexts, candidate, reference, lang=lang, position_swap=swap)
-    if not swap:
-        quality = quality_from_verdict(results[0].verdict)
-        if quality is None:
-            raise RewardFailure(f"judge failed: {results[0].error or 'invalid verdict'}")
-        return quality, {"judge_verdict": readable_verdict(results[0].verdict)}
-    r_ab, r_ba = results
-    for r in (r_ab, r_ba):
-        if r.verdict is None:
-            raise RewardFailure(f"judge failed: {r.error or 'invalid verdict'}")
-    quality, consistent = combine_swapped(r_ab.verdict, r_ba.verdict)
-    _count("judge/position_consistent" if quality is not None and consistent else "judge/position_inconsistent")
-    if quality is None or not consistent:
-        raise RewardFailure(
-            f"judge position-inconsistent: {r_ab.verdict.get('better') if r_ab.verdict else None!r} "
-            f"then {r_ba.verdict.get('better') if r_ba.verdict else None!r} with the positions swapped"
-        )
-    return quality, {
-        "judge_verdict": readable_verdict(r_ab.verdict),
-        "judge_verdict_swapped": readable_verdict(r_ba.verdict, candidate_label="32b"),
-    }
-
-
-def readable_verdict(verdict: Mapping[str, Any] | None, candidate_label: str = "8b") -> dict[str, Any]:
-    """A verdict in the rubric's schema with its position labels replaced by what they stood for:
-    ``better`` is ``candidate``, ``reference`` or ``same``, and the two sides' scores are under
-    ``candidate`` and ``reference`` (with position swap the candidate was ``"32b"``). Other keys stay."""
-    verdict = dict(verdict or {})
-    reference_label = "32b" if candidate_label == "8b" else "8b"
-    names = {candidate_label: "candidate", reference_label: "reference"}
-    scores = verdict.pop("score", None)
-    better = verdict.get("better")
-    out: dict[str, Any] = {"better": names.get(str(better), better)}
-    if isinstance(scores, Mapping):
-        out |= {"candidate": scores.get(candidate_label), "reference": scores.get(reference_label)}
-    return out | {k: v for k, v in verdict.items() if k != "better"}
 
 
 def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict[str, Any]]:
@@ -313,63 +108,6 @@ def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict
             item["gold"] = item["doc_id"] in gold_ids
         shown.append(item)
     return shown
-
-
-# --- side metrics ------------------------------------------------------------------------------
-
-_COUNTS: dict[str, float] = {}
-
-
-def _count(key: str, value: float = 1.0) -> None:
-    with _LOCK:
-        _COUNTS[key] = _COUNTS.get(key, 0.0) + value
-
-
-def pop_reward_metrics() -> dict[str, float]:
-    """Counters since the last call, for the trainer's step metrics (reset here): the RAG clients'
-    ``rag/*`` (calls, failures, retries, reference cache hits, latency), ``rag/candidate_calls``
-    (distinct candidate requests actually sent), and with position swap ``judge/position_consistency``
-    (the fraction of swapped pairs whose two verdicts agreed), and ``reward/intent/changed`` (the share of
-    rewrites that changed the customer's intent, :func:`~.reward_intent.pop_intent_metrics`)."""
-    metrics: dict[str, float] = {}
-    clients = rag_clients()
-    with _LOCK:
-        counts = dict(_COUNTS)
-        _COUNTS.clear()
-    for client in clients:
-        for key, value in client.pop_stats().items():
-            metrics[key] = metrics.get(key, 0.0) + value
-    if len(clients) > 1 and "rag/latency_s" in metrics:
-        metrics["rag/latency_s"] /= len(clients)
-    consistent = counts.pop("judge/position_consistent", 0.0)
-    inconsistent = counts.pop("judge/position_inconsistent", 0.0)
-    if consistent + inconsistent:
-        metrics["judge/position_consistency"] = consistent / (consistent + inconsistent)
-    return metrics | counts | pop_intent_metrics()
-
-
-async def _shared_judge(
-    kwargs: Mapping[str, Any],
-    contexts: list[dict[str, Any]],
-    candidate: dict[str, Any],
-    reference: dict[str, Any],
-    gold: Sequence[str],
-    top_k: int,
-    sources: Sequence[str] = (),
-) -> tuple[float, dict[str, Any]]:
-    """:func:`_judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
-    their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
-    settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
-    sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
-    scope = [settings, contexts, sides, list(gold), top_k, list(sources)]
-    key = json.dumps(scope, sort_keys=True, ensure_ascii=False, default=str)
-    verdict: tuple[float, dict[str, Any]] = await _share(
-        _JUDGED,
-        key,
-        lambda: _judge_quality(kwargs, contexts, candidate, reference, gold, top_k, sources),
-        "judge/distinct_calls",
-    )
-    return verdict
 
 
 # --- the reward --------------------------------------------------------------------------------
@@ -482,7 +220,7 @@ async def _retrieve_both(
         except RAGError as exc:
             raise RewardFailure(f"RAG /rag/chat failed: {exc.error}") from None
         return abstained_result(), reference
-    return await _shared_both(client, (rag_url, corpus, top_k), fields)
+    return await shared_both(client, (rag_url, corpus, top_k), fields)
 
 
 async def compute_score(
@@ -595,13 +333,13 @@ async def compute_score(
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
     if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
-        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
         z = float(info.get("seed_hybrid_z", 0.0))
         hybrid = hybrid_reward(quality, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
         seed = {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
         return with_intent(seed, intent, kwargs, weights)
     if weights.get("judge", 0.0) != 0.0:
-        quality, extra = await _shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
         (judge_reward,) = group_judge_rewards([quality])
         assert judge_reward is not None
         out.update(quality=quality, judge=judge_reward, **extra)
