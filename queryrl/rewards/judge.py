@@ -21,7 +21,7 @@ code=unsupported_value]``) and a hint naming the setting to change. An unparseab
 re-asked. A missing API key is a configuration error: :class:`JudgeConfigError` is raised, never
 retried (it names the variable, never a value). The policy itself lives in :mod:`.judge_policy`. A
 failure is logged as a warning the first time its text appears (then at debug level: a refused setting
-fails every sample alike). A request refused with such a 4xx is remembered for :data:`REFUSAL_TTL_S`:
+fails every sample alike). A request refused with such a 4xx is remembered for :data:`~.judge_memory.REFUSAL_TTL_S`:
 the same request again (a reward manager retrying the sample) gets the same failure without a paid call.
 :meth:`JudgeClient.check` tests the service (key, ``GET /models``, one tiny
 request with these settings) before a long job depends on it.
@@ -36,11 +36,8 @@ name ``token_limit_param`` (default ``max_completion_tokens``, which OpenAI's re
 current servers accept; ``"max_tokens"`` for old servers), ``reasoning_effort`` (``minimal`` / ``low`` /
 ``medium`` / ``high``, ...; None: not sent) and ``extra_body`` (merged into the JSON body as given).
 
-Cache. With ``cache_dir``, a successful verdict is stored as ``<cache_dir>/<k[:2]>/<k>.json`` where ``k`` is
-the sha256 of the full request (base_url, model, messages, every request setting above, schema),
-written to a temporary name and renamed. Failures are never cached; an unreadable file is ignored and
-overwritten by the next success. A cached result carries the token counts of the call that made it;
-the counters below count only tokens spent now.
+Cache. With ``cache_dir``, successful verdicts are kept on disk by the request's hash
+(:class:`~.judge_memory.VerdictCache`).
 
 Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last pop):
 
@@ -73,16 +70,15 @@ import random
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from queryrl.atomic import atomic_write_text
 from queryrl.redaction import add_secret, redact
 from queryrl.rewards.json_extract import json_objects, validate
+from queryrl.rewards.judge_memory import JudgeResult, RefusalMemory, VerdictCache
 from queryrl.rewards.judge_policy import (
     JudgeConfigError,
     JudgeUnavailable,
@@ -102,10 +98,6 @@ log = logging.getLogger(__name__)
 
 NO_KEY_PLACEHOLDER = "EMPTY"
 CACHE_VERSION = 1
-# a request refused with a 4xx that is not retried is not re-sent for this long (an identical retry of the
-# sample by a reward manager gets the same failure, unpaid); the newest REFUSAL_MEMORY of them are kept
-REFUSAL_TTL_S = 600.0
-REFUSAL_MEMORY = 10_000
 PROBE_MAX_TOKENS = 16  # check(): the token limit of the one tiny request (when a limit is configured)
 STAT_KEYS = (
     "judge/requests",
@@ -136,24 +128,6 @@ PAIRWISE_VERDICT_SCHEMA: dict[str, Any] = {
         "score": {"type": "object", "required": ["8b", "32b"], "properties": {"8b": _SIDE_SCHEMA, "32b": _SIDE_SCHEMA}},
     },
 }
-
-
-@dataclass(frozen=True)
-class JudgeResult:
-    """One judgment. ``verdict`` is None exactly when it failed, and then ``error`` says why."""
-
-    verdict: dict[str, Any] | None
-    raw: str | None  # the model's reply text (None when no reply arrived)
-    error: str | None
-    cached: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    refused: bool = False  # the server answered a 4xx that is not retried: the request itself is wrong
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict is not None
 
 
 @dataclass
@@ -257,7 +231,8 @@ class JudgeClient:
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(STAT_KEYS, 0.0)
         self._logged: set[str] = set()  # failure texts already logged as warnings
-        self._refused: OrderedDict[str, tuple[float, JudgeResult]] = OrderedDict()  # cache key -> (when, result)
+        self._refusals = RefusalMemory()
+        self._cache = VerdictCache(self.cache_dir, model) if self.cache_dir is not None else None
         with _LIVE_LOCK:
             _LIVE_CLIENTS.add(self)
 
@@ -278,12 +253,12 @@ class JudgeClient:
         """
         key = self.cache_key(messages, schema)
         self._add("judge/requests", 1)
-        hit = self._cache_read(key)
+        hit = self._cache.read(key) if self._cache is not None else None
         if hit is not None:
             self._add("judge/cache_hits", 1)
             return hit
         self._key_or_raise()  # fail loudly before queueing, not as a failed sample
-        refused = self._refusal(key)
+        refused = self._refusals.recall(key)
         if refused is not None:  # e.g. a reward manager retrying the sample: the answer would be the same 4xx
             self._add("judge/failed", 1)
             self._add("judge/repeat_refusals", 1)
@@ -296,12 +271,9 @@ class JudgeClient:
             self._add("judge/failed", 1)
             self._log_failure(result.error or "")
             if result.refused:
-                with self._lock:
-                    self._refused[key] = (time.monotonic(), result)
-                    while len(self._refused) > REFUSAL_MEMORY:
-                        self._refused.popitem(last=False)
-        else:
-            self._cache_write(key, result)
+                self._refusals.remember(key, result)
+        elif self._cache is not None:
+            self._cache.write(key, result)
         return result
 
     def judge_sync(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None = None) -> JudgeResult:
@@ -508,20 +480,6 @@ class JudgeClient:
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
         return text.replace(key, "<redacted>") if key else text
 
-    def _refusal(self, key: str) -> JudgeResult | None:
-        """The remembered refusal of this very request, if the server refused it in the last
-        :data:`REFUSAL_TTL_S` seconds (its error says it was not re-sent)."""
-        with self._lock:
-            entry = self._refused.get(key)
-            if entry is None:
-                return None
-            age = time.monotonic() - entry[0]
-            if age > REFUSAL_TTL_S:
-                del self._refused[key]
-                return None
-        error = f"{entry[1].error} (not re-sent: the server refused this same request {age:.0f} s ago)"
-        return replace(entry[1], error=error, latency_s=0.0)
-
     def _log_failure(self, error: str) -> None:
         """A warning the first time an error text is seen (a refused setting fails every sample the same
         way: one line names the cause, not thousands), a debug line after that."""
@@ -561,40 +519,6 @@ class JudgeClient:
                 )
                 state = self._loops[loop] = _LoopState(asyncio.Semaphore(self.max_concurrency), sdk)
         return state
-
-    def _cache_path(self, key: str) -> Path | None:
-        return self.cache_dir / key[:2] / f"{key}.json" if self.cache_dir is not None else None
-
-    def _cache_read(self, key: str) -> JudgeResult | None:
-        path = self._cache_path(key)
-        if path is None or not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(data.get("verdict"), dict):
-                raise ValueError("no verdict")
-            return JudgeResult(
-                data["verdict"],
-                data.get("raw"),
-                None,
-                cached=True,
-                prompt_tokens=int(data.get("prompt_tokens", 0)),
-                completion_tokens=int(data.get("completion_tokens", 0)),
-            )
-        except Exception as e:  # a torn or hand-edited file: ignore it, the next success overwrites it
-            log.warning("judge cache: ignoring unreadable %s (%s)", path, type(e).__name__)
-            return None
-
-    def _cache_write(self, key: str, result: JudgeResult) -> None:
-        path = self._cache_path(key)
-        if path is None:
-            return
-        record = {k: v for k, v in asdict(result).items() if k not in ("error", "cached", "latency_s", "refused")}
-        record["model"] = self.model
-        try:
-            atomic_write_text(path, json.dumps(record, ensure_ascii=False))
-        except OSError as e:  # a full disk costs the cache, not the verdict
-            log.warning("judge cache: cannot write %s: %s", path, e)
 
     def _add(self, key: str, value: float) -> None:
         with self._lock:
