@@ -12,9 +12,11 @@ the two thread counts are two honest replicates of the same seed.
 
 The goal (issue 13): in every run, GRPO's test Recall@5 is at least ``--min-gain`` (0.05) above its own
 SFT start with the paired bootstrap 95 % interval of the difference above zero, and GRPO's Recall@5 is
-above the reference's and concat_last3's. The JSON (``benchmarks/results/demo_seeds.json``, written
-atomically after every run) records each run's systems, paired comparisons, wall times and verdicts, and
-the summary over runs; the numbers are what eval measured, met or not.
+above the reference's and concat_last3's; and (issue 25) GRPO keeps the customer's intent (eval's offline
+intent check, ``intent_kept``) at least as often as its SFT start. The JSON
+(``benchmarks/results/demo_seeds.json``, written atomically after every run) records each run's systems,
+paired comparisons, wall times and verdicts, and the summary over runs; the numbers are what eval
+measured, met or not.
 """
 
 from __future__ import annotations
@@ -92,18 +94,23 @@ def one_run(seed: int, threads: int, root: Path, min_gain: float) -> dict[str, A
     )
     report = json.loads((run / "eval.json").read_text(encoding="utf-8"))
     recall = {name: m.get("recall@5") for name, m in report["systems"].items()}
+    intent = {name: m.get("intent_kept") for name, m in report["systems"].items()}
     gain = report["comparisons"]["grpo-sft"]["recall@5"]
     verdict = {
         "gain_over_sft": gain["diff"] >= min_gain,
         "gain_interval_above_zero": gain["low"] > 0,
         "above_reference": (recall["grpo"] or 0) > (recall["reference"] or 0),
         "above_concat_last3": (recall["grpo"] or 0) > (recall["concat_last3"] or 0),
+        "intent_kept_as_sft": (intent["grpo"] or 0) >= (intent["sft"] or 0),
     }
     return {
         "seed": seed,
         "threads": threads,
         "recall@5": recall,
-        "comparisons": {k: {m: v[m] for m in ("recall@5", "mrr") if m in v} for k, v in report["comparisons"].items()},
+        "intent_kept": intent,
+        "comparisons": {
+            k: {m: v[m] for m in ("recall@5", "mrr", "intent_kept") if m in v} for k, v in report["comparisons"].items()
+        },
         "abstain_accuracy": {n: m.get("abstain_accuracy") for n, m in report["systems"].items()},
         "wall_s": {k: round(v, 1) for k, v in wall.items()} | {"total": round(sum(wall.values()), 1)},
         "goal": verdict | {"met": all(verdict.values())},
@@ -115,12 +122,18 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if not runs:
         return {}
     gains = [r["comparisons"]["grpo-sft"]["recall@5"]["diff"] for r in runs]
+    kept = [r["comparisons"]["grpo-sft"]["intent_kept"]["diff"] for r in runs]
     systems = runs[0]["recall@5"].keys()
     return {
         "runs": len(runs),
         "goal_met_in": sum(r["goal"]["met"] for r in runs),
         "grpo_minus_sft": {"mean": sum(gains) / len(gains), "min": min(gains), "max": max(gains)},
         "recall@5_mean": {s: sum(r["recall@5"][s] or 0 for r in runs) / len(runs) for s in systems},
+        "recall@5_range": {
+            s: [min(r["recall@5"][s] or 0 for r in runs), max(r["recall@5"][s] or 0 for r in runs)] for s in systems
+        },
+        "intent_kept_mean": {s: sum(r["intent_kept"][s] or 0 for r in runs) / len(runs) for s in systems},
+        "grpo_minus_sft_intent_kept": {"mean": sum(kept) / len(kept), "min": min(kept), "max": max(kept)},
         "wall_s_max": max(r["wall_s"]["total"] for r in runs),
     }
 
@@ -147,6 +160,7 @@ def main() -> None:
             f"  seed {seed}, {t} thread(s): grpo {r['recall@5']['grpo']:.3f} sft {r['recall@5']['sft']:.3f} "
             f"(diff {gain['diff']:+.3f} [{gain['low']:+.3f}, {gain['high']:+.3f}]) "
             f"reference {r['recall@5']['reference']:.3f} concat_last3 {r['recall@5']['concat_last3']:.3f}; "
+            f"intent kept grpo {r['intent_kept']['grpo']:.3f} sft {r['intent_kept']['sft']:.3f}; "
             f"goal {'met' if r['goal']['met'] else 'NOT met'}; {r['wall_s']['total']:.0f} s",
             flush=True,
         )
