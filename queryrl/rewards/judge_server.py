@@ -14,22 +14,9 @@ summed over the messages' contents for ``prompt_tokens``. A ``max_tokens`` limit
 ``4 * max_tokens`` characters with ``finish_reason="length"``.
 
 Strict mode (``strict=True``): the request is checked as OpenAI's API checks it, and refused with its
-status, message and ``param`` / ``code`` (:func:`openai_rules`):
-
-- a field the API does not know: 400 ``Unrecognized request argument supplied: NAME``;
-- a reasoning model (a name starting ``gpt-5``, ``o1``, ``o3`` or ``o4``): ``temperature`` other than 1
-  (400 ``unsupported_value``: "Unsupported value: 'temperature' does not support 0.0 with this model. Only
-  the default (1) value is supported."), ``max_tokens`` (400 ``unsupported_parameter``: "... Use
-  'max_completion_tokens' instead."), ``top_p``, ``presence_penalty``, ``frequency_penalty``,
-  ``logprobs``, ``top_logprobs``, ``logit_bias`` (400 ``unsupported_parameter``), a ``reasoning_effort``
-  the model does not take (400 ``unsupported_value``);
-- another model: ``reasoning_effort`` (400 ``unsupported_parameter``);
-- with ``served_models``, a model not among them: 404 ``model_not_found``.
-
-With ``api_key`` (either mode) every ``/v1`` route wants ``Authorization: Bearer <api_key>``: a missing
-one gets 401 "You didn't provide an API key. ...", a wrong one 401 ``invalid_api_key`` "Incorrect API key
-provided: sk-ab***...wxyz. ..." (masked as OpenAI masks it). ``list_models=False`` serves no
-``/v1/models`` (404), like some servers.
+status, message and ``param`` / ``code`` (:mod:`.openai_rules`). With ``api_key`` (either mode) every
+``/v1`` route wants ``Authorization: Bearer <api_key>``, answered as OpenAI answers it.
+``list_models=False`` serves no ``/v1/models`` (404), like some servers.
 
 Built-in judges (:func:`load_judge_function`). ``constant`` and ``length`` answer the query-rewrite
 application's full rubric (``RUBRIC_VERDICT_SCHEMA``: every side has ``quality`` 0-16, ``relevance``,
@@ -71,7 +58,8 @@ from starlette.concurrency import run_in_threadpool
 
 from queryrl.plugins import load_callable
 from queryrl.rewards.json_extract import json_objects
-from queryrl.service_auth import bearer_matches, check_bind, resolve_token
+from queryrl.rewards.openai_rules import ServerRules, api_error
+from queryrl.service_auth import check_bind, resolve_token
 
 JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
 
@@ -176,7 +164,7 @@ def make_app(
         chaos = Chaos(rates=chaos) if isinstance(chaos, Mapping) else Chaos(sequence=list(chaos))
     app = FastAPI(title="queryrl judge server")
     stats = app.state.stats = ServerStats()
-    rules = _Rules(strict, api_key, tuple(served_models) if served_models is not None else None)
+    rules = ServerRules(strict, api_key, tuple(served_models) if served_models is not None else None)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -219,15 +207,15 @@ async def _complete(
     chaos: Chaos | None,
     stats: ServerStats,
     model_name: str,
-    rules: _Rules,
+    rules: ServerRules,
 ) -> JSONResponse:
     try:
         body = await request.json()
     except ValueError:
-        return _error(400, "the request body is not JSON")
+        return api_error(400, "the request body is not JSON")
     problem = _check_body(body)
     if problem:
-        return _error(400, problem)
+        return api_error(400, problem)
     stats.last_body = body
     refused = rules.check(body)
     if refused is not None:
@@ -236,24 +224,24 @@ async def _complete(
     fault = chaos.next_fault() if chaos is not None else "ok"
     stats.faults[fault] += 1
     if fault == "500":
-        return _error(500, "injected fault: internal server error", "server_error")
+        return api_error(500, "injected fault: internal server error", "server_error")
     if fault == "429":
         assert chaos is not None
         headers = {"Retry-After": f"{chaos.retry_after_s:g}"}
-        return _error(429, "injected fault: rate limited", "rate_limit_error", headers)
+        return api_error(429, "injected fault: rate limited", "rate_limit_error", headers)
     if fault == "400":
-        return _error(400, "injected fault: bad request")
+        return api_error(400, "injected fault: bad request")
     if fault in ("408", "409"):
-        return _error(int(fault), f"injected fault: HTTP {fault}", "server_error")
+        return api_error(int(fault), f"injected fault: HTTP {fault}", "server_error")
     if fault == "slow" and chaos is not None and await _sleep_unless_gone(request, chaos.slow_s):
-        return _error(504, "the client hung up")
+        return api_error(504, "the client hung up")
     if latency_s > 0:
         await _sleep_unless_gone(request, latency_s)
     messages: list[dict[str, Any]] = body["messages"]
     try:
         content = await _call_judge(judge_fn, messages)
     except Exception as e:
-        return _error(500, f"judge function failed: {type(e).__name__}: {e}", "server_error")
+        return api_error(500, f"judge function failed: {type(e).__name__}: {e}", "server_error")
     if fault == "garbage":
         content = GARBAGE_REPLY
     elif fault == "truncated":
@@ -324,148 +312,6 @@ async def _sleep_unless_gone(request: Request, seconds: float) -> bool:
         if await request.is_disconnected():
             return True
     return False
-
-
-def _error(
-    status: int,
-    message: str,
-    kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
-    param: str | None = None,
-    code: str | None = None,
-) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-# --- strict mode: OpenAI's own checks ------------------------------------------------------------
-
-# the Chat Completions request fields the API knows (openai-python 3.x `chat.completions.create`)
-KNOWN_FIELDS = frozenset(
-    (
-        "messages",
-        "model",
-        "audio",
-        "frequency_penalty",
-        "function_call",
-        "functions",
-        "logit_bias",
-        "logprobs",
-        "max_completion_tokens",
-        "max_tokens",
-        "metadata",
-        "modalities",
-        "moderation",
-        "n",
-        "parallel_tool_calls",
-        "prediction",
-        "presence_penalty",
-        "prompt_cache_key",
-        "prompt_cache_options",
-        "prompt_cache_retention",
-        "reasoning_effort",
-        "response_format",
-        "safety_identifier",
-        "seed",
-        "service_tier",
-        "stop",
-        "store",
-        "stream",
-        "stream_options",
-        "temperature",
-        "tool_choice",
-        "tools",
-        "top_logprobs",
-        "top_p",
-        "user",
-        "verbosity",
-        "web_search_options",
-    )
-)
-REASONING_PREFIXES = ("gpt-5", "o1", "o3", "o4")
-# sampling controls a reasoning model refuses outright
-REASONING_UNSUPPORTED = ("top_p", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias")
-KEY_HELP = "You can find your API key at https://platform.openai.com/account/api-keys."
-
-
-def is_reasoning_model(model: str) -> bool:
-    """OpenAI's reasoning models by name: ``gpt-5*``, ``o1*``, ``o3*``, ``o4*`` (after a ``provider/`` prefix)."""
-    name = model.rsplit("/", 1)[-1].lower()
-    return name.startswith(REASONING_PREFIXES)
-
-
-def _efforts(model: str) -> tuple[str, ...]:
-    return ("minimal", "low", "medium", "high") if model.lower().startswith("gpt-5") else ("low", "medium", "high")
-
-
-def _listing(values: Sequence[str]) -> str:
-    quoted = [f"'{v}'" for v in values]
-    return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 1 else quoted[0]
-
-
-def _unsupported_parameter(param: str, extra: str = "") -> JSONResponse:
-    message = f"Unsupported parameter: '{param}' is not supported with this model.{extra}"
-    return _error(400, message, param=param, code="unsupported_parameter")
-
-
-def openai_rules(body: Mapping[str, Any]) -> JSONResponse | None:
-    """The 400 OpenAI's API gives this request body, or None when it would accept it (see the module doc)."""
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        return _error(400, f"Unrecognized request argument supplied: {unknown[0]}")
-    model = str(body.get("model") or "")
-    effort = body.get("reasoning_effort")
-    if not is_reasoning_model(model):
-        return _unsupported_parameter("reasoning_effort") if effort is not None else None
-    temperature = body.get("temperature")
-    if temperature is not None and temperature != 1:
-        message = (
-            f"Unsupported value: 'temperature' does not support {json.dumps(temperature)} with this model. "
-            "Only the default (1) value is supported."
-        )
-        return _error(400, message, param="temperature", code="unsupported_value")
-    if "max_tokens" in body:
-        return _unsupported_parameter("max_tokens", " Use 'max_completion_tokens' instead.")
-    for param in REASONING_UNSUPPORTED:
-        if param in body:
-            return _unsupported_parameter(param)
-    if effort is not None and effort not in _efforts(model):
-        message = (
-            f"Unsupported value: 'reasoning_effort' does not support '{effort}' with this model. "
-            f"Supported values are: {_listing(_efforts(model))}."
-        )
-        return _error(400, message, param="reasoning_effort", code="unsupported_value")
-    return None
-
-
-@dataclass(frozen=True)
-class _Rules:
-    strict: bool
-    api_key: str | None
-    served_models: tuple[str, ...] | None
-
-    def auth(self, authorization: str | None) -> JSONResponse | None:
-        """401 as OpenAI answers it, when a key is configured and this one is missing or wrong."""
-        if self.api_key is None:
-            return None
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not given:
-            message = (
-                "You didn't provide an API key. You need to provide your API key in an Authorization header "
-                f"using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). {KEY_HELP}"
-            )
-            return _error(401, message)
-        if not bearer_matches(authorization, self.api_key):  # constant-time
-            masked = given[:5] + "*" * max(0, len(given) - 9) + given[-4:] if len(given) > 9 else "*" * len(given)
-            return _error(401, f"Incorrect API key provided: {masked}. {KEY_HELP}", code="invalid_api_key")
-        return None
-
-    def check(self, body: Mapping[str, Any]) -> JSONResponse | None:
-        model = str(body.get("model") or "")
-        if self.served_models is not None and model not in self.served_models:
-            message = f"The model `{model}` does not exist or you do not have access to it."
-            return _error(404, message, code="model_not_found")
-        return openai_rules(body) if self.strict else None
 
 
 # --- built-in judges -----------------------------------------------------------------------------
