@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
         "fonts",
         "report",
         "report_examples",
+        "report_page",
     },
     {"algos"},
     {"data"},
