@@ -93,7 +93,7 @@ def prepare_conversations(
     ] = None,
 ) -> None:
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
-    from queryrl.apps.query_rewrite.conversations import prepare_conversation_data
+    from queryrl.apps.query_rewrite.conversation_splits import prepare_conversation_data
     from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
     from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
     from queryrl.data import DataError

@@ -19,11 +19,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.conversations import (
-    load_conversation_log,
-    load_conversations,
-    prepare_conversation_data,
-)
+from queryrl.apps.query_rewrite.conversation_splits import prepare_conversation_data
+from queryrl.apps.query_rewrite.conversations import load_conversation_log, load_conversations
 from queryrl.apps.query_rewrite.log_files import parse_time
 from queryrl.apps.query_rewrite.log_import import FIELD_SPECS, ROLE_ALIASES, parse_json_option
 from queryrl.cli import app

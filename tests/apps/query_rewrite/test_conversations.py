@@ -9,15 +9,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from queryrl.apps.query_rewrite.conversation_splits import prepare_conversations
 from queryrl.apps.query_rewrite.conversations import (
     conversations_to_rows as to_rows,
 )
-from queryrl.apps.query_rewrite.conversations import (
-    load_conversations,
-    normalise_role,
-    parse_doc_ids,
-    prepare_conversations,
-)
+from queryrl.apps.query_rewrite.conversations import load_conversations, normalise_role, parse_doc_ids
 from queryrl.data.records import DataError, load_records
 
 
