@@ -3,8 +3,9 @@
 - :mod:`~queryrl.distributed.dispatch`: split a batch by data-parallel rank, concatenate results.
 - :mod:`~queryrl.distributed.worker`: :class:`PolicyWorker`, one rank with every role colocated
   (policy + reference + optimizer, critic), gradient sum over a torch.distributed group.
-- :mod:`~queryrl.distributed.ray_group`: resource pools, Ray actors, fail-fast collection,
-  :class:`RayWorkers` (the trainer's handle).
+- :mod:`~queryrl.distributed.worker_group`: resource pools, Ray actors, fail-fast collection.
+- :mod:`~queryrl.distributed.ray_group`: :class:`RayWorkers` (the trainer's handle) and generation on
+  the workers.
 
 Ray is optional: nothing here imports it until a Ray worker group is built.
 """

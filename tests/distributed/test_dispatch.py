@@ -48,7 +48,7 @@ def test_world_size_must_be_positive() -> None:
 
 
 def test_a_pool_larger_than_the_cluster_is_a_clear_error() -> None:
-    from queryrl.distributed.ray_group import ResourcePool
+    from queryrl.distributed.worker_group import ResourcePool
 
     pool = ResourcePool(nnodes=2, workers_per_node=4, use_gpu=True, cpus_per_worker=1.0)
     assert pool.world_size == 8
@@ -65,7 +65,7 @@ def test_a_pool_larger_than_the_cluster_is_a_clear_error() -> None:
 
 
 def test_without_ray_the_ray_backend_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from queryrl.distributed.ray_group import import_ray
+    from queryrl.distributed.worker_group import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'queryrl\[ray\]'"):

@@ -35,7 +35,8 @@ import torch
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'queryrl[ray]'): the ray tests are skipped")
 
-from queryrl.distributed.ray_group import RayRollout, RayWorkers, WorkerDiedError  # noqa: E402
+from queryrl.distributed.ray_group import RayRollout, RayWorkers  # noqa: E402
+from queryrl.distributed.worker_group import WorkerDiedError  # noqa: E402
 from queryrl.rollout import HFRollout, SamplingParams  # noqa: E402
 from queryrl.trainer.loop import Trainer  # noqa: E402
 from tests.distributed.helpers import COMMON  # noqa: E402
