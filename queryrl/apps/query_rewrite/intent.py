@@ -12,12 +12,15 @@ rather than clever: it says "changed" when it can name why, and otherwise "kept"
 A rewrite keeps the intent unless (each a ``code``, checked in this order; the reason lists every one found):
 
 - ``garbled``: U+FFFD, a lone surrogate, a control character, a noncharacter, an escape such as ``\\xe4``
-  or UTF-8 read as Latin-1 (``"ä½ å¥½"``) anywhere in it;
+  or UTF-8 read as Latin-1 (``"ä½ å¥½"``) anywhere in it, or a decoding loop (a piece of 1-4 characters
+  :data:`LOOP_REPEATS` or more times in a row, ``赶快赶快赶快赶快``) the conversation does not have;
 - ``answered``: it states an answer -- a question word followed by 是/为/： and a value that asks nothing
   (``"电话是1234567890"``, ``"地址是北京的海野鸭岛"``), or 位于 + a place -- that the customer's turn
   did not state itself;
 - ``invented``: a digit run, or a model name with a digit (``pro7``), that occurs nowhere in the
-  conversation (history, last turn, and the `sources` given: the CRM summary and profile);
+  conversation (history, last turn, and the `sources` given: the CRM summary and profile); or a content
+  word beside the question, in a clause that asks nothing, that occurs nowhere in it
+  (``"知道排云殿吗？红烧肉"``: words added to the question are not read, a paraphrase is no invention);
 - ``question_changed`` / ``question_dropped`` / ``question_added``: the question types
   (:data:`~.intent_words.QUESTION_CUES`: price, warranty, return, shipping, stock, phone, address,
   opening hours, ticket, ...) of the last turn are not all asked by the rewrite, or the rewrite asks a type
@@ -28,6 +31,8 @@ A rewrite keeps the intent unless (each a ``code``, checked in this order; the r
   pronouns, small talk, quantities, generic nouns and the question cues themselves do not count; a
   one-character slip of an unknown word, 云凡 for 云帆, counts as kept), or a kind of product/place
   (手机, 耳机, 景点) is replaced by another kind the conversation never named;
+- ``question_dropped`` also: a rewrite that asks nothing and shares no name, question type or content
+  word with the conversation (``"答复："`` for ``"能玩多久呢？"``);
 - ``empty``: an empty rewrite of a turn that asks something; ``question_added`` for a turn that asks
   nothing (small talk: :func:`~queryrl.rag.rewriters.is_chitchat`, or no question word, type or content
   word) whose rewrite asks something.
@@ -89,6 +94,8 @@ _DIGITS = re.compile(r"[0-9]+")
 # a list number before the query ("1. ", "2、", "(3) ", "①"): layout, not a number the rewrite states
 _ENUMERATOR = re.compile(r"^\s*(?:[(（]?[0-9]{1,2}[)）.、](?![0-9])|[①-⑩])\s*")
 _SPACE = re.compile(r"\s+")
+LOOP_REPEATS = 4
+_LOOP = re.compile(rf"(.{{1,4}}?)\1{{{LOOP_REPEATS - 1},}}")
 # garbled text: replacement character, surrogates, C0/C1 controls but tab/newline, noncharacters, escaped
 # bytes or code points written out, UTF-8 read as Latin-1 (a lead byte then a continuation byte)
 _GARBLED = re.compile(
@@ -166,6 +173,17 @@ def garbled(text: str) -> str | None:
     return f"control character U+{code:04X}"
 
 
+def _loop(text: str, conversation: str) -> str | None:
+    """A piece of 1-4 characters that `text` repeats :data:`LOOP_REPEATS` or more times in a row (a decoding
+    loop, ``赶快赶快赶快赶快``) where `conversation` does not, or None."""
+    compact = normalise(text).replace(" ", "")
+    for match in _LOOP.finditer(compact):
+        if match.group(0) not in conversation:
+            unit = match.group(1)
+            return f"a loop: {unit!r} {len(match.group(0)) // len(unit)} times in a row"
+    return None
+
+
 # --- reading one text ----------------------------------------------------------------------------
 
 
@@ -175,8 +193,9 @@ class Reading:
 
     ``slots``: one set of question types per cue found (either type keeps it); ``hinted``: the types a lone
     character may stand for (:data:`_CHAR_TYPES`); ``names``: tokens with a latin letter; ``numbers``: digit
-    runs; ``words``: the content words of its question clauses (see the module doc); ``categories``: kinds
-    of thing it names; ``asks``: it has a question word or a cue.
+    runs; ``words``: the content words of its question clauses (see the module doc); ``aside``: those of its
+    other clauses when it has a question clause (``知道排云殿吗？红烧肉``: 红烧肉); ``categories``: kinds of
+    thing it names; ``asks``: it has a question word or a cue.
     """
 
     compact: str  # normalised, spaces removed
@@ -186,6 +205,7 @@ class Reading:
     names: list[str] = field(default_factory=list)
     numbers: set[str] = field(default_factory=set)
     words: list[str] = field(default_factory=list)
+    aside: list[str] = field(default_factory=list)
     categories: set[str] = field(default_factory=set)
     asks: bool = False
 
@@ -299,6 +319,8 @@ def read_text(text: str) -> Reading:
             or _QUANTITY.match(token) is not None
             or any(covered[start:end])
         )
+        if questions and not in_question and not skip and token not in reading.aside:
+            reading.aside.append(token)
         if in_question and not skip and token not in reading.words:
             reading.words.append(token)
     reading.hinted = frozenset(hinted)
@@ -367,6 +389,13 @@ def _type_names(slots: Iterable[frozenset[str]]) -> str:
     return ", ".join(sorted({"/".join(sorted(slot)) for slot in slots}))
 
 
+def _shares_words(rewrite: Reading, conversation: Reading) -> bool:
+    """`rewrite` has a name, a question type or a content word the conversation has."""
+    if rewrite.slots or any(_kept_name(n, conversation) for n in rewrite.names):
+        return True
+    return any(_kept_word(w, conversation.compact) for w in (*rewrite.words, *rewrite.aside))
+
+
 def _word_problems(last: Reading, rewrite: Reading, conversation: str) -> list[tuple[str, str]]:
     problems = []
     lost_names = [n for n in last.names if not _kept_name(n, rewrite)]
@@ -384,10 +413,13 @@ def _word_problems(last: Reading, rewrite: Reading, conversation: str) -> list[t
 
 
 def _invented(rewrite: Reading, conversation: Reading) -> list[str]:
-    """The model names with a digit and the digit runs of `rewrite` that `conversation` never has."""
+    """The model names with a digit, the digit runs, and the content words beside its question (``aside``) of
+    `rewrite` that `conversation` never has (a word counts as had with a one-character slip,
+    :func:`_kept_word`)."""
     names = [n for n in rewrite.names if _DIGITS.search(n) and not _kept_name(n, conversation)]
     numbers = [x for x in sorted(rewrite.numbers - conversation.numbers) if not any(x in n for n in names)]
-    return names + numbers
+    words = [w for w in rewrite.aside if not _kept_word(w, conversation.compact)]
+    return names + numbers + words
 
 
 def check_intent(
@@ -425,7 +457,7 @@ def check_intent(
         if asks_nothing:
             return IntentVerdict(True, KEPT, "an empty query for a turn that asks nothing")
         return IntentVerdict(False, "empty", "an empty query, but the turn asks something")
-    broken = garbled(query)
+    broken = garbled(query) or _loop(query, whole.compact)
     if broken:
         return IntentVerdict(False, "garbled", f"garbled: {broken}")
     mine = read_text(_ENUMERATOR.sub("", query, count=1) or query)
@@ -443,6 +475,8 @@ def check_intent(
         history_types = read_text("\n".join(history)).types if history else frozenset()
         problems += _type_problems(last, mine, history_types)
         problems += _word_problems(last, mine, whole.compact)
+        if not problems and not mine.asks and not _shares_words(mine, whole):  # "1. 答复：" for "能玩多久呢？"
+            problems.append(("question_dropped", "asks nothing, and none of its words is in the conversation"))
     if problems:
         return IntentVerdict(False, problems[0][0], "; ".join(reason for _, reason in problems))
     if asks_nothing:

@@ -236,3 +236,33 @@ def test_a_list_number_before_the_query_is_no_invented_number(marker: str) -> No
     # a number that follows the list number is still read: a decimal or a time is no list number
     assert check_intent(contexts, f"{marker}星辰X3 保修 5 年").code == "invented"
     assert check_intent(contexts, "1.5 年 星辰X3 保修").code == "invented"
+
+
+TSINGHUA = ["清华大学开放参观吗？", "开放，需要预约。"]
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "code"),
+    [
+        ("清华大学 对了，它里面游玩时间要用多久？", "kept"),  # the reference's shape: a name from the history
+        ("对了，它里面游玩时间要用多久？ 清华大学", "kept"),
+        ("清华大学 游玩需要多长时间", "kept"),  # a paraphrase inside the question is no invention
+        ("清华大学游玩时间", "kept"),  # keywords, no question word
+        ("对了，它里面游玩时间要用多久？ 红烧肉", "invented"),  # Gemma's warm-up: the prompt's example dish
+        ("对了，它里面游玩时间要用多久？ 赶快赶快赶快赶快赶快赶快", "garbled"),  # a decoding loop
+    ],
+)
+def test_words_beside_the_question_loops_and_unrelated_text(rewrite: str, code: str) -> None:
+    assert check_intent(_contexts(TSINGHUA, "对了，它里面游玩时间要用多久？"), rewrite).code == code
+
+
+def test_a_rewrite_that_asks_nothing_and_shares_no_word_drops_the_question() -> None:
+    contexts = _contexts(TSINGHUA, "能玩多久呢？")  # no content word, no known question type
+    assert check_intent(contexts, "1. 答复：").code == "question_dropped"
+    assert check_intent(contexts, "清华大学 游玩时长").kept  # a name of the conversation
+
+
+def test_a_loop_the_customer_wrote_is_no_garble() -> None:
+    contexts = _contexts(TSINGHUA, "哈哈哈哈，那门票多少钱？")
+    assert check_intent(contexts, "哈哈哈哈，清华大学门票多少钱？").kept
+    assert check_intent(contexts, "清华大学门票多少钱？ 钱钱钱钱").code == "garbled"
