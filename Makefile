@@ -140,13 +140,14 @@ gpu-wheels:
 	bash tools/gpu_wheels.sh
 
 # the suite on two pytest-xdist workers (the machine's two cores; most tests run one thread); the Ray tests
-# stay together on one of them (tests/conftest.py): 11 min 7 s here instead of 18 min 12 s on one
+# stay together on one of them (tests/conftest.py): 11 min 7 s here instead of 18 min 12 s on one; the 15
+# slowest tests are listed at the end, to see where the time goes
 test: lint pytest
 
 pytest: $(STAMP) $(FONTS) $(BROWSER)
 	QUERYRL_REQUIRE_CJK_FONT=$$(test -f $(FONTS) && grep -q installed $(FONTS) && echo 1) \
 	QUERYRL_REQUIRE_BROWSER=$$(test -f $(BROWSER) && grep -q installed $(BROWSER) && echo 1) $(BIN)/python -m pytest -q \
-	-n 2 --dist loadgroup
+	-n 2 --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check queryrl tests tools benchmarks
