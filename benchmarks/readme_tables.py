@@ -102,7 +102,55 @@ def judge_calls_section(d: dict[str, Any]) -> str:
     return table(head, rows)
 
 
+REAL_SYSTEMS = ("concat_last3", "reference", "zero_shot", "ref_sft", "warmup", "grpo")
+REAL_DIFFS = ("grpo-warmup", "warmup-zero_shot", "grpo-concat_last3", "grpo-reference", "warmup-ref_sft")
+
+
+def _diff(c: dict[str, Any] | None, metric: str = "recall@5") -> str:
+    if not c or metric not in c:
+        return "-"
+    m = c[metric]
+    return f"{m['diff']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}]"
+
+
+def real_model_section(runs: list[dict[str, Any]]) -> str:
+    """bench-real, one row per (run, system): held-out Recall@5 (all, context-dependent), format, intent kept;
+    then one row per run with the paired differences of Recall@5."""
+    rows = []
+    for d in runs:
+        seed = d["data"]["split_seed"]
+        for name in REAL_SYSTEMS:
+            m = d["final_eval"].get(name)
+            if m is None:
+                continue
+            ci = f"{m['recall@5']:.3f} [{m['recall@5_low']:.3f}, {m['recall@5_high']:.3f}]"
+            rows.append(
+                [seed, name, ci, f"{m['ctx_dep_recall@5']:.3f}", f"{m['format_ok']:.3f}", f"{m['intent_kept']:.3f}"]
+            )
+    out = [table(["split seed", "system", "Recall@5 [95 % CI]", "ctx-dep Recall@5", "format", "intent kept"], rows)]
+    diffs = []
+    for d in runs:
+        ctx = {k: d["final_eval"][k]["ctx_dep_recall@5"] for k in ("grpo", "concat_last3", "reference")}
+        ratio = f"{ctx['grpo'] / ctx['concat_last3']:.2f}x" if ctx["concat_last3"] else "-"
+        diffs.append(
+            [
+                d["data"]["split_seed"],
+                d["data"]["eval_rows"],
+                *(_diff(d["comparisons"].get(k)) for k in REAL_DIFFS),
+                ratio,
+                f"{ctx['grpo']:.3f} / {ctx['reference']:.3f}",
+            ]
+        )
+    head = ["split seed", "rows", *REAL_DIFFS, "ctx-dep grpo / concat_last3", "ctx-dep grpo / reference"]
+    out.append(table(head, diffs))
+    return "\n\n".join(out)
+
+
 def main() -> None:
+    seeds = sorted(RESULTS.glob("real_model_*_seed*.json"))
+    if seeds:
+        names = ", ".join(p.name for p in seeds)
+        print(f"<!-- {names} -->\n{real_model_section([json.loads(p.read_text()) for p in seeds])}\n")
     for name, render in (
         ("trl_vs_queryrl.json", trl_section),
         ("decode_paths.json", decode_section),
