@@ -196,7 +196,12 @@ def test_the_config_key_reaches_the_query_rewrite_reward_client(rag_service: str
 def test_the_judge_server_compares_keys_and_keeps_health_open(token: str) -> None:
     app = judge_server.make_app(constant_judge, api_key=token)
     with running_server(app, max_lifetime_s=60) as url, httpx.Client(timeout=10) as http:
-        wrong = http.get(f"{url}/models", headers={"Authorization": "Bearer " + token[:-1] + "x"})
+        wrong = http.get(f"{url}/models", headers={"Authorization": "Bearer " + _wrong(token)})
         ok = http.get(f"{url}/models", headers={"Authorization": f"Bearer {token}"})
         health = http.get(url.removesuffix("/v1") + "/health")
     assert (wrong.status_code, ok.status_code, health.status_code) == (401, 200, 200)
+
+
+def _wrong(token: str) -> str:
+    """`token` with its last character changed: certainly another key (a token ending in "x" stays wrong)."""
+    return token[:-1] + ("y" if token.endswith("x") else "x")
