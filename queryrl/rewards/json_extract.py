@@ -43,6 +43,8 @@ import json
 import re
 from typing import Any
 
+from queryrl.redaction import redact
+
 MAX_CHARS = 1_000_000
 MAX_STARTS = 1_000
 
@@ -296,3 +298,18 @@ def _validate_array(obj: list[Any], schema: dict[str, Any], path: str) -> list[s
         for k, item in enumerate(obj):
             problems += validate(item, schema["items"], f"{path}[{k}]")
     return problems
+
+
+def parse_verdict(raw: str, schema: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str | None]:
+    """(verdict, None) or (None, why): the first JSON object in `raw` that passes `schema`."""
+    objects = json_objects(raw)
+    if not objects:
+        # redacted before the cut: a server echoing the key must not leave its first characters here
+        return None, f"unparseable verdict: no JSON object in the reply ({redact(raw)[:120]!r})"
+    if schema is None:
+        return objects[0], None
+    for obj in objects:
+        if not validate(obj, schema):
+            return obj, None
+    problems = validate(objects[0], schema)
+    return None, "schema-invalid verdict: " + "; ".join(problems[:5])

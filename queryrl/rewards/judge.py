@@ -8,23 +8,9 @@ and per-step accounting. Used by the query-rewrite judge (ARCHITECTURE.md §6) a
         ...  # failed: result.error says why. Never replace it with a neutral score (seed 000 returns 0.5).
     metrics = collect_judge_metrics()  # the trainer, once per step: judge/* summed over every live client
 
-Failure policy. HTTP 408, 409, 429, 5xx, timeouts (``timeout_s`` per attempt, the whole attempt) and
-connection errors are retried up to ``max_retries`` times with exponential backoff and jitter (a
-``Retry-After`` / ``retry-after-ms`` header, capped at ``retry_after_max_s``, replaces the backoff). Every
-other 4xx (400 unsupported parameter, 401 bad key, 404 unknown model, ...) is the request's fault: it
-would fail again, so it is sent once and never retried (each retry would be a paid call). A call that
-still fails, a reply with no JSON object, and a JSON object that fails the schema give ``verdict=None``
-with ``error`` starting ``"call failed"``, ``"unparseable verdict"`` or ``"schema-invalid verdict"``; a
-failed call's error carries the server's own message, its ``param`` and ``code`` (e.g. ``HTTP 400:
-Unsupported value: 'temperature' does not support 0.0 with this model. ... [param=temperature,
-code=unsupported_value]``) and a hint naming the setting to change. An unparseable reply is not
-re-asked. A missing API key is a configuration error: :class:`JudgeConfigError` is raised, never
-retried (it names the variable, never a value). The policy itself lives in :mod:`.judge_policy`. A
-failure is logged as a warning the first time its text appears (then at debug level: a refused setting
-fails every sample alike). A request refused with such a 4xx is remembered for :data:`~.judge_memory.REFUSAL_TTL_S`:
-the same request again (a reward manager retrying the sample) gets the same failure without a paid call.
-:meth:`JudgeClient.check` tests the service (key, ``GET /models``, one tiny
-request with these settings) before a long job depends on it.
+Failure policy (:mod:`.judge_policy`): transient failures are retried with backoff, a request the server
+refuses is sent once, a failed judgment is ``verdict=None`` with ``error`` saying why, a missing key is
+:class:`JudgeConfigError`. :meth:`JudgeClient.check` tests the service before a long job depends on it.
 
 The API key is read from ``os.environ[api_key_env]`` at each request (the SDK's key-provider hook) and is
 never stored on the client, written to the cache, put in ``repr`` or in an error text (a server echoing
@@ -36,9 +22,6 @@ name ``token_limit_param`` (default ``max_completion_tokens``, which OpenAI's re
 current servers accept; ``"max_tokens"`` for old servers), ``reasoning_effort`` (``minimal`` / ``low`` /
 ``medium`` / ``high``, ...; None: not sent) and ``extra_body`` (merged into the JSON body as given).
 
-Cache. With ``cache_dir``, successful verdicts are kept on disk by the request's hash
-(:class:`~.judge_memory.VerdictCache`).
-
 Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last pop):
 
 - ``judge/requests``: ``judge()`` invocations (cache hits included);
@@ -47,16 +30,16 @@ Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last p
   ``failed`` whose call succeeded but whose reply was unparseable or schema-invalid;
   ``judge/client_errors``: the part of ``failed`` answered with a 4xx that is not retried (a setting the
   server rejects, a bad key, an unknown model); ``judge/repeat_refusals``: the part of ``failed`` that was
-  such a refusal remembered, not re-sent (see below); ``judge/config_errors``: :class:`JudgeConfigError` raised;
+  such a refusal remembered, not re-sent; ``judge/config_errors``: :class:`JudgeConfigError` raised;
 - ``judge/prompt_tokens``, ``judge/completion_tokens``: the API's ``usage`` (0 when absent);
 - ``judge/latency_s``: seconds spent in HTTP calls, summed over calls (failed and retried ones too);
   ``judge/latency_s_mean`` = ``latency_s / calls``, recomputed after summing across clients.
 
-``JudgeResult.latency_s`` is one ``judge()``'s wall time after it got a concurrency slot: every
-attempt and backoff wait, not the queueing.
+``JudgeResult.latency_s``: one ``judge()``'s wall time from its concurrency slot on (attempts, waits).
 
 Concurrency: at most ``max_concurrency`` requests in flight per event loop (an ``asyncio.Semaphore``
-made lazily in the running loop, next to that loop's SDK client).
+made lazily in the running loop, next to that loop's SDK client). Cache: with ``cache_dir``, successful
+verdicts are kept on disk by the request's hash (:class:`~.judge_memory.VerdictCache`).
 """
 
 from __future__ import annotations
@@ -66,7 +49,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import threading
 import time
 import weakref
@@ -76,19 +58,20 @@ from typing import TYPE_CHECKING, Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from queryrl.redaction import add_secret, redact
-from queryrl.rewards.json_extract import json_objects, validate
+from queryrl.redaction import add_secret
+from queryrl.rewards.json_extract import parse_verdict
 from queryrl.rewards.judge_memory import JudgeResult, RefusalMemory, VerdictCache
 from queryrl.rewards.judge_policy import (
+    Backoff,
     JudgeConfigError,
     JudgeUnavailable,
     check_settings,
+    closest_names,
     config_error,
+    describe_error,
     is_client_error,
     is_retryable,
-    retry_after_s,
     scrub_echoed_key,
-    server_message,
 )
 
 if TYPE_CHECKING:  # openai takes ~1 s to import: only when a judge is used
@@ -153,18 +136,6 @@ def _read_key(env: str | None) -> str:
     return key
 
 
-def closest_names(name: str, known: list[str]) -> str:
-    """``"; did you mean 'a' or 'b'? (judge.model=a)"``: the names in `known` closest to `name`, or ``""``."""
-    import difflib
-
-    by_lower = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
-    if not close:
-        return ""
-    names = " or ".join(repr(by_lower[c]) for c in close)
-    return f"; did you mean {names}? (judge.model={by_lower[close[0]]})"
-
-
 class JudgeClient:
     """An LLM judge behind an OpenAI-compatible chat API (see the module doc for every policy).
 
@@ -183,9 +154,7 @@ class JudgeClient:
         reasoning_effort: sent when not None: ``minimal``, ``low``, ``medium``, ``high`` (also ``none``,
             ``xhigh`` for the models that take them).
         extra_body: extra JSON fields merged into the request body as given (the SDK's ``extra_body``).
-        backoff_base_s, backoff_max_s: the n-th retry waits uniform(b/2, b) with
-            ``b = min(backoff_max_s, backoff_base_s * 2**(n-1))``.
-        retry_after_max_s: cap on a server's ``Retry-After``.
+        backoff_base_s, backoff_max_s, retry_after_max_s: the wait before a retry (:class:`~.judge_policy.Backoff`).
     """
 
     def __init__(
@@ -442,19 +411,11 @@ class JudgeClient:
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._wait,
+            wait=Backoff(self.backoff_base_s, self.backoff_max_s, self.retry_after_max_s).wait,
             retry=retry_if_exception(is_retryable),
             before_sleep=self._before_sleep,
             reraise=True,
         )
-
-    def _wait(self, state: RetryCallState) -> float:
-        error = state.outcome.exception() if state.outcome is not None else None
-        after = retry_after_s(error)
-        if after is not None:
-            return min(after, self.retry_after_max_s)
-        cap = min(self.backoff_max_s, self.backoff_base_s * 2 ** (state.attempt_number - 1))
-        return random.uniform(cap / 2, cap)
 
     def _before_sleep(self, state: RetryCallState) -> None:
         self._add("judge/retries", 1)
@@ -462,17 +423,8 @@ class JudgeClient:
         log.debug("judge %s: retry %d after %s", self.model, state.attempt_number, self._describe(error))
 
     def _describe(self, error: BaseException | None) -> str:
-        import openai
-
-        if isinstance(error, openai.APIStatusError):
-            text = f"HTTP {error.status_code}: {server_message(error)}"
-        elif isinstance(error, openai.APITimeoutError | TimeoutError):
-            text = f"timed out after {self.timeout_s:g} s"
-        elif isinstance(error, openai.APIConnectionError):
-            text = f"connection error: {error.__cause__ or error}"
-        else:
-            text = f"{type(error).__name__}: {error}"
-        return self._scrub(text)[:600]  # scrubbed before the cut: a key cut in half would not be found
+        # scrubbed before the cut: a key cut in half would not be found
+        return self._scrub(describe_error(error, self.timeout_s))[:600]
 
     def _scrub(self, text: str) -> str:
         """`text` without the key: a server echoing it (or, as OpenAI does, a masked piece of it) is cut."""
@@ -528,21 +480,6 @@ class JudgeClient:
         with self._lock:
             stats, self._stats = self._stats, dict.fromkeys(STAT_KEYS, 0.0)
         return stats
-
-
-def parse_verdict(raw: str, schema: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str | None]:
-    """(verdict, None) or (None, why): the first JSON object in `raw` that passes `schema`."""
-    objects = json_objects(raw)
-    if not objects:
-        # redacted before the cut: a server echoing the key must not leave its first characters here
-        return None, f"unparseable verdict: no JSON object in the reply ({redact(raw)[:120]!r})"
-    if schema is None:
-        return objects[0], None
-    for obj in objects:
-        if not validate(obj, schema):
-            return obj, None
-    problems = validate(objects[0], schema)
-    return None, "schema-invalid verdict: " + "; ".join(problems[:5])
 
 
 def collect_judge_metrics() -> dict[str, float]:

@@ -5,14 +5,30 @@ request itself is wrong: a parameter the model refuses, the key, the model name;
 paid call with the same answer) and :class:`JudgeConfigError` (a missing key variable), even when the SDK
 wraps it. A failed call reads as OpenAI's own ``error.message``, its ``param`` and ``code``, and a hint
 naming the judge setting to change (:func:`server_message`).
+
+How :class:`~.judge.JudgeClient` applies it: a retryable failure is re-sent up to ``max_retries`` times
+(``timeout_s`` per attempt, the whole attempt) after :class:`Backoff`'s wait; a refused request is sent once
+(each retry would be a paid call) and remembered for :data:`~.judge_memory.REFUSAL_TTL_S`, so the same request
+again (a reward manager retrying the sample) gets the same failure unpaid. A call that still fails, a reply
+with no JSON object and a JSON object that fails the schema give ``verdict=None`` with ``error`` starting
+``"call failed"``, ``"unparseable verdict"`` or ``"schema-invalid verdict"``; a failed call's error carries
+the server's message, ``param`` and ``code`` (e.g. ``HTTP 400: Unsupported value: 'temperature' does not
+support 0.0 with this model. ... [param=temperature, code=unsupported_value]``) and the hint. An
+unparseable reply is not re-asked. A missing key raises :class:`JudgeConfigError`, never retried (it names
+the variable, never a value). A failure is logged as a warning the first time its text appears, then at
+debug level (a refused setting fails every sample alike).
 """
 
 from __future__ import annotations
 
 import email.utils
+import random
 import re
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from tenacity import RetryCallState
 
 if TYPE_CHECKING:
     import openai
@@ -137,3 +153,46 @@ def retry_after_s(error: BaseException | None) -> float | None:
             return max(0.0, when.timestamp() - time.time())
     except (ValueError, TypeError, OverflowError):
         return None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait before a retry: the n-th waits uniform(b/2, b) with ``b = min(max_s, base_s * 2**(n-1))``; a
+    server's ``Retry-After`` / ``retry-after-ms`` (capped at `retry_after_max_s`) replaces it."""
+
+    base_s: float = 0.5
+    max_s: float = 8.0
+    retry_after_max_s: float = 30.0
+
+    def wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome is not None else None
+        after = retry_after_s(error)
+        if after is not None:
+            return min(after, self.retry_after_max_s)
+        cap = min(self.max_s, self.base_s * 2 ** (state.attempt_number - 1))
+        return random.uniform(cap / 2, cap)
+
+
+def describe_error(error: BaseException | None, timeout_s: float) -> str:
+    """One line for a failed call: the HTTP status and the server's message, a timeout, a connection error."""
+    import openai
+
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code}: {server_message(error)}"
+    if isinstance(error, openai.APITimeoutError | TimeoutError):
+        return f"timed out after {timeout_s:g} s"
+    if isinstance(error, openai.APIConnectionError):
+        return f"connection error: {error.__cause__ or error}"
+    return f"{type(error).__name__}: {error}"
+
+
+def closest_names(name: str, known: list[str]) -> str:
+    """``"; did you mean 'a' or 'b'? (judge.model=a)"``: the names in `known` closest to `name`, or ``""``."""
+    import difflib
+
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    names = " or ".join(repr(by_lower[c]) for c in close)
+    return f"; did you mean {names}? (judge.model={by_lower[close[0]]})"

@@ -18,8 +18,8 @@ from queryrl.apps.query_rewrite.judging import (
     quality_from_verdict,
     swap_verdict,
 )
-from queryrl.rewards.json_extract import validate
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, parse_verdict
+from queryrl.rewards.json_extract import parse_verdict, validate
+from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
 
 CONTEXTS = [
     {"role": "user", "content": "X1 手机多少钱"},
