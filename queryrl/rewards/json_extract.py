@@ -40,6 +40,7 @@ Problems read ``"$.score.8b.sum: expected number, got str"``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -253,6 +254,8 @@ def validate(obj: Any, schema: dict[str, Any], path: str = "$") -> list[str]:
         if "maxLength" in schema and len(obj) > schema["maxLength"]:
             problems.append(f"{path}: longer than {schema['maxLength']} characters")
     elif isinstance(obj, int | float) and not isinstance(obj, bool):
+        if not math.isfinite(obj):  # JSON has no NaN or Infinity (Python's json reads them): NaN passes every bound
+            return [f"{path}: {obj!r} is not a finite number"]
         if "minimum" in schema and obj < schema["minimum"]:
             problems.append(f"{path}: {obj!r} < minimum {schema['minimum']!r}")
         if "maximum" in schema and obj > schema["maximum"]:

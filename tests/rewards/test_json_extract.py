@@ -210,3 +210,17 @@ def test_schema_typos_fail_loudly() -> None:
     with pytest.raises(ValueError, match="unknown type"):
         validate({}, {"type": "dict"})
     assert validate({}, {"type": "object", "title": "t", "description": "annotations are fine"}) == []
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_number_fails_the_schema_where_the_verdict_is_read(value: str) -> None:
+    """NaN < 0 and NaN > 40 are both false: without the check a NaN sum passed the rubric's bounds."""
+    from queryrl.rewards.json_extract import parse_verdict
+    from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
+
+    reply = f'{{"better": "8b", "score": {{"8b": {{"sum": {value}}}, "32b": {{"sum": 20}}}}}}'
+    verdict, error = parse_verdict(reply, PAIRWISE_VERDICT_SCHEMA)
+    assert verdict is None
+    assert error is not None
+    assert "is not a finite number" in error
+    assert validate(30.0, {"type": "number", "minimum": 0, "maximum": 40}) == []
