@@ -24,8 +24,8 @@ current servers accept; ``"max_tokens"`` for old servers), ``reasoning_effort`` 
 
 Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last pop):
 
-- ``judge/requests``: ``judge()`` invocations (cache hits included);
-- ``judge/calls``: HTTP requests sent, retries included; ``judge/retries``: the re-sends among them;
+- ``judge/requests``: ``judge()`` invocations (cache hits included); ``judge/calls``: HTTP requests sent,
+  retries included; ``judge/retries``: the re-sends among them;
 - ``judge/cache_hits``; ``judge/failed``: results with ``verdict=None``; ``judge/invalid``: the part of
   ``failed`` whose call succeeded but whose reply was unparseable or schema-invalid;
   ``judge/client_errors``: the part of ``failed`` answered with a 4xx that is not retried (a setting the
@@ -193,9 +193,7 @@ class JudgeClient:
         self.token_limit_param = token_limit_param
         self.reasoning_effort = reasoning_effort
         self.extra_body = dict(extra_body) if extra_body else None
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.retry_after_max_s = retry_after_max_s
+        self._backoff = Backoff(backoff_base_s, backoff_max_s, retry_after_max_s)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(STAT_KEYS, 0.0)
@@ -411,7 +409,7 @@ class JudgeClient:
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
-            wait=Backoff(self.backoff_base_s, self.backoff_max_s, self.retry_after_max_s).wait,
+            wait=self._backoff.wait,
             retry=retry_if_exception(is_retryable),
             before_sleep=self._before_sleep,
             reraise=True,
