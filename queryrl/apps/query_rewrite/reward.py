@@ -10,7 +10,8 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward_modes.mix_rewards`
 
 - ``judge``: ``2q - 1`` in [-1, 1] (``group_judge``), ``q`` from the offline judge (gold documents, no
   LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
-- ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2];
+- ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2], among the service's
+  documents (``rag.rank_depth`` of them where set, the first ``top_k`` of which the judge sees);
 - ``format``: 1 when the output parses and the query is within ``max_query_chars``. A ``text``-format row
   (``extra_info.answer_format``, :mod:`~.prompts`) is read by :func:`~.prompts.parse_text_answer`: its first
   line is the query; more text after it is retrieved with the same, with ``format`` 0
@@ -194,6 +195,18 @@ def _unparsed_score(kwargs: Mapping[str, Any], info: Mapping[str, Any], weights:
     return {"score": score, **out0, **_NOT_CUT}
 
 
+def fetch_depth(kwargs: Mapping[str, Any]) -> int:
+    """The documents asked of the embedded service: ``rank_depth`` where set (deeper than ``top_k``), else
+    ``top_k``."""
+    return max(int(kwargs["top_k"]), int(kwargs.get("rank_depth") or 0))
+
+
+def first_documents(result: Mapping[str, Any], k: int) -> dict[str, Any]:
+    """`result` with only its first `k` documents (what the judge, recall@5 and the samples files see when
+    the rank reward read deeper)."""
+    return {**result, "response": list(result.get("response") or [])[:k]}
+
+
 async def _retrieve_both(
     kwargs: Mapping[str, Any],
     info: Mapping[str, Any],
@@ -209,7 +222,7 @@ async def _retrieve_both(
         history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
         rewritten_query=query,
     )
-    rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), int(kwargs["top_k"])
+    rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), fetch_depth(kwargs)
     timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
     embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
     fields_map = kwargs.get("rag_document_fields")
@@ -248,7 +261,9 @@ async def compute_score(
             ``judge_max_tokens``, ``judge_token_limit_param``, ``judge_reasoning_effort``,
             ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
             ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
-            ``top_k`` (5), ``max_query_chars`` (256), ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
+            ``top_k`` (5), ``rank_depth`` (None: ``top_k``; the documents the rank reward ranks gold among,
+            the first ``top_k`` of them what the judge and recall@5 see), ``max_query_chars`` (256),
+            ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
             ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent),
             ``intent_penalty`` (subtracted when the rewrite changes the intent; 0: off).
 
@@ -310,6 +325,9 @@ async def compute_score(
     # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
     cut["empty_query"] = float(not query)
     candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
+    ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
+    if kwargs.get("rank_depth"):
+        candidate, reference = first_documents(candidate, top_k), first_documents(reference, top_k)
 
     out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
@@ -325,7 +343,7 @@ async def compute_score(
     }
     cand_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]
     ref_ids = [str(d.get("doc_id")) for d in reference.get("response") or []]
-    rank = retrieval_rank_reward(cand_ids, gold) if gold else None
+    rank = retrieval_rank_reward(ranked_ids, gold) if gold else None
     if rank is None:
         weights.pop("retrieval_rank")  # no gold: not applicable, its weight is dropped
     else:

@@ -68,6 +68,7 @@ def reward_kwargs(cfg: DictConfig) -> dict[str, Any]:
         "rag_document_fields": dict(qr.rag.document_fields) or None,
         "corpus": qr.rag.corpus,
         "top_k": qr.rag.top_k,
+        "rank_depth": qr.rag.rank_depth,
         "rag_timeout_s": qr.rag.timeout_s,
         "rag_max_retries": qr.rag.max_retries,
         "max_query_chars": qr.max_query_chars,
