@@ -73,10 +73,18 @@ def check_bind(host: str, token: str | None, service: str) -> None:
         raise TokenError(f"{service}: the token is {len(token)} characters; use at least {MIN_TOKEN_CHARS}")
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (the scheme in any case, RFC 7235); None for a
+    missing header, another scheme or a bare token without ``Bearer``."""
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    return given.strip() or None if scheme.lower() == "bearer" else None
+
+
 def bearer_matches(authorization: str | None, token: str) -> bool:
-    """Whether an ``Authorization`` header carries `token` as a bearer token (constant-time compare)."""
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given.encode(), token.encode())
+    """Whether an ``Authorization`` header carries `token` as a bearer token (constant-time compare); a bare
+    token without ``Bearer`` does not."""
+    given = bearer_token(authorization)
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
 def bearer_header(token_env: str | None, what: str) -> dict[str, str]:

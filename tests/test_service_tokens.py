@@ -97,6 +97,9 @@ def test_bearer_comparison() -> None:
     assert not bearer_matches("Bearer abcdefghijklmnoq", "abcdefghijklmnop")
     assert not bearer_matches(None, "abcdefghijklmnop")
     assert not bearer_matches("Bearer 令牌", "abcdefghijklmnop")  # non-ASCII does not raise
+    assert bearer_matches("bearer abcdefghijklmnop", "abcdefghijklmnop")  # the scheme in any case (RFC 7235)
+    assert not bearer_matches("abcdefghijklmnop", "abcdefghijklmnop")  # a bare token is not a bearer token
+    assert not bearer_matches("Basic abcdefghijklmnop", "abcdefghijklmnop")
 
 
 # ---- the CLI refuses before loading or binding anything ----
@@ -145,9 +148,10 @@ def test_the_rag_service_wants_the_bearer_token(rag_service: str, token: str) ->
         refused = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS)
         wrong = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": "Bearer " + "x" * 32})
         docs = http.get(f"{rag_service}/docs")
+        bare = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": token})
         health = http.get(f"{rag_service}/health")
         ok = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": f"Bearer {token}"})
-    assert (refused.status_code, wrong.status_code, docs.status_code) == (401, 401, 401)
+    assert (refused.status_code, wrong.status_code, docs.status_code, bare.status_code) == (401, 401, 401, 401)
     assert refused.headers["www-authenticate"] == "Bearer"
     assert "token_env" in refused.json()["detail"]
     assert token not in refused.text + wrong.text
@@ -199,7 +203,14 @@ def test_the_judge_server_compares_keys_and_keeps_health_open(token: str) -> Non
         wrong = http.get(f"{url}/models", headers={"Authorization": "Bearer " + _wrong(token)})
         ok = http.get(f"{url}/models", headers={"Authorization": f"Bearer {token}"})
         health = http.get(url.removesuffix("/v1") + "/health")
+        bare = http.get(f"{url}/models", headers={"Authorization": token})
+        root = url.removesuffix("/v1")
+        docs, schema = http.get(f"{root}/docs"), http.get(f"{root}/openapi.json")
+        docs_ok = http.get(f"{root}/openapi.json", headers={"Authorization": f"Bearer {token}"})
     assert (wrong.status_code, ok.status_code, health.status_code) == (401, 200, 200)
+    assert bare.status_code == 401 and "Bearer" in bare.json()["error"]["message"]  # how to send it
+    assert (docs.status_code, schema.status_code, docs_ok.status_code) == (401, 401, 200)
+    assert token not in bare.text + docs.text + schema.text
 
 
 def _wrong(token: str) -> str:

@@ -15,7 +15,8 @@ summed over the messages' contents for ``prompt_tokens``. A ``max_tokens`` limit
 
 Strict mode (``strict=True``): the request is checked as OpenAI's API checks it, and refused with its
 status, message and ``param`` / ``code`` (:mod:`.openai_rules`). With ``api_key`` (either mode) every
-``/v1`` route wants ``Authorization: Bearer <api_key>``, answered as OpenAI answers it.
+route but ``GET /health`` (FastAPI's ``/docs`` and ``/openapi.json`` too) wants ``Authorization: Bearer
+<api_key>`` (a bare key without ``Bearer`` is refused), answered as OpenAI answers it.
 ``list_models=False`` serves no ``/v1/models`` (404), like some servers.
 
 Built-in judges (:func:`load_judge_function`). ``constant`` and ``length`` answer the query-rewrite
@@ -169,6 +170,18 @@ def make_app(
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    if api_key is not None:  # every other route too (FastAPI's /docs, /openapi.json): the key or 401
+
+        @app.middleware("http")
+        async def check_key(request: Request, call_next: Any) -> Any:
+            path = request.url.path
+            refused = (
+                None
+                if path == "/health" or path.startswith("/v1/")
+                else rules.auth(request.headers.get("authorization"))
+            )
+            return refused if refused is not None else await call_next(request)
 
     if list_models:
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from queryrl.service_auth import bearer_matches
+from queryrl.service_auth import bearer_matches, bearer_token
 
 
 def api_error(
@@ -155,8 +155,8 @@ class ServerRules:
         """401 as OpenAI answers it, when a key is configured and this one is missing or wrong."""
         if self.api_key is None:
             return None
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not given:
+        given = bearer_token(authorization)
+        if given is None:  # no header, another scheme, or a bare key without "Bearer "
             message = (
                 "You didn't provide an API key. You need to provide your API key in an Authorization header "
                 f"using Bearer auth (i.e. Authorization: Bearer YOUR_KEY). {KEY_HELP}"
