@@ -320,6 +320,13 @@ def probe(python: str) -> Isolation:
             parent = None
         if parent is None:
             logger.warning("code sandbox: no writable pids cgroup: only RLIMIT_NPROC limits processes (not as root)")
+        if "--user" not in prefix:  # the fallback: said once (probe is cached per interpreter)
+            logger.warning(
+                "code sandbox: user namespaces are refused here (%s); confining without one: the sandboxed "
+                "code's root is the host's root inside the other namespaces (allow user namespaces, e.g. "
+                "sysctl user.max_user_namespaces=15000, to map it to an unprivileged user)",
+                errors[0],
+            )
         return Isolation(prefix, binds, parent)
     raise IsolationUnavailable(f"code sandbox: no isolation works here ({'; '.join(errors)}); {HOW_TO_GET_ISOLATION}")
 

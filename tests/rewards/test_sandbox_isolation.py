@@ -113,6 +113,35 @@ def test_the_refusal_names_why_the_probe_failed(no_isolation: None) -> None:
     assert "Operation not permitted" in run_code("print(1)").stderr
 
 
+@pytest.mark.skipif(not ISOLATED or os.geteuid() != 0, reason="the fallback without a user namespace is for root")
+def test_the_fallback_without_a_user_namespace_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Root where user namespaces are refused (an `unshare` that refuses ``--user``) still confines, and says so."""
+    real = subprocess.run(["sh", "-c", "command -v unshare"], capture_output=True, text=True).stdout.strip()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "unshare"
+    fake.write_text(
+        '#!/bin/sh\ncase " $* " in *" --user "*) echo "unshare: unshare failed: Operation not permitted" >&2; '
+        f'exit 1;; esac\nexec {real} "$@"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    _clear_probes()
+    try:
+        with caplog.at_level(logging.WARNING, logger="queryrl.rewards.sandbox"):
+            first, second = run_code("print('ran')"), run_code("print('ran')")
+    finally:
+        monkeypatch.undo()
+        _clear_probes()
+    assert (first.status, first.stdout, second.status) == ("ok", "ran\n", "ok")
+    warnings = [r.getMessage() for r in caplog.records if "user namespaces are refused" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "Operation not permitted" in warnings[0]
+    assert "host's root" in warnings[0]
+
+
 @pytest.mark.parametrize("no_isolation", ["refused"], indirect=True)
 def test_isolation_none_is_explicit_and_warns_once(no_isolation: None, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="queryrl.rewards.sandbox"):
