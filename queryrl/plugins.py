@@ -57,7 +57,7 @@ def import_file(file: Path, what: str) -> ModuleType:
             the original error's type and text).
     """
     if not file.is_file():
-        raise PluginError(f"{what} {str(file)!r} not found")
+        raise PluginError(f"{what} {str(file)!r} {not_a_file(file)}")
     module_name = file_module_name(file)
     spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
@@ -70,6 +70,14 @@ def import_file(file: Path, what: str) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise PluginError(f"{what} {str(file)!r} failed to import: {type(e).__name__}: {e}") from e
     return module
+
+
+def not_a_file(path: Path) -> str:
+    """Why `path` cannot be read as a file, in words: ``is a folder, not a file``, ``is not a regular file``
+    (a device, a socket, a pipe) or ``not found``."""
+    if path.is_dir():
+        return "is a folder, not a file"
+    return "is not a regular file" if path.exists() else "not found"
 
 
 def _file_of(target: str, base: Path | None) -> Path | None:
@@ -131,7 +139,7 @@ def load_callable(
     else:
         file = path.resolve()
         if not file.is_file():
-            raise PluginError(f"{prefix}: file {target!r} not found (looked at {file})")
+            raise PluginError(f"{prefix}: file {target!r} {not_a_file(file)} (looked at {file})")
         module, where = import_file(file, f"{prefix}: file"), f"file {str(file)!r}"
     if not hasattr(module, attr):
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))

@@ -72,6 +72,15 @@ def test_a_missing_reward_file(tmp_path: Path, model_cache: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_folder_where_a_file_belongs_is_called_a_folder(tmp_path: Path, model_cache: Path) -> None:
+    folder = tmp_path / "my_reward.py"
+    folder.mkdir()
+    assert_one_line(train(tmp_path, model_cache, f"reward.function.path={folder}"), str(folder), "is a folder")
+    result = runner.invoke(app, ["train", "--config", str(tmp_path)])
+    assert_one_line(result, f"config file {tmp_path} is a folder, not a file")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_reward_file_that_fails_to_import(tmp_path: Path, model_cache: Path) -> None:
     broken = tmp_path / "broken_reward.py"
     broken.write_text("import a_module_that_is_not_installed\n")

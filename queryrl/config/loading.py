@@ -17,6 +17,7 @@ from queryrl.atomic import atomic_write_text
 from queryrl.config.aliases import VERL_WITHOUT_MEANING, all_aliases, translate_key
 from queryrl.config.schema import ConfigError, build_schema
 from queryrl.config.validation import validate
+from queryrl.plugins import not_a_file
 
 # dict-typed fields whose keys are the user's
 _FREE_FORM = ("reward.kwargs",)  # and each application's `free_form`
@@ -125,7 +126,7 @@ def _apply(cfg: DictConfig, items: list[tuple[str, Any, str]]) -> list[str]:
 
 def _file_items(path: Path) -> list[tuple[str, Any, str]]:
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
+        raise ConfigError(f"config file {path} {'does not exist' if not path.exists() else not_a_file(path)}")
     try:
         raw = OmegaConf.to_container(OmegaConf.load(path))
         # the text of each plain scalar, from the same nodes OmegaConf read
