@@ -47,7 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.log_files import parse_time
+from queryrl.apps.query_rewrite.log_files import UNCOMPUTED_HELP, Uncomputed, parse_time
 from queryrl.apps.query_rewrite.log_import import (
     FIELDS,
     REQUIRED,
@@ -150,6 +150,11 @@ def parse_doc_ids(value: Any) -> list[str]:
     raise ValueError(f"expected a list or a separated string of ids, got {type(value).__name__}")
 
 
+def _missing(value: Any) -> str:
+    """What a blank required cell is: a formula without a saved result (with the way out), or a missing value."""
+    return UNCOMPUTED_HELP.format(formula=value.formula) if isinstance(value, Uncomputed) else "missing value"
+
+
 def _parse_message(
     values: Mapping[str, Any], columns: Mapping[str, str], role: str, time_required: bool
 ) -> tuple[str, Message, list[tuple[str, str]]]:
@@ -158,7 +163,7 @@ def _parse_message(
     get = values.get
     for name in REQUIRED:
         if blank(get(name)):
-            problems.append((columns[name], "missing value"))
+            problems.append((columns[name], _missing(get(name))))
     turn: int | None = None
     if not blank(get("turn")):
         try:
@@ -175,7 +180,7 @@ def _parse_message(
         except ValueError as exc:
             problems.append((columns["time"], str(exc)))
     elif time_required:
-        problems.append((columns["time"], "missing value (the messages are ordered by it)"))
+        problems.append((columns["time"], _missing(get("time")) + " (the messages are ordered by it)"))
     gold: list[str] = []
     try:
         gold = parse_doc_ids(get("gold_doc_ids"))

@@ -12,6 +12,7 @@ import csv
 import math
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,18 +20,61 @@ from typing import Any
 from queryrl.data.records import DataError
 
 
+@dataclass(frozen=True)
+class Uncomputed:
+    """A formula cell of an ``.xlsx`` file that holds no computed result (the file was written by a program that
+    does not compute formulas, e.g. a script with openpyxl): read as blank, reported as what it is."""
+
+    formula: str
+
+    def __str__(self) -> str:
+        return ""
+
+
+UNCOMPUTED_HELP = (
+    "a formula without a saved result ({formula}; the file was written by a program that does not compute "
+    "formulas): open the file in Excel or LibreOffice and save it, or export it as CSV"
+)
+
+
+def _sheet_rows(sheet: Any) -> list[tuple[Any, ...]]:
+    # some exporters write a wrong <dimension> (e.g. "A1"); read-only mode would trust it and cut rows
+    sheet.reset_dimensions()
+    return [tuple(r) for r in sheet.iter_rows(min_row=1, values_only=True)]
+
+
 def _xlsx_grids(source: Any) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
     import openpyxl
 
-    # read-only streams the sheet; data_only gives a formula's last computed value
+    # read-only streams the sheet; data_only gives a formula's last computed value (None where none was saved)
     book = openpyxl.load_workbook(source, read_only=True, data_only=True)
     try:
-        for sheet in book.worksheets:
-            # some exporters write a wrong <dimension> (e.g. "A1"); read-only mode would trust it and cut rows
-            sheet.reset_dimensions()
-            yield sheet.title, [tuple(r) for r in sheet.iter_rows(min_row=1, values_only=True)]
+        grids = [(sheet.title, _sheet_rows(sheet)) for sheet in book.worksheets]
     finally:
         book.close()
+    if any(cell is None for _, grid in grids for row in grid for cell in row):  # blanks: formulas among them?
+        if hasattr(source, "seek"):
+            source.seek(0)
+        formulas = openpyxl.load_workbook(source, read_only=True, data_only=False)
+        try:
+            grids = [(title, _mark_uncomputed(grid, _sheet_rows(formulas[title]))) for title, grid in grids]
+        finally:
+            formulas.close()
+    yield from grids
+
+
+def _mark_uncomputed(values: list[tuple[Any, ...]], formulas: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """`values` with each blank cell whose twin in `formulas` is a formula replaced by :class:`Uncomputed`."""
+    out = []
+    for row, twin in zip(values, formulas, strict=False):
+        out.append(
+            tuple(
+                Uncomputed(f) if v is None and isinstance(f, str) and f.startswith("=") else v
+                for v, f in zip(row, twin, strict=False)
+            )
+            + row[len(twin) :]
+        )
+    return out + values[len(out) :]
 
 
 def _xls_grids(path: Path) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:

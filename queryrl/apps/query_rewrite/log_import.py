@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.log_files import read_grids
+from queryrl.apps.query_rewrite.log_files import Uncomputed, read_grids
 from queryrl.data.records import DataError, iter_json_lines
 
 
@@ -105,8 +105,8 @@ def _norm(name: Any) -> str:
 
 
 def blank(value: Any) -> bool:
-    """None, NaN, or whitespace only."""
-    if value is None:
+    """None, NaN, whitespace only, or a formula without a saved result (:class:`~.log_files.Uncomputed`)."""
+    if value is None or isinstance(value, Uncomputed):
         return True
     if isinstance(value, float) and math.isnan(value):
         return True
@@ -344,6 +344,8 @@ def fill_down(table: Table) -> Counter[str]:
                 "conversation_id"
             )
             for name in fields:
+                if isinstance(values.get(name), Uncomputed):  # a formula's missing result is reported, not filled
+                    continue
                 if blank(values.get(name)) and not blank(previous.get(name)) and (same or name == "conversation_id"):
                     values[name] = previous[name]
                     filled[table.columns[name]] += 1

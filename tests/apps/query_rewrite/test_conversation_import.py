@@ -202,6 +202,21 @@ def test_message_text_never_fills_down_and_no_fill_down_turns_it_off(tmp_path: P
         load_conversations(export)
 
 
+def test_a_formula_without_a_saved_result_is_named_with_the_way_out(tmp_path: Path) -> None:
+    """openpyxl (and other scripts) write formulas without computing them: the cell is not just "missing"."""
+    export = build_export(tmp_path / "logs.xlsx")
+    book = openpyxl.load_workbook(export)
+    book["会话记录"].cell(4, 4).value = '=CONCAT("星辰 X3 ", "多少钱？")'  # S-1001's first user message
+    book.save(export)
+    with pytest.raises(DataError) as info:
+        load_conversations(export)
+    message = str(info.value)
+    assert "1 bad row(s)" in message
+    assert "row 4: column '消息内容': a formula without a saved result (=CONCAT(" in message
+    assert "open the file in Excel or LibreOffice and save it, or export it as CSV" in message
+    assert "missing value" not in message
+
+
 def test_header_row_option_and_header_detection_limits(tmp_path: Path) -> None:
     export = build_export(tmp_path / "logs.xlsx")
     assert len(load_conversations(export, header_row=2)) == 4
