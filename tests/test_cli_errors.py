@@ -61,6 +61,18 @@ def test_a_torn_jsonl_line(tmp_path: Path, model_cache: Path) -> None:
     assert_one_line(train(tmp_path, model_cache, f"data.train_files=[{bad}]"), str(bad), "line 2", "invalid JSON")
 
 
+def test_a_file_that_is_not_parquet_or_not_utf8(tmp_path: Path, model_cache: Path) -> None:
+    noise = tmp_path / "noise.parquet"
+    noise.write_bytes(bytes(range(256)) * 12)  # no parquet magic: pyarrow's ArrowInvalid was a 95-line traceback
+    assert_one_line(train(tmp_path, model_cache, f"data.train_files=[{noise}]"), str(noise), "cannot read parquet")
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(json.dumps({"data_source": "toy/target_string", "prompt": "caf\u00e9"}).encode() + b"\n")
+    latin.write_bytes(latin.read_bytes() + '{"data_source": "toy/target_string", "prompt": "café"}\n'.encode("latin-1"))
+    result = train(tmp_path, model_cache, f"data.train_files=[{latin}]")
+    assert_one_line(result, str(latin), "line 2", "not UTF-8")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_missing_data_file(tmp_path: Path, model_cache: Path) -> None:
     missing = tmp_path / "nowhere.parquet"
     assert_one_line(train(tmp_path, model_cache, f"data.train_files=[{missing}]"), str(missing), "does not exist")

@@ -250,3 +250,25 @@ def test_secrets_are_redacted_in_the_saved_config(tmp_path: Path) -> None:
 def test_an_unreadable_override_value_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"override 'data\.train_files=\[a': bad value"):
         load_config(None, ["data.train_files=[a"])
+
+
+def test_numeric_settings_out_of_range_are_one_line_naming_every_key() -> None:
+    """A negative learning rate reached torch's optimizer before (its ValueError); now the config names it."""
+    with pytest.raises(ConfigError, match=r"^actor\.lr must be > 0, got -1\.0$"):
+        load_config(None, ["actor.lr=-1"])
+    bad = ["actor.lr=0", "algo.gamma=1.5", "actor.clip_ratio_c=1", "rollout.top_p=0", "actor.kl_loss_coef=-0.1"]
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [*bad, "model.lora.dropout=nan"])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("6 settings out of range: ")
+    for part in (
+        "actor.lr must be > 0, got 0",
+        "algo.gamma must be in [0, 1], got 1.5",
+        "actor.clip_ratio_c must be > 1, got 1",
+        "rollout.top_p must be in (0, 1], got 0",
+        "actor.kl_loss_coef must be >= 0, got -0.1",
+        "model.lora.dropout must be in [0, 1), got nan",
+    ):
+        assert part in message
+    load_config(None, ["actor.lr=3e-4", "algo.gamma=1", "rollout.top_p=1", "model.lora.dropout=0.05"])  # in range

@@ -28,6 +28,62 @@ def check_precision(dtype: str, compute_dtype: str | None) -> None:
         )
 
 
+# numeric settings and the range each must be in: (key, low, high, low_open, high_open); None: unbounded
+_RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
+    *((f"{node}.lr", 0.0, None, True, False) for node in ("actor", "critic", "sft")),
+    *((f"{node}.weight_decay", 0.0, None, False, False) for node in ("actor", "critic", "sft")),
+    *((f"{node}.grad_clip", 0.0, None, True, False) for node in ("actor", "critic", "sft")),
+    *((f"{node}.warmup_steps", 0, None, False, False) for node in ("actor", "critic", "sft")),
+    *((f"{node}.min_lr_ratio", 0.0, 1.0, False, False) for node in ("actor", "sft")),
+    ("actor.clip_ratio_low", 0.0, None, False, False),
+    ("actor.clip_ratio_high", 0.0, None, False, False),
+    ("actor.clip_ratio_c", 1.0, None, True, False),  # dual-clip's c > 1 (arXiv:1912.09729)
+    ("actor.tau_pos", 0.0, None, True, False),
+    ("actor.tau_neg", 0.0, None, True, False),
+    ("actor.kl_loss_coef", 0.0, None, False, False),
+    ("actor.entropy_coeff", 0.0, None, False, False),
+    ("critic.cliprange_value", 0.0, None, False, False),
+    ("algo.gamma", 0.0, 1.0, False, False),
+    ("algo.lam", 0.0, 1.0, False, False),
+    ("algo.kl_ctrl.kl_coef", 0.0, None, False, False),
+    ("algo.kl_ctrl.target_kl", 0.0, None, True, False),
+    ("algo.kl_ctrl.horizon", 0.0, None, True, False),
+    ("rollout.top_p", 0.0, 1.0, True, False),
+    ("rollout.top_k", 0, None, False, False),
+    ("model.lora.rank", 0, None, False, False),
+    ("model.lora.alpha", 0.0, None, True, False),
+    ("model.lora.dropout", 0.0, 1.0, False, True),
+    ("sft.prompt_loss_weight", 0.0, None, False, False),
+    ("sft.epochs", 0, None, False, False),
+    ("sft.max_steps", 0, None, False, False),
+)
+
+
+def _range_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def check_ranges(cfg: DictConfig) -> None:
+    """Every numeric setting of :data:`_RANGES` outside its range, in one :class:`ConfigError` (one line per
+    key, as for unknown keys), before anything loads. NaN is outside every range."""
+    bad = []
+    for key, low, high, low_open, high_open in _RANGES:
+        value = OmegaConf.select(cfg, key)
+        if value is None or isinstance(value, bool):
+            continue
+        ok = (low is None or (value > low if low_open else value >= low)) and (
+            high is None or (value < high if high_open else value <= high)
+        )
+        if not ok:
+            bad.append(f"{key} must be {_range_text(low, high, low_open, high_open)}, got {value}")
+    if len(bad) == 1:
+        raise ConfigError(bad[0])
+    if bad:
+        raise ConfigError(f"{len(bad)} settings out of range: " + "; ".join(bad))
+
+
 def validate(cfg: DictConfig) -> None:
     """Cross-field checks the types alone cannot express."""
     from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
@@ -35,6 +91,7 @@ def validate(cfg: DictConfig) -> None:
     from queryrl.rollout import ROLLOUT_BACKENDS
 
     REWARD_MANAGERS = registered_managers()
+    check_ranges(cfg)
 
     choice(cfg.algo.adv_estimator, ADVANTAGE_ESTIMATORS.names(), "algo.adv_estimator")
     choice(cfg.actor.policy_loss, POLICY_LOSSES.names(), "actor.policy_loss")

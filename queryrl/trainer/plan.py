@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.application import enabled_app
+from queryrl.data.records import DataError
 from queryrl.rewards.trl_style import describe_weighted
 
 GIB = 1024**3
@@ -427,12 +428,17 @@ def _data(cfg: DictConfig, plan: Plan, files: list[str], split: str) -> None:
 
 
 def _count_rows(path: Path) -> int | None:
+    """The rows of a data file, for the plan; a file that cannot be read is a :class:`DataError` naming it (the
+    loader names the line of a JSON-lines file that is not UTF-8 or not JSON)."""
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return int(pq.read_metadata(path).num_rows)
+        try:
+            return int(pq.read_metadata(path).num_rows)
+        except Exception as exc:  # pyarrow's ArrowInvalid / OSError: truncated, or not parquet at all
+            raise DataError(f"{path}: cannot read parquet file: {exc}") from None
     if path.suffix in (".jsonl", ".json") and path.is_file():
-        with path.open(encoding="utf-8") as f:
+        with path.open("rb") as f:  # bytes: the loader reports undecodable lines with their number
             return sum(1 for line in f if line.strip())
     return None
 
