@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queryrl.data.records import DataError, load_records
+from queryrl.data.records import DataError, line_byte_limit, load_records
 
 
 def prompt_text(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
@@ -117,7 +117,15 @@ def build_prompt_dataset(
     """
     if max_prompt_length <= 0:
         raise ValueError(f"max_prompt_length must be > 0, got {max_prompt_length}")
-    rows = load_records(path, prompt_key=prompt_key)
+    num_filtered = 0
+
+    def overlong_line(line: int, size: int) -> None:
+        nonlocal num_filtered
+        num_filtered += 1
+
+    limit = line_byte_limit(max_prompt_length)
+    on_overlong = overlong_line if filter_overlong else None  # else the line is a DataError naming it
+    rows = load_records(path, prompt_key=prompt_key, max_line_bytes=limit, on_overlong=on_overlong)
     texts = []
     for i, row in enumerate(rows):
         try:
@@ -127,7 +135,6 @@ def build_prompt_dataset(
     # One batched call: the fast tokenizer encodes in parallel, same ids as one at a time.
     all_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
     items: list[PromptItem] = []
-    num_filtered = 0
     for i, (row, ids) in enumerate(zip(rows, all_ids, strict=True)):
         if len(ids) > max_prompt_length:
             if filter_overlong:

@@ -16,7 +16,7 @@ the file, the row (0-based; plus the 1-based line for JSON lines) and the field.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +39,54 @@ def _where(path: Path | str, row: int | None = None, line: int | None = None, fi
     return ": ".join(parts)
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[int, Any]]:
+MIN_LINE_BYTES = 1 << 20  # the line limit's floor: 1 MiB
+BYTES_PER_PROMPT_TOKEN = 64  # far above any tokenizer's bytes per token, room for the row's other fields
+
+
+def line_byte_limit(max_prompt_length: int) -> int:
+    """The longest JSON line read for a prompt of at most `max_prompt_length` tokens: 64 bytes a token, 1 MiB at
+    least. A longer line is skipped while it is read (in bounded memory), never parsed or tokenized: a 50 MB
+    line took minutes and gigabytes before its prompt was filtered as overlong."""
+    return max(MIN_LINE_BYTES, BYTES_PER_PROMPT_TOKEN * max_prompt_length)
+
+
+def _lines(f: Any, limit: int | None) -> Iterator[tuple[bytes, int]]:
+    """``(line, size)`` of each line of the binary file `f`; a line over `limit` bytes comes back empty with its
+    size, read in chunks and dropped (at most `limit` bytes held)."""
+    if limit is None:
+        for raw in f:
+            yield raw, len(raw)
+        return
+    while raw := f.readline(limit + 1):
+        if len(raw) <= limit:  # the newline counts
+            yield raw, len(raw)
+            continue
+        size = len(raw)
+        while not raw.endswith(b"\n") and (raw := f.readline(limit + 1)):
+            size += len(raw)
+        yield b"", size
+
+
+def iter_json_lines(
+    path: Path, max_line_bytes: int | None = None, on_overlong: Callable[[int, int], None] | None = None
+) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_number, value)`` for each non-blank line of a JSON-lines file.
+
+    A line over `max_line_bytes` (None: no limit) is read in chunks and dropped: ``on_overlong(line, bytes)`` is
+    called for it, or without `on_overlong` it is a :class:`DataError`.
 
     Raises:
         DataError: a line that is not UTF-8 or not valid JSON, naming the file, the row
-            (0-based, blank lines not counted) and the 1-based line.
+            (0-based, blank lines not counted) and the 1-based line; an overlong line (see above).
     """
     row = 0
     with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, (raw, size) in enumerate(_lines(f, max_line_bytes), start=1):
+            if size and not raw:
+                if on_overlong is None:
+                    raise DataError(f"{_where(path, None, line_no)}: a line of {size} bytes, over {max_line_bytes}")
+                on_overlong(line_no, size)
+                continue
             try:
                 text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -163,12 +201,19 @@ def check_record(
     return checked
 
 
-def load_records(path: str | Path, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+def load_records(
+    path: str | Path,
+    prompt_key: str = "prompt",
+    max_line_bytes: int | None = None,
+    on_overlong: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
     """Read and check every row of a verl-layout data file.
 
     Args:
         path: a ``.parquet`` file, or a ``.jsonl`` / ``.json`` file (JSON lines or one JSON list).
         prompt_key: the column holding the chat messages.
+        max_line_bytes, on_overlong: a JSON-lines file's longest line, and what to do with a longer one
+            (:func:`iter_json_lines`; :func:`line_byte_limit` derives the limit from ``data.max_prompt_length``).
 
     Returns:
         The rows as plain Python dicts, in file order; a string prompt is turned into
@@ -187,7 +232,7 @@ def load_records(path: str | Path, prompt_key: str = "prompt") -> list[dict[str,
     if suffix == ".parquet":
         raw = _read_parquet(path)
     elif suffix == ".jsonl":
-        raw = [(line, row) for line, row in iter_json_lines(path)]
+        raw = [(line, row) for line, row in iter_json_lines(path, max_line_bytes, on_overlong)]
     else:
         raw = _read_json(path)
     return [check_record(row, path, i, line, prompt_key) for i, (line, row) in enumerate(raw)]

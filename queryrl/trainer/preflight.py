@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from queryrl.data import load_records
+from queryrl.data import line_byte_limit, load_records
 from queryrl.data.builtin import resolve_data_path
 from queryrl.rewards import RewardInput, RewardResult, load_reward_function
 from queryrl.rewards.functions import RewardFn
@@ -91,7 +91,10 @@ def run_preflight(
 def first_row(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     """(the first training file, its first row)."""
     path = str(cfg.data.train_files[0])
-    rows = load_records(resolve_data_path(path, cfg.model.cache_dir), prompt_key=cfg.data.prompt_key)
+    limit = line_byte_limit(cfg.data.max_prompt_length)  # an overlong line is skipped here, counted by the loader
+    rows = load_records(
+        resolve_data_path(path, cfg.model.cache_dir), cfg.data.prompt_key, limit, on_overlong=lambda line, size: None
+    )
     if not rows:
         raise PreflightError(f"data.train_files: {path} has no rows")
     return path, rows[0]

@@ -151,3 +151,27 @@ def test_a_failing_chat_template_names_the_row(tmp_path: Path, tokenizer: Any) -
 def test_bad_max_prompt_length(tmp_path: Path, tokenizer: Any) -> None:
     with pytest.raises(ValueError, match="max_prompt_length"):
         build_prompt_dataset(_write(tmp_path / "p.jsonl", CONTENTS), tokenizer, max_prompt_length=0)
+
+
+def test_a_huge_jsonl_line_is_dropped_while_reading_in_bounded_memory(tokenizer: Any, tmp_path: Path) -> None:
+    """A 50 MB line took 6 min and 6.5 GB before its prompt was filtered; now it is skipped as it is read."""
+    import tracemalloc
+
+    from queryrl.data.records import MIN_LINE_BYTES, line_byte_limit
+
+    assert line_byte_limit(16) == MIN_LINE_BYTES
+    assert line_byte_limit(1 << 16) == 64 << 16
+    path = tmp_path / "huge.jsonl"
+    ok = {"data_source": "toy", "prompt": "short"}
+    huge = {"data_source": "toy", "prompt": "x" * (12 * MIN_LINE_BYTES)}  # 12 MiB on one line
+    path.write_text("\n".join(json.dumps(r) for r in (ok, huge, ok)) + "\n")
+    tracemalloc.start()
+    try:
+        ds = build_prompt_dataset(path, tokenizer, max_prompt_length=64)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (len(ds), ds.num_filtered) == (2, 1)  # counted as an overlong prompt, the rows around it kept
+    assert peak < 4 * MIN_LINE_BYTES  # the 12 MiB line was never held whole
+    with pytest.raises(DataError, match=r"huge\.jsonl: line 2: a line of 12582\d\d\d bytes, over 1048576"):
+        build_prompt_dataset(path, tokenizer, max_prompt_length=64, filter_overlong=False)
