@@ -221,7 +221,11 @@ class RewardConfig:
     max_retries: int = 2  # async: retries after an exception or a timeout
     overlong_buffer_len: int = 0  # dapo: soft-penalty zone before max_response_length (tokens)
     overlong_penalty_factor: float = 1.0  # dapo: penalty at max_response_length
-    # a step whose failed fraction of samples exceeds this (strictly: > ) is skipped (no update), with a warning
+    # a failed sample's whole group is left out of the update (its mates compared only among those that could be
+    # scored: in a RAG outage, only the ones that needed no retrieval); false: only the failed samples
+    drop_failed_groups: bool = True
+    # a step whose failed fraction of samples (with drop_failed_groups, their group mates too) exceeds this
+    # (strictly: > ) is skipped (no update), with a warning
     max_failed_frac: float = 0.5
     # this many skipped steps in a row stop the run (exit 3) with the first failed sample's error; 0 = never
     max_skipped_steps: int = 3

@@ -14,7 +14,8 @@ One step, each phase timed as ``timing_s/<phase>`` (verl's phase names):
 8. ``testing`` every ``trainer.eval_every`` steps, ``save_checkpoint`` every ``trainer.save_every``
    and at the last step (``trainer.save_last``), its size logged (``checkpoint/size_mb``)
 
-A step where more than ``reward.max_failed_frac`` of the samples failed (strictly more) is skipped;
+A failed sample's group mates are left out with it (``reward.drop_failed_groups``); a step where more than
+``reward.max_failed_frac`` of the samples are left out (strictly more) is skipped;
 ``reward.max_skipped_steps`` of them in a row stop the run with
 :class:`~queryrl.trainer.skips.RewardsFailing`, naming the first failed sample's error.
 """
@@ -244,18 +245,19 @@ class Trainer:
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
         with timer("reward"):
-            batch, reward_metrics, keep, failed = apply_scores(batch, results)
+            batch, reward_metrics, keep, failed = apply_scores(batch, results, cfg.reward.drop_failed_groups)
             metrics |= reward_metrics | reward_side_metrics(c.reward)
             if len(failed):  # for the samples file: dropped from training, shown to a person
                 self._set_aside.append(failed)
             if baselines is not None:
                 baselines = baselines[keep]
-        # failed / total, not 1 - kept / total: 3 of 10 must be exactly 0.3 (not 0.30000000000000004 > 0.3)
+        # failed (and dropped group mates) / total, not 1 - kept / total: 3 of 10 must be exactly 0.3
         failed_frac = (len(results) - len(batch)) / max(len(results), 1)
         metrics["reward/failed_frac"] = failed_frac
         if len(batch) == 0 or failed_frac > cfg.reward.max_failed_frac:
             warnings.warn(
-                f"step {self.step}: {len(results) - len(batch)} of {len(results)} samples failed their reward "
+                f"step {self.step}: {len(results) - len(batch)} of {len(results)} samples failed their reward"
+                f"{' or are in a group with one that did' if cfg.reward.drop_failed_groups else ''} "
                 f"(more than reward.max_failed_frac={cfg.reward.max_failed_frac}): the step is skipped, no update",
                 stacklevel=2,
             )

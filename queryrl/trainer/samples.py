@@ -5,9 +5,9 @@ One JSON object per line: ``step``, ``group`` (rows of one prompt share it), ``d
 sample), and where present ``reward_parts`` (the reward's other numbers: judge, format, ...),
 ``reward_info`` (its other values: the retrieved documents, the judge's verdict, an extracted answer),
 ``failed`` and ``error`` (a sample whose reward failed: it was dropped from training, and is kept here
-so that a person can see why), and for a multi-turn episode ``rollout`` (its counters) and
-``transcript`` (every response token, tool outputs included). The file is redacted
-(:func:`queryrl.redaction.redact`) and written atomically.
+so that a person can see why), ``not_trained`` (a scored sample left out with its group, the reason), and
+for a multi-turn episode ``rollout`` (its counters) and ``transcript`` (every response token, tool outputs
+included). The file is redacted (:func:`queryrl.redaction.redact`) and written atomically.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 from queryrl.atomic import atomic_write_text
 from queryrl.engine.batch import Batch
 from queryrl.redaction import redact
+
+NOT_TRAINED = "not trained: "  # the prefix of a scored sample's reason to be left out (trainer.scoring)
 
 
 def _column(batch: Batch, key: str, default: Any) -> list[Any]:
@@ -46,7 +48,9 @@ def sample_records(batch: Batch, tokenizer: Any, step: int, limit: int) -> list[
             record["reward_parts"] = parts[i]
         if info[i]:
             record["reward_info"] = info[i]
-        if errors[i] is not None:
+        if errors[i] is not None and str(errors[i]).startswith(NOT_TRAINED):  # scored, left out with its group
+            record["not_trained"] = errors[i]
+        elif errors[i] is not None:
             record |= {"failed": True, "error": errors[i]}
         if episodes[i]:  # a multi-turn episode: its counters, and every response token (tool outputs too)
             real = batch.response_ids[i][batch.response_attention_mask[i].bool()]

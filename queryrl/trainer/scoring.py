@@ -19,6 +19,7 @@ from queryrl.engine.batch import Batch, outcome_to_tokens
 from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.trainer.metrics import PhaseTimer, zero_std_group_fraction
+from queryrl.trainer.samples import NOT_TRAINED
 
 
 def decode_responses(tokenizer: Any, out: RolloutOutput) -> list[str]:
@@ -123,21 +124,37 @@ class Scored(NamedTuple):
     failed: Batch
 
 
-def apply_scores(batch: Batch, results: list[RewardResult]) -> Scored:
+GROUP_MATE_FAILED = f"{NOT_TRAINED}another sample of its group failed its reward"
+
+
+def apply_scores(batch: Batch, results: list[RewardResult], drop_failed_groups: bool = False) -> Scored:
     """Put each score on its sequence's last trained token and set the failed samples apart.
 
     Every row gets ``non_tensor`` entries ``score`` (None: failed), ``reward_parts`` (the reward's other
     numbers: judge, retrieval_rank, format, ...), ``reward_info`` (its other values: retrieved documents,
     a verdict) and ``reward_error``, for the samples files. The failed rows are returned apart: they are
-    not trained on, but a person wants to see them.
+    not trained on, but a person wants to see them. With `drop_failed_groups` (``reward.drop_failed_groups``)
+    the other samples of a failed sample's group go with it (their ``reward_error`` says why, their score is
+    kept for the samples files): the samples that could be scored are not a fair sample of the group when
+    failures fall on one kind (in a RAG outage, every rewrite that needed retrieval), and the update would
+    lean toward the kind that needs no service. ``reward/dropped_group_mates`` counts them.
     """
     metrics = summarize(results)
+    out = [r.failed for r in results]
+    if drop_failed_groups and any(out):
+        groups = batch.group_ids.tolist()
+        failed_groups = {g for g, bad in zip(groups, out, strict=True) if bad}
+        mates = [not bad and g in failed_groups for g, bad in zip(groups, out, strict=True)]
+        metrics["reward/dropped_group_mates"] = float(sum(mates))
+        out = [bad or mate for bad, mate in zip(out, mates, strict=True)]
     batch.non_tensor["score"] = [r.score for r in results]
     batch.non_tensor["reward_parts"] = [dict(r.extra) for r in results]
     batch.non_tensor["reward_info"] = [dict(r.info) for r in results]
-    batch.non_tensor["reward_error"] = [r.error if r.failed else None for r in results]
-    failed = batch.select([i for i, r in enumerate(results) if r.failed])
-    kept = torch.tensor([not r.failed for r in results], dtype=torch.bool).nonzero(as_tuple=True)[0]
+    batch.non_tensor["reward_error"] = [
+        r.error if r.failed else GROUP_MATE_FAILED if dropped else None for r, dropped in zip(results, out, strict=True)
+    ]
+    failed = batch.select([i for i, dropped in enumerate(out) if dropped])
+    kept = torch.tensor([not dropped for dropped in out], dtype=torch.bool).nonzero(as_tuple=True)[0]
     batch = batch.select(kept)
     scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
     batch.token_scores = outcome_to_tokens(scores.to(batch.response_mask.device), batch.response_mask)

@@ -138,6 +138,7 @@ def test_exactly_max_failed_frac_failed_trains_on_the_rest(
         reward_file(tmp_path, "k % 2 == 0"),  # exactly half of every step fails
         "trainer.total_steps=1",
         f"reward.max_failed_frac={max_failed_frac}",
+        "reward.drop_failed_groups=false",  # the failed samples alone (every group has one)
     )
     with Trainer(cfg) as trainer:
         before = params(trainer)
@@ -161,12 +162,56 @@ def test_the_boundary_is_exact_for_fractions_that_floats_round(tmp_path: Path, m
         "actor.ppo_mini_batch_size=5",
         "rollout.n=2",
         "reward.max_failed_frac=0.3",
+        "reward.drop_failed_groups=false",
     )
     with Trainer(cfg) as trainer:
         trainer.fit()
     (row,) = rows(tmp_path)
     assert row["reward/failed"] == 3.0
     assert "reward/step_skipped" not in row
+
+
+@pytest.mark.parametrize("drop_failed_groups", [True, False])
+def test_a_failed_samples_group_mates_are_left_out_with_it(
+    tmp_path: Path, model_cache: Path, drop_failed_groups: bool
+) -> None:
+    """Failures that fall on one kind of sample in every group (a RAG outage: each rewrite that needed retrieval)
+    left an update on the other kind only; by default the groups go, and so does the step."""
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        reward_file(tmp_path, "k % 4 == 0"),  # one sample of each of the 4 groups of 4
+        "trainer.total_steps=1",
+        f"reward.drop_failed_groups={str(drop_failed_groups).lower()}",
+    )
+    with Trainer(cfg) as trainer:
+        before = params(trainer)
+        trainer.fit()
+        changed = any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+    (row,) = rows(tmp_path)
+    assert row["reward/failed"] == 4.0
+    if drop_failed_groups:
+        assert (row["reward/dropped_group_mates"], row["reward/failed_frac"], row["reward/step_skipped"]) == (12, 1, 1)
+        assert not changed
+        shown = [
+            json.loads(line) for line in (tmp_path / "runs/toy_grpo/samples/step_1.jsonl").read_text().splitlines()
+        ]
+        mates = [r for r in shown if "another sample of its group failed" in r.get("not_trained", "")]
+        assert mates
+        assert all("failed" not in r and r["score"] is not None for r in mates)  # scored, shown, not trained
+    else:
+        assert (row["reward/failed_frac"], row.get("reward/step_skipped", 0.0)) == (0.25, 0.0)
+        assert "reward/dropped_group_mates" not in row
+        assert changed  # trained on the 12 that could be scored
+
+
+def test_a_group_that_failed_whole_costs_no_other_group(tmp_path: Path, model_cache: Path) -> None:
+    cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, "k < 4"), "trainer.total_steps=1")  # group 0
+    with Trainer(cfg) as trainer:
+        trainer.fit()
+    (row,) = rows(tmp_path)
+    assert (row["reward/failed"], row["reward/failed_frac"], row.get("reward/step_skipped", 0.0)) == (4, 0.25, 0)
+    assert row.get("reward/dropped_group_mates", 0.0) == 0.0
 
 
 # --- no learning signal -------------------------------------------------------------------------------------
