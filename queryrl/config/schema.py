@@ -274,6 +274,8 @@ class TrainerConfig:
     keep_last: int = 2
     save_last: bool = True  # a checkpoint at the last step (whatever save_every says); false = only every save_every
     resume: str = "auto"  # auto | disable | a checkpoint folder
+    # accept a checkpoint without manifest.json (written by a queryrl before manifests): its files are not hashed
+    resume_legacy: bool = False
     # `queryrl train` calls the judge, the RAG service and the reward function once before loading the model
     preflight: bool = True
     save_samples: int = 8  # rows of samples/step_N.jsonl

@@ -239,6 +239,12 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def data_fingerprints(paths: list[str]) -> dict[str, dict[str, Any]]:
+    """Each data file's size and sha256, by path as given (what a checkpoint trained on, ``state.json``'s
+    ``data``): a resume whose files differ is refused (:mod:`queryrl.trainer.run_folder`)."""
+    return {p: {"size": Path(p).stat().st_size, "sha256": sha256_of(Path(p))} for p in paths if Path(p).is_file()}
+
+
 def write_manifest(folder: Path) -> None:
     """``folder/manifest.json``: each file's size and sha256, by path relative to `folder`."""
     files = {
@@ -250,14 +256,23 @@ def write_manifest(folder: Path) -> None:
         os.fsync(f.fileno())
 
 
-def verify(folder: Path) -> str | None:
+LEGACY_HINT = (
+    f"no {MANIFEST}, so its files cannot be checked (every checkpoint of this queryrl has one; one written by an "
+    "older queryrl does not: trainer.resume_legacy=true accepts it unhashed)"
+)
+
+
+def verify(folder: Path, allow_unhashed: bool = False) -> str | None:
     """What is wrong with checkpoint `folder` (None: intact).
 
-    With a manifest: every listed file exists with its size and sha256. Without one (a checkpoint
-    written before manifests): state.json, optim.pt, rng.pt and the weights exist and are not empty;
-    such a checkpoint is accepted, and :func:`select_checkpoint` warns that it was not hashed.
+    With a manifest: every listed file exists with its size and sha256. Without one, the checkpoint is
+    damaged (a deleted manifest hides changed weights), unless `allow_unhashed` (``trainer.resume_legacy``,
+    for a checkpoint written before manifests): then state.json, optim.pt, rng.pt and the weights must exist
+    and not be empty, and :func:`select_checkpoint` warns that it was not hashed.
     """
     manifest = folder / MANIFEST
+    if not manifest.is_file() and not allow_unhashed:
+        return LEGACY_HINT
     if not manifest.is_file():
         weights = list(folder.glob("actor/*.safetensors"))
         for path in [folder / name for name in _REQUIRED] + (weights or [folder / "actor" / "*.safetensors"]):
@@ -282,10 +297,10 @@ def verify(folder: Path) -> str | None:
     return None
 
 
-def select_checkpoint(root: Path, warn: Any) -> tuple[Path | None, list[Path]]:
+def select_checkpoint(root: Path, warn: Any, allow_unhashed: bool = False) -> tuple[Path | None, list[Path]]:
     """The newest intact checkpoint under `root` and the damaged ones newer than it.
 
-    Each damaged checkpoint gets one `warn` line naming it and what is wrong.
+    Each damaged checkpoint gets one `warn` line naming it and what is wrong. `allow_unhashed`: see :func:`verify`.
 
     Raises:
         CheckpointError: there are checkpoints and none is intact (the message names each).
@@ -293,7 +308,7 @@ def select_checkpoint(root: Path, warn: Any) -> tuple[Path | None, list[Path]]:
     dirs = checkpoint_dirs(root)
     damaged: list[tuple[Path, str]] = []
     for folder in reversed(dirs):
-        problem = verify(folder)
+        problem = verify(folder, allow_unhashed)
         if problem is None:
             if not (folder / MANIFEST).is_file():
                 warn(f"checkpoint {folder} has no {MANIFEST} (written by an older queryrl): not hashed, only checked")

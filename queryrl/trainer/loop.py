@@ -43,7 +43,7 @@ from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.components import Components, build_components
 from queryrl.trainer.metrics import PhaseTimer, data_metrics
-from queryrl.trainer.run_folder import plan_resume
+from queryrl.trainer.run_folder import plan_resume, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import NoSignalWatch, NothingToLearn, RewardsFailing, SkipWatch, has_signal
@@ -75,6 +75,7 @@ class Trainer:
         self.step = 0
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
         self.no_signal = NoSignalWatch(cfg.trainer.max_no_signal_steps, problem_of=learning_problem_check(cfg))
+        self._data_prints: dict[str, Any] | None = None  # the training files' fingerprints, for checkpoints
         self._set_aside: list[Batch] = []  # this step's rows not trained on (failed; a skipped step's), for samples
         self._resume(resume_from)
         self.train_sampling = SamplingParams(
@@ -463,7 +464,13 @@ class Trainer:
 
     def _write_checkpoint(self) -> ckpt.Pending:
         """The current step's checkpoint, written under a temporary name; ``commit()`` makes it visible."""
-        state = {"kl_coef": self.kl_ctrl.value, "config": _plain(self.run_dir / "config.yaml")}
+        if self._data_prints is None:  # once per run: what a resume must find again (run_folder.data_differences)
+            self._data_prints = ckpt.data_fingerprints(train_data_paths(self.cfg))
+        state = {
+            "kl_coef": self.kl_ctrl.value,
+            "config": _plain(self.run_dir / "config.yaml"),
+            "data": self._data_prints,
+        }
         self.c.workers.pull_state(self.c)  # Ray: the driver's mirrors take the workers' optimizer and critic states
         return ckpt.write_components(self.c, self.run_dir / "checkpoints", self.step, state, self.cfg.trainer.keep_last)
 

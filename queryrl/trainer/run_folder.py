@@ -3,9 +3,10 @@
 ``<output_dir>/<experiment_name>/`` holds one run. When a run starts there:
 
 - ``trainer.resume=auto`` continues the folder's newest intact checkpoint (:func:`select_checkpoint`
-  verifies each) only when the folder's ``config.yaml`` matches the new config on every key that
-  changes training; keys that may differ are :data:`MAY_DIFFER`. Otherwise it refuses with one
-  message naming the differing keys and the ways out (:class:`ResumeConfigMismatch`). A folder
+  verifies each against its manifest) only when the folder's ``config.yaml`` matches the new config on every
+  key that changes training (keys that may differ are :data:`MAY_DIFFER`) and the training files are the
+  ones the checkpoint trained on (size and sha256, :func:`data_differences`). Otherwise it refuses with one
+  message naming the differing keys or files and the ways out (:class:`ResumeConfigMismatch`). A folder
   with a config but no checkpoint (the earlier run stopped before its first save) has nothing to
   continue: its files are set aside and the run starts at step 0, whatever its config was.
 - ``trainer.resume=disable`` starts over: the earlier run's files are set aside.
@@ -46,6 +47,7 @@ MAY_DIFFER = (
     "trainer.total_steps",  # extend (or end sooner) a run; a decaying lr schedule follows the new length
     "trainer.total_epochs",  # the same, in epochs
     "trainer.resume",  # how this run starts
+    "trainer.resume_legacy",  # whether checkpoints without a manifest are accepted
     "trainer.output_dir",  # the same folder may be spelled differently (relative, absolute)
     "trainer.experiment_name",
     "trainer.project_name",  # the wandb project / mlflow experiment the metrics go to
@@ -124,13 +126,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def mismatch_message(run: Path, config_yaml: Path, diffs: list[tuple[str, Any, Any]]) -> str:
-    """The one line that refuses to mix two runs: what differs (at most 8 keys listed), and the ways out."""
+def mismatch_message(run: Path, config_yaml: Path, diffs: list[tuple[str, Any, Any]], what: str = "config") -> str:
+    """The one line that refuses to mix two runs: what differs (at most 8 keys, or data files, listed), and the
+    ways out."""
     listed = ", ".join(f"{k} {_short(a)} -> {_short(b)}" for k, a, b in diffs[:_MAX_LISTED])
     more = f" and {len(diffs) - _MAX_LISTED} more" if len(diffs) > _MAX_LISTED else ""
+    things = ("key", "keys") if what == "config" else ("training file", "training files")
     return (
-        f"{config_yaml}: trainer.resume=auto would continue the run in {run}, which was trained with a "
-        f"different config ({len(diffs)} key{'s' if len(diffs) != 1 else ''} differ: {listed}{more}); "
+        f"{config_yaml}: trainer.resume=auto would continue the run in {run}, which was trained with "
+        f"{'a different config' if what == 'config' else 'other data'} ({len(diffs)} "
+        f"{things[len(diffs) != 1]} {'differ' if len(diffs) != 1 else 'differs'}: {listed}{more}); "
         "to keep the two runs apart, use a new trainer.experiment_name, or trainer.resume=disable to start "
         f"over (the earlier run's files are moved to {run / PREVIOUS}/), or trainer.resume=PATH to continue "
         "from that checkpoint with the new config"
@@ -221,14 +226,40 @@ def plan_resume(run_dir: Path, cfg: DictConfig) -> ResumePlan:
     if mode != "auto":
         folder = Path(mode)
         ckpt.require_checkpoint(folder)
-        problem = ckpt.verify(folder)
+        problem = ckpt.verify(folder, bool(cfg.trainer.resume_legacy))
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged ({problem})")
         return ResumePlan(run_dir, checkpoint=folder, set_aside=has_files)
-    newest, damaged = ckpt.select_checkpoint(run_dir / "checkpoints", warn)
+    newest, damaged = ckpt.select_checkpoint(run_dir / "checkpoints", warn, bool(cfg.trainer.resume_legacy))
     if newest is None:  # nothing trained to continue: start over, the earlier files kept aside
         return ResumePlan(run_dir, set_aside=has_files)
     saved = _saved_config(run_dir, newest)
     if saved is not None and (diffs := config_differences(saved[1], cfg)):
         raise ResumeConfigMismatch(mismatch_message(run_dir, saved[0], diffs))
+    if diffs := data_differences(newest, train_data_paths(cfg)):
+        raise ResumeConfigMismatch(mismatch_message(run_dir, newest / "state.json", diffs, what="data"))
     return ResumePlan(run_dir, checkpoint=newest, damaged=damaged)
+
+
+def train_data_paths(cfg: DictConfig) -> list[str]:
+    """The training files as the trainer reads them (a ``builtin://`` dataset: its generated file)."""
+    from queryrl.data.builtin import resolve_data_path
+
+    return [resolve_data_path(str(f), cfg.model.cache_dir) for f in cfg.data.train_files]
+
+
+def data_differences(checkpoint: Path, paths: list[str]) -> list[tuple[str, Any, Any]]:
+    """(file, then, now) for each training file whose size or sha256 differs from what `checkpoint` trained on
+    (its ``state.json``'s ``data``; a checkpoint without it, from before fingerprints, is not checked)."""
+    state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))
+    then = state.get("data")
+    if not isinstance(then, dict):
+        return []
+    now = ckpt.data_fingerprints(paths)
+
+    def short(entry: Any) -> str:
+        return "(absent)" if not entry else f"{entry['size']} bytes, sha256 {entry['sha256'][:12]}"
+
+    return [
+        (p, short(then.get(p)), short(now.get(p))) for p in sorted(set(then) | set(now)) if then.get(p) != now.get(p)
+    ]

@@ -201,18 +201,54 @@ def test_no_intact_checkpoint_is_one_error_naming_each(tmp_path: Path, model_cac
     assert user_error(caught.value) == (message, 2)
 
 
-def test_a_checkpoint_without_a_manifest_is_accepted_with_a_warning(
+def test_a_checkpoint_without_a_manifest_is_accepted_only_as_legacy_with_a_warning(
     tmp_path: Path, model_cache: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = two_checkpoints(tmp_path, model_cache)
     (root / "step_2" / "manifest.json").unlink()
     (root / "step_1" / "manifest.json").unlink()
     (root / "step_2" / "optim.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"step_2: no manifest\.json.*trainer\.resume_legacy=true"):
+        Trainer(make_cfg(tmp_path, model_cache))
     capsys.readouterr()
-    assert Trainer(make_cfg(tmp_path, model_cache)).step == 1  # an empty file is caught without a manifest too
+    trainer = Trainer(make_cfg(tmp_path, model_cache, "trainer.resume_legacy=true"))
+    assert trainer.step == 1  # an empty file is caught without a manifest too
     err = capsys.readouterr().err
     assert "step_2 is damaged (optim.pt is empty (0 bytes))" in err
     assert "step_1 has no manifest.json" in err
+
+
+def test_a_deleted_manifest_does_not_hide_changed_weights(tmp_path: Path, model_cache: Path) -> None:
+    """The attack: delete manifest.json, flip a byte of the weights; before, the run resumed from them."""
+    step = two_checkpoints(tmp_path, model_cache) / "step_2"
+    weights = step / "actor" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    (step / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"checkpoint .*step_2 is damaged \(no manifest\.json"):
+        Trainer(make_cfg(tmp_path / "other", model_cache, f"trainer.resume={step}"))
+    assert Trainer(make_cfg(tmp_path, model_cache)).step == 1  # auto: the newest intact one
+
+
+def test_a_resume_whose_training_data_changed_is_refused(tmp_path: Path, model_cache: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    rows = [{"data_source": "toy/target_string", "prompt": f"say hello {i}"} for i in range(8)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = (f"data.train_files=[{data}]", "trainer.total_steps=2", "trainer.save_every=1")
+    Trainer(make_cfg(tmp_path, model_cache, *train)).fit()
+    state = json.loads((run_dir(tmp_path) / "checkpoints" / "step_2" / "state.json").read_text())
+    assert state["data"][str(data)]["sha256"] == ckpt.sha256_of(data)
+    assert Trainer(make_cfg(tmp_path, model_cache, *train)).step == 2  # the same file: resumes
+    data.write_text("".join(json.dumps({**r, "prompt": r["prompt"] + "!"}) + "\n" for r in rows))  # same path
+    with pytest.raises(ResumeConfigMismatch) as caught:
+        Trainer(make_cfg(tmp_path, model_cache, *train))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "trained with other data (1 training file differs" in message
+    assert str(data) in message
+    assert "trainer.resume=disable" in message
+    assert "trainer.experiment_name" in message
 
 
 # --- 8, 9. real kills: while pruning, and around the rename -----------------------------------------
