@@ -15,7 +15,10 @@ before anything can fork. Holding the capabilities of its own user namespace, it
    Python) and ``/etc/ld.so.cache``; a few device nodes; private tmpfs folders (64 MiB each:
    ``/tmp`` and the working folder, which holds copies of the run's files at the host path; 16 MiB
    ``/dev/shm``), so the code writes nothing to the host's disk; and a fresh ``/proc`` that shows
-   only the sandbox's processes;
+   only the sandbox's processes, its parts that reach the host kernel read-only (``/proc/sys``,
+   ``/proc/sysrq-trigger``, ``/proc/irq``, ``/proc/bus``, ``/proc/fs``: the sandbox's uid 0 is the host's
+   root when the trainer runs as root, and these files' owner may write them without a capability);
+   no ``/sys`` at all;
 3. ``pivot_root``\\s into it and detaches the old root, so nothing else of the host's
    filesystem is reachable (no ``/etc/passwd``, no home, no repository, no run folder);
 4. drops every capability (bounding set, ambient, effective/permitted/inheritable) and sets
@@ -130,6 +133,14 @@ def _confine(spec):
         with open(os.path.join(work, name), "wb") as f:
             f.write(data)
     mount("proc", root + "/proc", "proc", NOSUID | NODEV | NOEXEC)  # this PID namespace's only
+    # what in /proc writes to the host kernel, not to this namespace (sysctls, sysrq, IRQ affinity, PCI, nfsd):
+    # read-only. The sandbox's uid 0 may be the host's root (the trainer runs as root), and the owner of these
+    # files may write them without any capability
+    for name in ("sys", "sysrq-trigger", "irq", "bus", "fs"):
+        path = root + "/proc/" + name
+        if os.path.exists(path):
+            mount(path, path, None, BIND | REC)
+            mount(None, path, None, REMOUNT | BIND | RDONLY | NOSUID | NODEV | NOEXEC)
     os.chdir(root)
     check(libc.syscall(spec["pivot_root"], b".", b"."), "pivot_root")
     check(libc.umount2(b".", 2), "detach the old root")  # MNT_DETACH

@@ -365,6 +365,59 @@ def test_no_capabilities_no_remount_no_other_processes() -> None:
     }
 
 
+HOST_KERNEL_FILES = (
+    "/proc/sys/kernel/core_pattern",  # "|program": run as host root at the next crash
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/kernel/printk_delay",
+    "/proc/sysrq-trigger",
+    "/proc/irq/default_smp_affinity",
+    "/sys/kernel/profiling",
+    "/sys/fs/cgroup/cgroup.procs",
+)
+OPEN_FOR_WRITING = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    for path in sys.argv[1:]:
+        try:
+            os.close(os.open(path, os.O_WRONLY))  # opened, never written: harmless if the test fails
+            print(path, "WRITABLE")
+        except OSError as e:
+            print(path, "refused", e.errno)
+    libc = ctypes.CDLL(None, use_errno=True)
+    print("remount /proc/sys", libc.mount(None, b"/proc/sys", None, 32 | 4096, None), ctypes.get_errno())
+    """
+)
+
+
+def _host_kernel_writes(result_stdout: str) -> list[str]:
+    return [line for line in result_stdout.splitlines() if line.endswith("WRITABLE")]
+
+
+@needs_isolation
+def test_the_host_kernels_settings_are_not_writable() -> None:
+    """As root, the sandbox's uid 0 was the host's root and wrote kernel.printk_delay; now /proc/sys and the
+    other host-kernel files of its /proc are read-only, and there is no /sys."""
+    code = OPEN_FOR_WRITING.replace("sys.argv[1:]", repr(list(HOST_KERNEL_FILES)))
+    driver = (
+        "import sys; from queryrl.rewards.code import run_code; "
+        f"r = run_code({code!r}); "
+        "print(r.status); print(r.stdout); print(r.stderr, file=sys.stderr)"
+    )
+    runs = {"as this user": [sys.executable, "-c", driver]}
+    if os.geteuid() == 0:
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
+        trivial = "from queryrl.rewards.code import run_code; print(run_code('print(1)').status)"
+        usable = subprocess.run([*nobody, trivial], capture_output=True, text=True, timeout=120)
+        if usable.stdout.strip() == "ok":  # this interpreter is usable by an unprivileged user here
+            runs["as nobody"] = [*nobody, driver]
+    for who, cmd in runs.items():
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/tmp"})
+        assert done.stdout.startswith("ok"), (who, done.stdout, done.stderr)
+        assert _host_kernel_writes(done.stdout) == [], who
+        assert "remount /proc/sys -1 1" in done.stdout, who  # EPERM: no capability to make it writable
+        assert done.stdout.count("refused") == len(HOST_KERNEL_FILES), who
+
+
 @needs_isolation
 def test_the_process_count_is_limited_even_as_root() -> None:
     iso = sandbox.probe(sys.executable)
