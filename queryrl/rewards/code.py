@@ -27,9 +27,10 @@ Where no isolation works here (no ``unshare``, or namespaces refused), runs are 
 one message naming how to get isolation, unless ``isolation="none"`` is given explicitly: then
 (one warning per process) only the guard, the limits and the minimal environment apply, and
 the code can read what the trainer's user can, signal the trainer, reach local servers through
-a subprocess and leave processes behind. Assert tests are reported by the runner with a
-per-run nonce after each test, so ``sys.exit(0)`` before the tests scores 0; an object whose
-``__eq__`` is always True still passes an ``assert f(x) == y`` (as with any assert-based grader).
+a subprocess and leave processes behind. Assert tests run in another process that never runs the
+model's code and calls it through the sandbox with data only (:mod:`queryrl.rewards.code_rpc`): nothing
+in the code's process marks a pass, so exiting early, fake report lines or a monkeypatched ``assert``
+score 0, and an object whose ``__eq__`` is always True equals nothing there.
 """
 
 from __future__ import annotations
@@ -41,18 +42,18 @@ import logging
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from queryrl.rewards import sandbox
+from queryrl.rewards.code_rpc import SERVE
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +73,14 @@ _ENV = {
     "MKL_NUM_THREADS": "1",
 }
 
-# The child's first lines: limits, the network guard, then the code (mode "script"), or the
-# code then each assert test with a report line after each (mode "asserts"). It sees only
-# its argv: mode, code file, CPU seconds, memory bytes, file bytes, processes (0: no limit), tests file.
-_RUNNER = r"""
+# The child's first lines: limits, the network guard, then the code (mode "script"), or the code
+# then the requests of the assert tests' evaluator (mode "serve", :mod:`queryrl.rewards.code_rpc`).
+# It sees only its argv: mode, code file, CPU seconds, memory bytes, file bytes, processes (0: no
+# limit), the descriptor its replies go to (serve; its requests come on stdin).
+_RUNNER = (
+    r"""
 import os, resource, signal, sys, types
-_mode, _path, _tests_path = sys.argv[1], sys.argv[2], sys.argv[7]
+_mode, _path, _reply_fd = sys.argv[1], sys.argv[2], int(sys.argv[7])
 _cpu, _mem, _fsize, _nproc = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 def _out_of_cpu(signum, frame):
     os.write(2, b"\nCPU time limit exceeded\n")
@@ -116,31 +119,19 @@ def _main():
     if _mode == "script":
         exec(code, module.__dict__)
         return
-    import json, traceback
-    nonce = sys.stdin.readline().strip()  # in a local, out of reach of `import __main__`
-    with open(_tests_path, encoding="utf-8") as f:
-        tests = [(compile(source, "<test>", "exec"), counts) for source, counts in json.load(f)]
-    os.remove(_tests_path)
-    report, write, run = os.dup(1), os.write, exec
+    import traceback
     try:
-        run(code, module.__dict__)
-    except BaseException:  # SystemExit too: exiting before the tests fails them
+        exec(code, module.__dict__)
+    except BaseException:  # SystemExit too: exiting before the tests fails them (nothing is served)
         traceback.print_exc()
         return
-    index = 0
-    for test, counts in tests:
-        try:
-            run(test, module.__dict__)
-            ok = True
-        except BaseException:
-            traceback.print_exc(limit=1)
-            ok = False
-        if counts:
-            write(report, ("\n%s %d %s\n" % (nonce, index, "pass" if ok else "fail")).encode())
-            index += 1
-
+    _serve(module, _reply_fd)
+"""
+    + SERVE
+    + """
 _main()
 """
+)
 
 
 @dataclass(frozen=True)
@@ -208,7 +199,7 @@ def run_code(
     python: str | None = None,
     max_output_bytes: int = MAX_OUTPUT_BYTES,
     max_processes: int = sandbox.MAX_PROCESSES,
-    _tests: Sequence[tuple[str, bool]] | None = None,
+    _serve: tuple[int, int] | None = None,
 ) -> ExecResult:
     """Run Python `code` in the sandbox (see the module docstring) and return what happened.
 
@@ -224,6 +215,8 @@ def run_code(
         python: the interpreter (default: this one, so the same packages are importable).
         max_output_bytes: cap per stream.
         max_processes: processes and threads at once (isolated runs; see the module docstring).
+        _serve: ``(requests_fd, replies_fd)``: after the code, serve the assert tests' evaluator
+            (:func:`queryrl.rewards.code_rpc.run_asserts`), requests on stdin instead of `stdin`.
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"code sandbox: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}")
@@ -243,14 +236,10 @@ def run_code(
         path = os.path.join(workdir, "solution.py")
         with open(path, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
-        tests_path = os.path.join(workdir, ".tests.json")
-        if _tests is not None:
-            with open(tests_path, "w", encoding="utf-8") as f:
-                json.dump(list(_tests), f)
         nproc = max_processes if iso is not None else 0
         limits = [str(math.ceil(timeout_s) + 1), str(memory_mb << 20), str(MAX_FILE_BYTES), str(nproc)]
-        args = ["script" if _tests is None else "asserts", path, *limits, tests_path]
-        run = _Run(python, iso, base, workdir, stdin, timeout_s, max_output_bytes, max_processes)
+        args = ["script" if _serve is None else "serve", path, *limits, str(-1 if _serve is None else _serve[1])]
+        run = _Run(python, iso, base, workdir, stdin, timeout_s, max_output_bytes, max_processes, _serve)
         return run.start(args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -268,6 +257,7 @@ class _Run:
     timeout_s: float
     max_output_bytes: int
     max_processes: int
+    serve: tuple[int, int] | None = None  # (stdin fd, an fd the child keeps): the evaluator's pipes
 
     def start(self, args: list[str]) -> ExecResult:
         used = "namespace" if self.iso is not None else "none"
@@ -305,10 +295,11 @@ class _Run:
                 stdin_file.write(self.stdin.encode("utf-8", "replace"))
                 stdin_file.seek(0)
                 start = time.monotonic()
+                kept = (() if ready_w is None else (ready_w,)) + (() if self.serve is None else (self.serve[1],))
                 try:
                     proc = subprocess.Popen(
-                        cmd, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.workdir,
-                        env=env, start_new_session=True, pass_fds=() if ready_w is None else (ready_w,),
+                        cmd, stdin=stdin_file if self.serve is None else self.serve[0], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, cwd=self.workdir, env=env, start_new_session=True, pass_fds=kept,
                     )  # fmt: skip
                 except OSError as e:
                     return ExecResult("sandbox_error", "", f"{type(e).__name__}: {e}", None, 0.0, used)
@@ -434,15 +425,9 @@ def run_tests(
             if stop_on_failure and not results[-1]:
                 break
         return results + [False] * (len(tests) - len(results))
-    statements = [t for t in tests if isinstance(t, tuple)]
-    nonce = secrets.token_hex(16)
-    result = _checked(run_code(code, stdin=nonce + "\n", _tests=statements, **run_kwargs))
-    passed = {
-        int(i)
-        for i, verdict in re.findall(rf"^{nonce} (\d+) (pass|fail)$", result.stdout, re.MULTILINE)
-        if verdict == "pass"
-    }
-    return [i in passed for i in range(sum(counts for _, counts in statements))]
+    from queryrl.rewards.code_rpc import run_asserts
+
+    return run_asserts(code, [t for t in tests if isinstance(t, tuple)], **run_kwargs)
 
 
 def compute_score(
