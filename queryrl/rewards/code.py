@@ -49,11 +49,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from queryrl.rewards import sandbox
 from queryrl.rewards.code_rpc import SERVE
+from queryrl.rewards.sandbox_cgroups import processes_without_memory_cgroup, run_cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ ISOLATIONS = ("auto", "namespace", "none")  # auto and namespace: the namespaces
 
 MAX_OUTPUT_BYTES = 1 << 20  # per stream; past it the run is stopped (status "output_limit")
 MAX_FILE_BYTES = 16 << 20
+MEMORY_KILLED = "\nkilled: the sandbox's processes together went past memory_mb\n"
 _TIMEOUT_RC = 124  # the runner's exit status when it runs out of CPU time (as timeout(1))
 _ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -208,7 +210,9 @@ def run_code(
         stdin: its standard input.
         timeout_s: wall-clock limit; every process it started is killed past it. CPU time is
             limited to ``ceil(timeout_s) + 1`` seconds.
-        memory_mb: address-space limit (``RLIMIT_AS``).
+        memory_mb: address-space limit of each process (``RLIMIT_AS``) and, where a memory cgroup is
+            writable, the memory of the whole sandbox (:mod:`queryrl.rewards.sandbox_cgroups`; past it a
+            process is killed and the status is ``"memory"``).
         isolation: ``"auto"`` or ``"namespace"`` (the same today: the OS isolation of
             :mod:`queryrl.rewards.sandbox`, or a ``"sandbox_error"`` result saying how to get it
             where none works), ``"none"`` (explicit opt-out, one warning: guard and limits only).
@@ -236,10 +240,13 @@ def run_code(
         path = os.path.join(workdir, "solution.py")
         with open(path, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
+        if iso is not None:  # without a memory cgroup their sum is bounded by their count only
+            max_processes = processes_without_memory_cgroup(max_processes, iso.memory_parent)
         nproc = max_processes if iso is not None else 0
         limits = [str(math.ceil(timeout_s) + 1), str(memory_mb << 20), str(MAX_FILE_BYTES), str(nproc)]
         args = ["script" if _serve is None else "serve", path, *limits, str(-1 if _serve is None else _serve[1])]
-        run = _Run(python, iso, base, workdir, stdin, timeout_s, max_output_bytes, max_processes, _serve)
+        memory = memory_mb << 20
+        run = _Run(python, iso, base, workdir, stdin, timeout_s, max_output_bytes, max_processes, memory, _serve)
         return run.start(args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -257,6 +264,7 @@ class _Run:
     timeout_s: float
     max_output_bytes: int
     max_processes: int
+    memory_bytes: int
     serve: tuple[int, int] | None = None  # (stdin fd, an fd the child keeps): the evaluator's pipes
 
     def start(self, args: list[str]) -> ExecResult:
@@ -270,11 +278,14 @@ class _Run:
         handed = False
         try:
             os.set_blocking(ready_r, False)
-            with sandbox.pids_cgroup(self.iso.cgroup_parent, self.max_processes) as cgroup:
-                spec = sandbox.confine_spec(self.iso, root, self.workdir, cgroup, ready_w)
+            parents = (self.iso.cgroup_parent, self.iso.memory_parent)
+            with run_cgroups(*parents, self.max_processes, self.memory_bytes) as cgroups:
+                spec = sandbox.confine_spec(self.iso, root, self.workdir, cgroups.paths, ready_w)
                 cmd = [*self.iso.prefix, *interpreter, sandbox.CONFINE + _RUNNER, spec, *args]
                 handed = True  # _execute closes it once the child holds it
                 result = self._execute(cmd, ready_w, used)
+                if cgroups.memory_exceeded() and result.status in ("error", "ok"):  # the OOM killer ended one
+                    result = replace(result, status="memory", stderr=result.stderr + MEMORY_KILLED)
             try:
                 confined = os.read(ready_r, 1) == b"1"
             except BlockingIOError:

@@ -8,8 +8,9 @@ An isolated run is one command line::
 ``CONFINE`` (below) runs first, as process 1 of the new PID namespace, before the code and
 before anything can fork. Holding the capabilities of its own user namespace, it:
 
-1. joins a fresh ``pids`` cgroup whose ``pids.max`` the trainer set (when a cgroup is writable
-   here): the process-count limit, which binds root too (``RLIMIT_NPROC`` does not);
+1. joins fresh ``pids`` and ``memory`` cgroups the trainer made (where a cgroup is writable here;
+   :mod:`queryrl.rewards.sandbox_cgroups`): the process-count limit, which binds root too
+   (``RLIMIT_NPROC`` does not), and ``memory_mb`` for all its processes together;
 2. builds a private root on a small tmpfs: read-only bind mounts of the system directories
    (``/usr``, ``/lib*``, ``/bin``, ``/sbin``), the interpreter's prefixes (the venv and its base
    Python) and ``/etc/ld.so.cache``; a few device nodes; private tmpfs folders (64 MiB each:
@@ -42,19 +43,20 @@ import json
 import logging
 import os
 import platform
-import secrets
 import select
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from queryrl.rewards.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, cgroup_parent, run_cgroups
 
 logger = logging.getLogger(__name__)
 
 MAX_PROCESSES = 64  # per run: processes and threads (the pids cgroup counts threads)
+PROBE_MEMORY_BYTES = 256 << 20  # the probe's memory cgroup: enough to start the interpreter
 UNSHARE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 # the system directories every interpreter needs; symlinks (merged /usr) are recreated as links
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache")
@@ -73,7 +75,7 @@ HOW_TO_GET_ISOLATION = (
 
 # Runs inside the namespaces before the code. Its argument (argv[1], removed) is a JSON spec:
 # {"root": mountpoint, "work": the working folder (its files are copied in), "binds": [paths], "devices": [paths],
-#  "cgroup": dir or null, "pivot_root": syscall number, "ready_fd": fd or null}. Success is told
+#  "cgroups": [dirs], "pivot_root": syscall number, "ready_fd": fd or null}. Success is told
 # on ready_fd (closed before the code runs, so the code cannot fake it); a failure exits 125
 # with one line on stderr.
 CONFINE = r"""
@@ -94,8 +96,8 @@ def _confine(spec):
         mount(src, dst, None, BIND)
         keep = sum(ms for st, ms in LOCKED if os.statvfs(src).f_flag & st)
         mount(None, dst, None, REMOUNT | BIND | keep | RDONLY)
-    if spec["cgroup"]:  # before anything forks: every descendant is counted against pids.max
-        with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
+    for folder in spec["cgroups"]:  # before anything forks: every descendant counts (pids.max, memory)
+        with open(os.path.join(folder, "cgroup.procs"), "w") as f:
             f.write("0")
     last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
     root = spec["root"]
@@ -174,6 +176,7 @@ class Isolation:
     prefix: tuple[str, ...]  # the unshare command line before the interpreter
     binds: tuple[str, ...]  # host paths the private root shows, read-only
     cgroup_parent: str | None  # where per-run pids cgroups are made; None: no process-count limit
+    memory_parent: str | None = None  # where per-run memory cgroups are made; None: RLIMIT_AS per process only
 
 
 def _interpreter_paths(python: str) -> list[str]:
@@ -197,79 +200,14 @@ def _bind_list(python: str) -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def _pids_cgroup_parent() -> str | None:
-    """A writable cgroup folder with the ``pids`` controller (v1 ``pids`` or v2), or None."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            mounts = [line.split() for line in f]
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            own = dict(line.rstrip("\n").split(":", 2)[1:] for line in f)
-    except OSError:
-        return None
-    for fields in mounts:
-        sep = fields.index("-")
-        fstype, options, point = fields[sep + 1], fields[-1].split(","), fields[4]
-        if fstype == "cgroup" and "pids" in options:
-            folder = point + own.get("pids", "/")
-        elif fstype == "cgroup2" and "" in own:
-            folder = point + own[""]
-            with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.subtree_control")) as f:
-                if "pids" not in f.read().split():
-                    continue
-        else:
-            continue
-        if os.path.isdir(folder) and os.access(folder, os.W_OK):
-            return folder
-    return None
-
-
-@contextlib.contextmanager
-def pids_cgroup(parent: str | None, max_processes: int) -> Iterator[str | None]:
-    """A fresh cgroup under `parent` with ``pids.max`` = `max_processes`, removed afterwards."""
-    if parent is None:
-        yield None
-        return
-    folder = os.path.join(parent, f"queryrl-sandbox-{secrets.token_hex(6)}")
-    try:
-        os.mkdir(folder)
-        with open(os.path.join(folder, "pids.max"), "w") as f:
-            f.write(str(max_processes))
-    except OSError as e:
-        logger.warning("code sandbox: cannot make a pids cgroup in %s (%s); no process-count limit", parent, e)
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-        yield None
-        return
-    try:
-        yield folder
-    finally:
-        _remove_cgroup(folder)
-
-
-def _remove_cgroup(folder: str, within_s: float = 2.0) -> None:
-    """rmdir a cgroup: busy for a moment after its last process was reaped (the release is deferred)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            os.rmdir(folder)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            if time.monotonic() > deadline:
-                logger.warning("code sandbox: cannot remove the cgroup %s: %s", folder, e)
-                return
-            time.sleep(0.005)
-
-
-def confine_spec(iso: Isolation, root: str, work: str, cgroup: str | None, ready_fd: int | None = None) -> str:
+def confine_spec(iso: Isolation, root: str, work: str, cgroups: list[str], ready_fd: int | None = None) -> str:
     """The JSON argument of :data:`CONFINE`."""
     spec = {
         "root": root,
         "work": work,
         "binds": list(iso.binds),
         "devices": [d for d in DEVICES if os.path.exists(d)],
-        "cgroup": cgroup,
+        "cgroups": cgroups,
         "pivot_root": _PIVOT_ROOT.get(platform.machine(), -1),
         "ready_fd": ready_fd,
     }
@@ -280,17 +218,19 @@ class IsolationUnavailable(RuntimeError):
     """No isolation mechanism works here (the message says why and how to get one)."""
 
 
-def _try(prefix: tuple[str, ...], binds: tuple[str, ...], python: str, cgroup_parent: str | None) -> str | None:
+def _try(
+    prefix: tuple[str, ...], binds: tuple[str, ...], python: str, pids: str | None, memory: str | None = None
+) -> str | None:
     """Run a confined ``print('ok')``: None when it works, else the last line it printed on stderr."""
     import tempfile
 
-    iso = Isolation(prefix, binds, cgroup_parent)
+    iso = Isolation(prefix, binds, pids, memory)
     with tempfile.TemporaryDirectory(prefix="queryrl-sandbox-probe-") as base:
         root, work = os.path.join(base, "root"), os.path.join(base, "work")
         os.mkdir(root)
         os.mkdir(work)
-        with pids_cgroup(cgroup_parent, MAX_PROCESSES) as cgroup:
-            cmd = [*prefix, python, "-I", "-c", CONFINE + "print('ok')", confine_spec(iso, root, work, cgroup)]
+        with run_cgroups(pids, memory, MAX_PROCESSES, PROBE_MEMORY_BYTES) as cgroups:
+            cmd = [*prefix, python, "-I", "-c", CONFINE + "print('ok')", confine_spec(iso, root, work, cgroups.paths)]
             try:
                 done = subprocess.run(cmd, capture_output=True, timeout=30, cwd=work, env={"PATH": "/usr/bin:/bin"})
             except (OSError, subprocess.SubprocessError) as e:
@@ -325,12 +265,22 @@ def probe(python: str) -> Isolation:
         if error is not None:
             errors.append(f"`{' '.join(prefix[:3])} ...`: {error}")
             continue
-        parent = _pids_cgroup_parent()
+        parent = cgroup_parent("pids")
         if parent is not None and (cgroup_error := _try(prefix, binds, python, parent)) is not None:
             logger.warning("code sandbox: cannot use the pids cgroup %s (%s)", parent, cgroup_error)
             parent = None
         if parent is None:
             logger.warning("code sandbox: no writable pids cgroup: only RLIMIT_NPROC limits processes (not as root)")
+        memory = cgroup_parent("memory")
+        if memory is not None and (cgroup_error := _try(prefix, binds, python, None, memory)) is not None:
+            logger.warning("code sandbox: cannot use the memory cgroup %s (%s)", memory, cgroup_error)
+            memory = None
+        if memory is None:
+            logger.warning(
+                "code sandbox: no writable memory cgroup: memory_mb limits each process (RLIMIT_AS), not the "
+                "sandbox, so a run may start at most %d processes",
+                MAX_PROCESSES_WITHOUT_MEMORY_CGROUP,
+            )
         if "--user" not in prefix:  # the fallback: said once (probe is cached per interpreter)
             logger.warning(
                 "code sandbox: user namespaces are refused here (%s); confining without one: the sandboxed "
@@ -338,7 +288,7 @@ def probe(python: str) -> Isolation:
                 "sysctl user.max_user_namespaces=15000, to map it to an unprivileged user)",
                 errors[0],
             )
-        return Isolation(prefix, binds, parent)
+        return Isolation(prefix, binds, parent, memory)
     raise IsolationUnavailable(f"code sandbox: no isolation works here ({'; '.join(errors)}); {HOW_TO_GET_ISOLATION}")
 
 

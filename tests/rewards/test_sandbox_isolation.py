@@ -6,6 +6,7 @@ Each attack runs against the default mode and, where it shows that the test can 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -443,6 +444,55 @@ def test_the_process_count_is_limited_even_as_root() -> None:
     assert "refused 11" in result.stdout  # EAGAIN
     assert int(result.stdout.split("started")[1]) <= 15  # 16 with the code itself
     assert not any(name.startswith("queryrl-sandbox-") for name in os.listdir(iso.cgroup_parent or "/nonexistent"))
+
+
+FOUR_CHILDREN_OF_400_MB = textwrap.dedent(
+    """
+    import os, time
+    pids = []
+    for i in range(4):
+        pid = os.fork()
+        if pid == 0:
+            block = bytearray(400 << 20)
+            for j in range(0, len(block), 4096):
+                block[j] = 1  # touched: resident, not only reserved
+            print("allocated", i, flush=True)
+            time.sleep(2)
+            os._exit(0)
+        pids.append(pid)
+    print("children", [os.waitpid(p, 0)[1] for p in pids], flush=True)
+    """
+)
+
+
+@needs_isolation
+def test_memory_is_limited_for_the_whole_sandbox() -> None:
+    """memory_mb was a per-process RLIMIT_AS: 4 children of 400 MB took 1.7 GB with memory_mb=512."""
+    iso = sandbox.probe(sys.executable)
+    if iso.memory_parent is None:
+        pytest.skip("no writable memory cgroup here: the process count is capped instead (tested below)")
+    result = run_code(FOUR_CHILDREN_OF_400_MB, memory_mb=512, timeout_s=20.0)
+    assert result.stdout.count("allocated") <= 1, result.stdout  # 2 x 400 MB > 512 MB
+    assert result.status == "memory"
+    assert "went past memory_mb" in result.stderr
+    assert not any(name.startswith("queryrl-sandbox-") for name in os.listdir(iso.memory_parent))
+    assert run_code("print(len(bytearray(100 << 20)))", memory_mb=512).stdout == f"{100 << 20}\n"
+
+
+@needs_isolation
+def test_without_a_memory_cgroup_the_process_count_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from queryrl.rewards.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, processes_without_memory_cgroup
+
+    assert processes_without_memory_cgroup(64, None) == MAX_PROCESSES_WITHOUT_MEMORY_CGROUP
+    assert processes_without_memory_cgroup(64, "/sys/fs/cgroup/memory") == 64
+    iso = sandbox.probe(sys.executable)
+    if iso.cgroup_parent is None:
+        pytest.skip("no writable pids cgroup: the cap is RLIMIT_NPROC, which does not bind root")
+    monkeypatch.setattr(sandbox, "probe", lambda python: dataclasses.replace(iso, memory_parent=None))
+    forks = "import os, time\nn = 0\ntry:\n    for _ in range(40):\n        if os.fork() == 0:\n"
+    forks += "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)"
+    result = run_code(forks, timeout_s=10.0)
+    assert int(result.stdout) <= MAX_PROCESSES_WITHOUT_MEMORY_CGROUP - 1  # the code itself is one
 
 
 @needs_isolation
