@@ -103,6 +103,8 @@ def _confine(spec):
     root = spec["root"]
     mount(None, "/", None, REC | PRIVATE)
     mount("tmpfs", root, "tmpfs", NOSUID | NODEV, "size=1m,mode=755")
+    os.makedirs(root + "/tmp")  # first: a bind below /tmp (a virtualenv under /tmp) then lies on top of it
+    mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, "size=64m,mode=1777")
     for path in spec["binds"]:
         target = root + path
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -114,7 +116,7 @@ def _confine(spec):
         elif os.path.exists(path):
             open(target, "w").close()
             bind(path, target)
-    for sub in ("dev", "tmp", "proc"):
+    for sub in ("dev", "proc"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
     mount("tmpfs", root + "/dev", "tmpfs", NOSUID | NOEXEC, "size=64k,mode=755")
     for path in spec["devices"]:
@@ -125,7 +127,6 @@ def _confine(spec):
         os.symlink(target, root + "/dev/" + name)
     os.makedirs(root + "/dev/shm")
     mount("tmpfs", root + "/dev/shm", "tmpfs", NOSUID | NODEV, "size=16m,mode=1777")
-    mount("tmpfs", root + "/tmp", "tmpfs", NOSUID | NODEV, "size=64m,mode=1777")
     # the working folder: a private tmpfs (bounded, never the host's disk) holding copies of the run's files
     files = {name: open(os.path.join(spec["work"], name), "rb").read() for name in os.listdir(spec["work"])}
     work = root + spec["work"]

@@ -10,10 +10,12 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -493,6 +495,20 @@ def test_without_a_memory_cgroup_the_process_count_is_capped(monkeypatch: pytest
     forks += "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)"
     result = run_code(forks, timeout_s=10.0)
     assert int(result.stdout) <= MAX_PROCESSES_WITHOUT_MEMORY_CGROUP - 1  # the code itself is one
+
+
+@needs_isolation
+def test_an_interpreter_under_tmp_is_not_hidden_by_the_private_tmp(tmp_path: Path) -> None:
+    """A fresh clone under /tmp (its .venv there too) failed 7 sandbox tests: the private /tmp hid it."""
+    venv = Path(tempfile.mkdtemp(prefix="queryrl-venv-", dir="/tmp"))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+        python = str(venv / "bin" / "python")
+        result = run_code("import sys, os\nprint(sys.prefix, os.path.exists(sys.executable))", python=python)
+        assert (result.status, result.stdout) == ("ok", f"{venv} True\n"), result.stderr
+        sandbox.probe.cache_clear()
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 @needs_isolation
