@@ -12,7 +12,7 @@ BROWSER := $(VENV)/.browser
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
+.PHONY: lock demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
 	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
 	gpu-check gpu-wheels
 
@@ -90,7 +90,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 $(BENCH_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[bench]"
+	$(BENCH_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[bench]"
 	touch $(BENCH_STAMP)
 
 # queryrl against TRL's GRPOTrainer, alternately in fresh processes: results/trl_vs_queryrl.json
@@ -164,9 +164,19 @@ install: $(STAMP)
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+# installed against constraints.txt: the versions the tests last passed with (make lock refreshes it)
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
+
+# constraints.txt from a fresh environment: the newest releases pyproject.toml allows; run make test after it
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet torch==2.13.0
+	.venv-lock/bin/python -m pip install --quiet -e ".[dev]"
+	{ sed -n '1,3p' constraints.txt; .venv-lock/bin/python -m pip freeze --exclude-editable \
+		| sed -E 's/\+[A-Za-z0-9.]+$$//'; } > constraints.txt.tmp && mv constraints.txt.tmp constraints.txt
+	rm -rf .venv-lock
 
 # A CJK font for the plots' Chinese labels (data_source names in legends): Debian's fonts-noto-cjk (SIL OFL),
 # installed once where this user may (root with apt-get); elsewhere the labels show boxes, and make says so.
