@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Iterator
+from enum import Enum
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -20,6 +21,12 @@ F = TypeVar("F", bound=Callable[..., object])
 
 class RegistryError(ValueError):
     """An unknown name, or a second registration of a name with different code."""
+
+
+def _key(name: str | Enum) -> str:
+    """The name an entry is stored under: an Enum member by its value, as verl's registries do
+    (``register_adv_est(AdvantageEstimator.GRPO)`` and ``"grpo"`` are one entry)."""
+    return str(name.value) if isinstance(name, Enum) else name
 
 
 def _same_code(a: Callable[..., object], b: Callable[..., object]) -> bool:
@@ -51,14 +58,16 @@ class Registry(Generic[F]):
         self._fns: dict[str, F] = {}
         self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str, *, needs: Iterable[str] = ()) -> Callable[[F], F]:
+    def register(self, name: str | Enum, *, needs: Iterable[str] = ()) -> Callable[[F], F]:
         """Decorator that registers a function under `name`.
 
         Args:
-            name: the config value that chooses it.
+            name: the config value that chooses it (an Enum member: its value).
             needs: what the entry needs its caller to provide beyond the common signature (e.g. an
                 advantage estimator's ``{"values"}`` from a critic); read with :meth:`needs`.
         """
+
+        name = _key(name)
 
         def decorator(fn: F) -> F:
             existing = self._fns.get(name)
@@ -74,29 +83,30 @@ class Registry(Generic[F]):
 
         return decorator
 
-    def get(self, name: str) -> F:
-        """The function registered under `name`; an unknown name lists the valid ones."""
+    def get(self, name: str | Enum) -> F:
+        """The function registered under `name` (an Enum member: its value); an unknown name lists the valid ones."""
+        name = _key(name)
         try:
             return self._fns[name]
         except KeyError:
             raise RegistryError(f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self._fns))}") from None
 
-    def needs(self, name: str) -> frozenset[str]:
+    def needs(self, name: str | Enum) -> frozenset[str]:
         """What the entry `name` declared it needs (empty when nothing); an unknown name raises."""
         self.get(name)
-        return self._needs.get(name, frozenset())
+        return self._needs.get(_key(name), frozenset())
 
-    def unregister(self, name: str) -> None:
+    def unregister(self, name: str | Enum) -> None:
         """Remove `name` (a plugin unloading, a test cleaning up); an unknown name is ignored."""
-        self._fns.pop(name, None)
-        self._needs.pop(name, None)
+        self._fns.pop(_key(name), None)
+        self._needs.pop(_key(name), None)
 
     def names(self) -> list[str]:
         """The registered names, sorted."""
         return sorted(self._fns)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._fns
+        return (_key(name) if isinstance(name, Enum | str) else name) in self._fns
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

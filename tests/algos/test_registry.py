@@ -57,3 +57,28 @@ def test_loading_the_same_plugin_twice_is_not_a_conflict() -> None:
     _load_plugin(reg, "x + 1")  # same code, new function object
     with pytest.raises(RegistryError, match="already registered"):
         _load_plugin(reg, "x + 2")
+
+
+def test_an_enum_member_registers_and_looks_up_by_its_value() -> None:
+    """verl 0.9.1's test_register_with_enum: register_adv_est(AdvantageEstimator.X) is looked up as "x"."""
+    from enum import Enum
+
+    class Estimator(str, Enum):
+        DOUBLE = "double"
+
+    class Plain(Enum):
+        TRIPLE = "triple"
+
+    reg: Registry[object] = Registry("widget")
+    reg.register(Estimator.DOUBLE)(double)
+    reg.register(Plain.TRIPLE, needs={"values"})(triple)
+    assert reg.names() == ["double", "triple"]
+    assert reg.get("double") is reg.get(Estimator.DOUBLE) is double
+    assert reg.get("triple") is reg.get(Plain.TRIPLE) is triple
+    assert Plain.TRIPLE in reg
+    assert "triple" in reg
+    assert reg.needs(Plain.TRIPLE) == {"values"}
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.register("triple")(double)
+    reg.unregister(Plain.TRIPLE)
+    assert "triple" not in reg
