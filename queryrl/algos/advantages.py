@@ -6,12 +6,17 @@ token — and ``response_mask`` (N, T), and returns ``(advantages, returns)``, b
 
 Groups are given as one id per sequence (``group_ids``, N). They may be ragged (any size
 from 1), in any order and not contiguous: samples whose reward failed are dropped before this
-point. Conventions shared with verl 0.9.1 (``verl/trainer/ppo/core_algos.py``), whose numbers
-these functions reproduce:
+point. These functions reproduce the numbers of verl 0.9.1 (``verl/trainer/ppo/core_algos.py``),
+with its conventions, and differ on purpose where said:
 
 - a group of one has baseline 0 (and std 1 where the estimator divides by the std), so it keeps
-  its raw score;
-- a group whose scores are all equal gets advantage exactly 0, never NaN.
+  its raw score (as verl);
+- a group whose scores are all equal gets advantage exactly 0, never NaN. **verl differs**: its mean
+  of equal floats can miss them by an ulp, and it divides that noise by ``std + eps`` (eight scores
+  of 0.3 give 0.0289 each in float32); queryrl sets the mean of a constant group to the score itself,
+  so such a group never pushes the policy;
+- group sums of bfloat16 / float16 scores accumulate in float32 and the results are rounded back to
+  the scores' dtype once (summed in bfloat16, they were one ulp from verl in a reviewer's differential test).
 
 All estimators share one signature (:class:`AdvantageFn`) so the trainer calls
 ``ADVANTAGE_ESTIMATORS.get(name)(...)`` without knowing which one it is; each ignores the
@@ -101,6 +106,9 @@ def group_mean_std(scores: Tensor, inverse: Tensor, num_groups: int) -> tuple[Te
         has mean 0 and std 1. A constant group has std 0 and a mean equal to its scores
         exactly, so ``scores - mean`` is exactly 0 there.
     """
+    if scores.dtype in (torch.bfloat16, torch.float16):  # sums in float32, rounded back once
+        mean, std, count = group_mean_std(scores.float(), inverse, num_groups)
+        return mean.to(scores.dtype), std.to(scores.dtype), count.to(scores.dtype)
     zeros = scores.new_zeros(num_groups)
     count_g = zeros.index_add(0, inverse, torch.ones_like(scores))  # (G,)
     mean_g = zeros.index_add(0, inverse, scores) / count_g  # (G,)
@@ -246,12 +254,13 @@ def opo(
     ``b_g = sum_j |y_j| r_j / sum_j |y_j|``, ``A_i = r_i - b_g``; a group of one has b = 0.
     """
     scores, inverse, num_groups = _grouped_scores(token_rewards, group_ids, "opo")
-    lengths = response_mask.sum(dim=-1).to(scores.dtype)  # (N,)
-    zeros = scores.new_zeros(num_groups)
-    weighted = zeros.index_add(0, inverse, lengths * scores)  # (G,)
+    wide = torch.float32 if scores.dtype in (torch.bfloat16, torch.float16) else scores.dtype  # sums in fp32
+    lengths = response_mask.sum(dim=-1).to(wide)  # (N,)
+    zeros = scores.new_zeros(num_groups, dtype=wide)
+    weighted = zeros.index_add(0, inverse, lengths * scores.to(wide))  # (G,)
     total_len = zeros.index_add(0, inverse, lengths)  # (G,)
-    count = zeros.index_add(0, inverse, torch.ones_like(scores))  # (G,)
-    baseline = weighted / total_len.clamp(min=1e-12)  # (G,) a group of empty responses gets 0
+    count = zeros.index_add(0, inverse, torch.ones_like(lengths))  # (G,)
+    baseline = (weighted / total_len.clamp(min=1e-12)).to(scores.dtype)  # (G,) empty responses: 0
     constant, value_g = _constant_groups(scores, inverse, num_groups)
     baseline = torch.where(constant, value_g, baseline)
     baseline = torch.where(count > 1, baseline, torch.zeros_like(baseline))

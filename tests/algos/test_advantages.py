@@ -722,3 +722,31 @@ def test_compute_advantages_dispatches_and_forwards_kwargs(name: str) -> None:
     for other in sorted(ALL_NAMES - {name}):
         other_adv, _ = FUNCTIONS[other](rewards, mask, **kwargs)
         assert not torch.allclose(adv, other_adv), (name, other)
+
+
+def test_a_constant_group_is_exactly_zero_where_verl_gives_float_noise() -> None:
+    """Deliberately not verl 0.9.1: its mean of eight 0.3s misses 0.3 by an ulp and the noise is divided by
+    std + eps; queryrl's constant group gets exactly 0 (queryrl/algos/advantages.py module doc)."""
+    scores = torch.full((8,), 0.3)
+    verl_like = (scores - scores.mean()) / (scores.std() + 1e-6)  # what verl's grpo computes for this group
+    assert float(verl_like[0]) != 0.0
+    adv, _ = ADVANTAGE_ESTIMATORS.get("grpo")(scores.unsqueeze(-1), torch.ones(8, 1), group_ids=[0] * 8)
+    assert torch.equal(adv, torch.zeros(8, 1))
+
+
+def test_bf16_group_statistics_are_the_float32_ones_rounded_once() -> None:
+    from queryrl.algos import group_mean_std
+    from queryrl.algos.advantages import group_index
+
+    gen = torch.Generator().manual_seed(0)
+    scores = (torch.rand(400, generator=gen) * 3).to(torch.bfloat16)
+    ids = torch.randint(0, 50, (400,), generator=gen)
+    inverse, groups = group_index(ids, 400)
+    mean, std, count = group_mean_std(scores, inverse, groups)
+    mean32, std32, count32 = group_mean_std(scores.float(), inverse, groups)
+    assert mean.dtype == std.dtype == torch.bfloat16
+    assert torch.equal(mean, mean32.to(torch.bfloat16))
+    assert torch.equal(std, std32.to(torch.bfloat16))
+    # against float64: no worse than rounding the exact value once (bf16 sums were up to a few ulps off)
+    exact = group_mean_std(scores.double(), inverse, groups)[0]
+    assert torch.all((mean.double() - exact).abs() <= (exact.to(torch.bfloat16).double() - exact).abs() + 1e-12)
