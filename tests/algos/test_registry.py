@@ -63,7 +63,7 @@ def test_an_enum_member_registers_and_looks_up_by_its_value() -> None:
     """verl 0.9.1's test_register_with_enum: register_adv_est(AdvantageEstimator.X) is looked up as "x"."""
     from enum import Enum
 
-    class Estimator(str, Enum):
+    class Estimator(str, Enum):  # noqa: UP042 (verl's AdvantageEstimator is a str, Enum)
         DOUBLE = "double"
 
     class Plain(Enum):
