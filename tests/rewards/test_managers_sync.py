@@ -185,7 +185,7 @@ def test_dapo_warns_when_lengths_are_missing(caplog: pytest.LogCaptureFixture) -
 
 def all_options() -> dict[str, Any]:
     """RewardConfig's manager settings, as the trainer passes them."""
-    # max_failed_frac and max_skipped_steps are the trainer's step policy, not manager settings
+    # max_failed_frac, max_skipped_steps and drop_failed_groups are the trainer's step policy, not manager settings
     fields = {f.name for f in dataclasses.fields(RewardConfig)} - {
         "manager",
         "function",
@@ -193,6 +193,7 @@ def all_options() -> dict[str, Any]:
         "kwargs",
         "max_failed_frac",
         "max_skipped_steps",
+        "drop_failed_groups",
     }
     options = {name: getattr(RewardConfig(), name) for name in fields}
     options |= {"max_response_length": 64, "overlong_buffer_len": 8}
