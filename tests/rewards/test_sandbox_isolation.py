@@ -454,8 +454,14 @@ def _left_behind(parent: str | None, before: set[str]) -> list[str]:
     to a run of another test worker at the same time (pytest-xdist)."""
     if parent is None:
         return []
-    new = [n for n in set(os.listdir(parent)) - before if n.startswith("queryrl-sandbox-")]
-    return [n for n in new if not Path(parent, n, "cgroup.procs").read_text().strip()]
+    left = []
+    for name in set(os.listdir(parent)) - before:
+        try:  # another worker's run may remove its cgroup meanwhile
+            if name.startswith("queryrl-sandbox-") and not Path(parent, name, "cgroup.procs").read_text().strip():
+                left.append(name)
+        except FileNotFoundError:
+            continue
+    return left
 
 
 FOUR_CHILDREN_OF_400_MB = textwrap.dedent(
