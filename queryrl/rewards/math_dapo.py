@@ -9,9 +9,10 @@ every name starting with ``aime`` here, and so does :func:`queryrl.rewards.funct
 Only the last 300 characters of the response are read. By default (Minerva): the answer is the text
 after the last ``Answer:`` (case-insensitive) up to the end of its line (``[INVALID]`` when there is
 none); both it and the reference go through :func:`normalize_final_answer` and are compared as strings.
-With ``strict_box_verify``: the answer is the content of the last ``\\boxed{...}`` in the last 100
-characters, compared with the reference as it is. The result is verl's dict:
-``{"score": 1.0 | -1.0, "acc": bool, "pred": str}``.
+Where there is no ``Answer:`` line, verl 0.9.1 falls back to the content of the last ``\\boxed{...}`` in
+the last 100 characters, compared with the reference as it is (not normalised); and so does this one.
+With ``strict_box_verify``: only that boxed content counts (``pred`` None when there is no box). The
+result is verl's dict: ``{"score": 1.0 | -1.0, "acc": bool, "pred": str | None}``.
 """
 
 from __future__ import annotations
@@ -138,12 +139,15 @@ def compute_score(solution_str: str, ground_truth: Any, strict_box_verify: bool 
     """
     tail = solution_str[-300:]  # verl: the longest answer in MATH-500 has 159 characters
     truth = str(ground_truth)
+    pred: str | None
     if strict_box_verify:
-        boxed = last_boxed(tail[-100:])
-        pred = boxed if boxed is not None else INVALID
-        correct = pred == truth
+        pred = last_boxed(tail[-100:])  # None without a box, as verl 0.9.1
+        correct = pred is not None and pred == truth
     else:
         matches = ANSWER_PATTERN.findall(tail)
         pred = normalize_final_answer(matches[-1] if matches else INVALID)
         correct = pred == normalize_final_answer(truth)
+        boxed = last_boxed(tail[-100:]) if pred == INVALID else None
+        if boxed is not None:  # verl 0.9.1: no `Answer:` line, the last \boxed{} of the last 100 characters
+            pred, correct = boxed, boxed == truth
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred}

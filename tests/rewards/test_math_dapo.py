@@ -29,8 +29,11 @@ def test_the_answer_after_the_last_answer_line_scores_plus_or_minus_one() -> Non
     assert compute_score("answer : 1,000 dollars\n", "1000")["score"] == 1.0  # case-insensitive, normalized
     assert compute_score("Answer: 4\nwait.\nAnswer: 5", "5")["score"] == 1.0  # the last one counts
     assert compute_score("Answer: 4", "5") == {"score": -1.0, "acc": False, "pred": "4"}
-    # a boxed answer without "Answer:" is not read (unlike the MATH scorer): -1, not 0
-    assert compute_score("so \\boxed{5}", "5") == {"score": -1.0, "acc": False, "pred": "[INVALID]"}
+    # without an "Answer:" line, verl 0.9.1 reads the last box of the last 100 characters, unnormalised
+    assert compute_score("so \\boxed{5}", "5") == {"score": 1.0, "acc": True, "pred": "5"}
+    assert compute_score("\\boxed{1,000}", "1000") == {"score": -1.0, "acc": False, "pred": "1,000"}
+    assert compute_score("\\boxed{7}" + "y" * 120, "7")["pred"] == "[INVALID]"  # the box is too far back
+    assert compute_score("Answer: 4, so \\boxed{5}", "5")["pred"] == "4,so5"  # an Answer: line wins
     assert compute_score("Answer: 5" + "." * 300, "5")["score"] == -1.0  # only the last 300 characters are read
 
 
@@ -38,13 +41,15 @@ def test_strict_box_verify_reads_the_last_box_as_it_is() -> None:
     assert compute_score("Answer: 4, so \\boxed{5}", "5", strict_box_verify=True)["score"] == 1.0
     assert compute_score("\\boxed{ 5}", "5", strict_box_verify=True) == {"score": -1.0, "acc": False, "pred": " 5"}
     assert compute_score("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", strict_box_verify=True)["score"] == 1.0
-    assert compute_score("\\boxed{5", "5", strict_box_verify=True)["pred"] == "[INVALID]"  # unclosed
+    assert compute_score("\\boxed{5", "5", strict_box_verify=True)["pred"] is None  # unclosed (verl 0.9.1: None)
+    assert compute_score("Answer: 5", "5", strict_box_verify=True) == {"score": -1.0, "acc": False, "pred": None}
 
 
 def test_math_and_aime_route_to_dapo_as_in_verl_and_the_math_datasets_to_boxed() -> None:
     for source in ("math", "math_dapo", "math_dapo_reasoning", "aime24", "aime_2025"):
         assert default_compute_score(source, "Answer: 5", "5") == {"score": 1.0, "acc": True, "pred": "5"}
-        assert default_compute_score(source, "\\boxed{5}", "5")["score"] == -1.0
+        assert default_compute_score(source, "\\boxed{5}", "5")["score"] == 1.0  # verl 0.9.1's box fallback
+        assert default_compute_score(source, "no answer", "5")["score"] == -1.0
     for source in ("lighteval/MATH", "HuggingFaceH4/MATH-500"):
         assert default_compute_score(source, "\\boxed{5}", "5") == 1.0
         assert default_compute_score(source, "Answer: 5", "5") == 0.0
