@@ -84,8 +84,9 @@ class RewardInput:
 
     ``response_length`` is the response's length in tokens (used by ``dapo``; 0 when unknown).
     ``row`` (the data row: ``prompt`` and the other columns), ``completion_ids`` (the response's trained
-    token ids) and ``step`` (the training step; None outside training or when unknown) are what a
-    TRL-style function gets besides (:mod:`queryrl.rewards.trl_style`); the verl contract ignores them.
+    token ids), ``step`` (the training step; None outside training or when unknown) and ``progress``
+    (``max_steps``, ``epoch``, ``num_train_epochs``) are what a TRL-style function gets besides
+    (:mod:`queryrl.rewards.trl_style`); the verl contract ignores them.
     """
 
     data_source: str
@@ -96,6 +97,8 @@ class RewardInput:
     row: Mapping[str, Any] = field(default_factory=dict)
     completion_ids: Sequence[int] = ()
     step: int | None = None
+    # where training stands (max_steps, epoch, num_train_epochs), for a TRL-style function's trainer_state
+    progress: Mapping[str, Any] | None = None
 
 
 @dataclass

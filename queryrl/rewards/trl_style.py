@@ -31,7 +31,11 @@ micro-batch):
   a row lacks one), with ``data_source`` and ``extra_info`` as the verl contract sees them (the
   rollout's facts such as ``num_tool_calls`` merged in) and ``ground_truth`` added from
   ``reward_model.ground_truth`` (unless the row has a ``ground_truth`` column of its own).
-- ``trainer_state``: ``TrainerState(global_step=...)`` when the inputs carry the step, else None.
+- ``log_metric(name, value)`` and ``log_extra(column, values)``, as TRL 1.16 passes them: a logged metric
+  is averaged into the step's metrics under its name; a column's values (one per completion) go into each
+  sample's ``reward_info`` in the samples files (TRL's completions table);
+- ``trainer_state``: :class:`TrainerState` (``global_step``, ``max_steps``, ``epoch``, ``num_train_epochs``, an
+  empty ``log_history``) when the inputs carry the step, else None.
 - ``reward.kwargs``; one that has the name of an argument above is an error.
 
 Detection (``reward.function.style=auto``; :func:`is_trl_style`): a function is TRL-style when its
@@ -49,6 +53,7 @@ import asyncio
 import inspect
 import math
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,18 +66,27 @@ from queryrl.rewards.manager import LoopRunner, RewardInput, RewardResult, as_nu
 
 STYLES = ("auto", "verl", "trl")
 # the arguments queryrl names itself; a dataset column never overrides them, a reward.kwargs key may not either
-_RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state"})
+_RESERVED = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra"})
 
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What queryrl tells a TRL-style function about training (TRL passes its ``TrainerState``).
+    """What queryrl tells a TRL-style function about training: the fields of transformers' ``TrainerState``
+    (what TRL passes) that say where training stands, with TRL's meaning.
 
     Attributes:
         global_step: the training step being scored (1-based, as the trainer counts).
+        max_steps: the steps the run trains for (``trainer.total_steps``, or epochs x steps per epoch).
+        epoch: epochs done so far, a float (TRL: ``global_step / steps_per_epoch`` at the step's start).
+        num_train_epochs: the epochs the run covers.
+        log_history: TRL's list of logged metrics; empty here (queryrl's metrics are in metrics.jsonl).
     """
 
     global_step: int
+    max_steps: int = 0
+    epoch: float = 0.0
+    num_train_epochs: int = 0
+    log_history: tuple[dict[str, float], ...] = ()
 
 
 def is_trl_style(fn: RewardFn) -> bool:
@@ -119,6 +133,38 @@ class TRLRewardFunction:
     def __init__(self, fn: RewardFn) -> None:
         self.fn = fn
         self.name = function_name(fn)
+        self._lock = threading.Lock()
+        self._logged: dict[str, list[float]] = {}  # log_metric: name -> values since the last pop_metrics
+        self._columns: dict[int, dict[str, list[Any]]] = {}  # log_extra, per call (by id of its inputs)
+
+    def __getstate__(self) -> dict[str, Any]:  # the parallel manager's workers get a copy without the lock
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: a scalar of this batch, averaged into the step's metrics as `name`."""
+        with self._lock:
+            self._logged.setdefault(str(name), []).append(float(value))
+
+    def pop_metrics(self) -> dict[str, float]:
+        """What the function logged with ``log_metric`` since the last call, each name's mean (the trainer
+        adds it to the step's metrics, as TRL reports it beside ``kl`` and ``entropy``)."""
+        with self._lock:
+            logged, self._logged = self._logged, {}
+        return {name: sum(values) / len(values) for name, values in logged.items() if values}
+
+    def _with_columns(self, results: list[RewardResult], inputs: Sequence[RewardInput]) -> list[RewardResult]:
+        """Each sample's ``log_extra`` values as its ``reward_info`` (the samples files show them: TRL's
+        completions table)."""
+        with self._lock:
+            columns = self._columns.pop(id(inputs), {})
+        for column, values in columns.items():
+            for result, value in zip(results, values, strict=False):
+                result.info[column] = value
+        return results
 
     def __repr__(self) -> str:
         return f"TRLRewardFunction({self.name})"
@@ -152,18 +198,29 @@ class TRLRewardFunction:
         names = sorted({k for r in rows for k in r} - _RESERVED)
         steps = {x.step for x in inputs}
         step = steps.pop() if len(steps) == 1 else None
+        progress = dict(inputs[0].progress or {}) if step is not None else {}
         clash = sorted(set(kwargs) & (_RESERVED | set(names)))
         if clash:
             raise RewardError(
                 f"reward.kwargs {', '.join(clash)} of TRL-style reward function {self.name} have the names of "
                 "arguments queryrl passes (prompts, completions, completion_ids, trainer_state, the data columns)"
             )
+        key = id(inputs)
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:  # TRL: a column of the completions table
+            with self._lock:
+                kept = self._columns.setdefault(key, {}).setdefault(str(column), [])
+                kept.extend(values)
+                del kept[: -len(inputs)]  # a retried call logs again: its last values count
+
         return {
             "prompts": prompts,
             "completions": completions,
             "completion_ids": [list(x.completion_ids) for x in inputs],
+            "log_metric": self._log_metric,
+            "log_extra": log_extra,
             **{name: [r.get(name) for r in rows] for name in names},
-            "trainer_state": TrainerState(global_step=step) if step is not None else None,
+            "trainer_state": TrainerState(global_step=step, **progress) if step is not None else None,
             **kwargs,
         }
 
@@ -207,9 +264,11 @@ class TRLRewardFunction:
                 results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {got}"))
             else:
                 results.append(RewardResult(score=number))
-        return results
+        return self._with_columns(results, inputs)
 
     def _fail_all(self, inputs: Sequence[RewardInput], reason: str) -> list[RewardResult]:
+        with self._lock:
+            self._columns.pop(id(inputs), None)
         return [failure(x.data_source, f"TRL-style reward function {self.name} {reason}") for x in inputs]
 
     def score_batch(
@@ -316,7 +375,7 @@ class WeightedTRLRewards(TRLRewardFunction):
             else:
                 total = sum(weights[label] * v for label, v in scored.items())
                 results.append(RewardResult(score=total, extra=dict(scored)))
-        return results
+        return self._with_columns(results, inputs)
 
 
 def load_weighted_functions(entries: Sequence[Mapping[str, Any]]) -> WeightedTRLRewards:

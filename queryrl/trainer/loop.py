@@ -241,8 +241,9 @@ class Trainer:
         """
         cfg, c = self.cfg, self.c
         batch, results = generate_and_score(
-            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, c.select, self.step
-        )
+            c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, c.select, self.step,
+            self._progress(),
+        )  # fmt: skip
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
         with timer("reward"):
@@ -268,6 +269,16 @@ class Trainer:
             return None
         self.skips.trained(self.step)
         return batch, baselines
+
+    def _progress(self) -> dict[str, Any]:
+        """Where training stands, as TRL's ``TrainerState`` says it (a TRL-style reward function's
+        ``trainer_state``): the run's steps, the epochs done (a float) and the epochs it covers."""
+        per_epoch = max(len(self.c.loader), 1)
+        return {
+            "max_steps": int(self.c.total_steps),
+            "epoch": (self.step - 1) / per_epoch,
+            "num_train_epochs": math.ceil(self.c.total_steps / per_epoch),
+        }
 
     def _informative_groups(
         self, batch: Batch, num_prompts: int, timer: PhaseTimer, metrics: dict[str, float]
@@ -311,8 +322,9 @@ class Trainer:
         greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.cfg.data.max_response_length)
         c = self.c
         _, results = generate_and_score(
-            c.rollout, c.reward, c.policy.tokenizer, items, greedy, PhaseTimer(), c.device, step=self.step
-        )
+            c.rollout, c.reward, c.policy.tokenizer, items, greedy, PhaseTimer(), c.device, step=self.step,
+            progress=self._progress(),
+        )  # fmt: skip
         per_prompt = torch.tensor([r.score if r.score is not None else 0.0 for r in results])
         return per_prompt[batch.group_ids.cpu()]
 
@@ -421,6 +433,7 @@ class Trainer:
                     PhaseTimer(),
                     c.device,
                     step=self.step,  # a TRL-style function's trainer_state.global_step, as in TRL's evaluation
+                    progress=self._progress(),
                 )
                 for row, result in zip(batch.non_tensor["row"], results, strict=True):
                     if result.score is None:

@@ -12,7 +12,8 @@ would otherwise cost the model load and a few skipped steps before the run stops
    truth when that is a string (e.g. a GSM8K answer), else the empty string: the check is that the
    function returns a number (or a dict with ``score``) without raising and within
    ``reward.timeout_s``, not what it returns. ``extra_info`` is the row's (no rollout extras such as
-   ``num_tool_calls``).
+   ``num_tool_calls``). A TRL-style function (or ``reward.functions``) is only loaded, not called: TRL
+   makes no such call, and a valid TRL function may read ``trainer_state`` or return None for a row.
 
 ``trainer.preflight=false`` skips all of it (``queryrl train --dry-run`` checks files and key
 variables without calling anything).
@@ -32,7 +33,7 @@ from queryrl.data.builtin import resolve_data_path
 from queryrl.rewards import RewardInput, RewardResult, load_reward_function
 from queryrl.rewards.functions import RewardFn
 from queryrl.rewards.manager import LoopRunner, score_sample
-from queryrl.rewards.trl_style import describe_weighted, load_weighted_functions
+from queryrl.rewards.trl_style import TRLRewardFunction, describe_weighted, load_weighted_functions
 
 Check = Callable[[], str]  # returns the line to print; raises PreflightError
 
@@ -117,6 +118,8 @@ def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
     # RewardError: missing file, failed import, no such name
     fn = spec.load()
     what = spec.describe()
+    if isinstance(fn, TRLRewardFunction):  # TRL calls it only in training, with training's arguments
+        return f"{what}: a TRL-style function, loaded; not called before training (as TRL)"
     path, row = first_row(cfg)
     timeout_s = float(cfg.reward.timeout_s)
     result = _score_with_timeout(fn, probe_input(row), spec.kwargs, timeout_s)

@@ -9,7 +9,7 @@ whole scoring time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -30,7 +30,13 @@ def decode_responses(tokenizer: Any, out: RolloutOutput) -> list[str]:
     ]
 
 
-def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any], step: int | None = None) -> list[RewardInput]:
+def reward_inputs(
+    out: RolloutOutput,
+    texts: list[str],
+    items: list[Any],
+    step: int | None = None,
+    progress: Mapping[str, Any] | None = None,
+) -> list[RewardInput]:
     """What the reward function sees for each response of `out` (verl's contract; plus, for a TRL-style
     function, the data row, the response's trained token ids and the training `step`)."""
     inputs = []
@@ -52,6 +58,7 @@ def reward_inputs(out: RolloutOutput, texts: list[str], items: list[Any], step: 
                 row=row,
                 completion_ids=completion_ids,
                 step=step,
+                progress=progress,
             )
         )
     return inputs
@@ -70,6 +77,7 @@ def generate_and_score(
     device: torch.device,
     select: Selector | None = None,
     step: int | None = None,
+    progress: Mapping[str, Any] | None = None,
 ) -> tuple[Batch, list[RewardResult]]:
     """Generate for `items` and score every response; rewards overlap generation.
 
@@ -90,7 +98,7 @@ def generate_and_score(
         for chunk in rollout.generate_chunks(prompts, sampling, **rows):
             chunk_texts = decode_responses(tokenizer, chunk)
             if select is None:
-                pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items, step)))
+                pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items, step, progress)))
             chunks.append(chunk)
             texts += chunk_texts
         out = RolloutOutput.concat(chunks, int(tokenizer.pad_token_id))
@@ -98,7 +106,7 @@ def generate_and_score(
             keep, extras = select(out)
             out = out.select(keep)
             texts = [texts[int(i)] for i in keep]
-            inputs = reward_inputs(out, texts, items, step)
+            inputs = reward_inputs(out, texts, items, step, progress)
             for inp, extra in zip(inputs, extras, strict=True):
                 inp.extra_info.update(extra)
             pending.append(reward.submit(inputs))

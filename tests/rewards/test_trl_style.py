@@ -143,6 +143,27 @@ def test_the_call_gets_prompts_completions_ids_columns_and_the_step() -> None:
     assert "prompt" not in seen
 
 
+@pytest.mark.parametrize("manager_name", ["naive", "async", "batch"])
+def test_log_metric_and_log_extra_reach_the_metrics_and_the_samples(manager_name: str) -> None:
+    """TRL 1.16 passes both; a function that called them got a TypeError here before."""
+    from queryrl.trainer.scoring import reward_side_metrics
+
+    def logs(completions: list[Any], log_metric: Any, log_extra: Any, **kwargs: Any) -> list[float]:
+        lengths = [float(len(c[0]["content"])) for c in completions]
+        log_metric("mean_length", sum(lengths) / len(lengths))
+        log_extra("length", lengths)
+        return [1.0] * len(completions)
+
+    inputs = [chat_input("ab", "5"), chat_input("abcd", "5")]
+    with make_reward_manager(manager_name, with_style(logs, "auto")) as manager:
+        results = manager.score(inputs)
+        metrics = reward_side_metrics(manager)
+    assert [r.info.get("length") for r in results] == [2.0, 4.0]
+    assert metrics["mean_length"] == 3.0
+    state = TrainerState(global_step=2, max_steps=10, epoch=0.5, num_train_epochs=1)
+    assert (state.max_steps, state.epoch, state.log_history) == (10, 0.5, ())
+
+
 def test_plain_completions_without_prompt_messages_and_no_state_without_a_step() -> None:
     inputs = [RewardInput("toy", "a" * n, None) for n in (20, 15, 26)]
     with make_reward_manager("naive", with_style(reward_len, "auto")) as manager:
@@ -287,6 +308,8 @@ def similarity(prompts, completions, completion_ids, ground_truth, trainer_state
     """Characters of the reference the reply contains, in the spirit of TRL's examples (conversational)."""
     with open(log, "a") as f:
         f.write(json.dumps({"step": trainer_state and trainer_state.global_step, "n": len(completions),
+                            "max_steps": trainer_state.max_steps, "epoch": trainer_state.epoch,
+                            "epochs": trainer_state.num_train_epochs, "history": list(trainer_state.log_history),
                             "role": completions[0][0]["role"], "prompt_role": prompts[0][-1]["role"],
                             "ids": all(isinstance(i, int) for ids in completion_ids for i in ids)}) + "\\n")
     return [len(set(c[0]["content"]) & set(t)) / len(set(t)) for c, t in zip(completions, ground_truth)]
@@ -307,16 +330,21 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
         "data.val_files=[builtin://toy_target_string/val]",
         "data.max_val_samples=4",
     )
-    assert "scored the first row" in check_reward(cfg, config_reward_spec(cfg))  # queryrl train's preflight
-    log.unlink()
+    # queryrl train's preflight loads it and does not call it (TRL makes no such call)
+    assert "not called before training" in check_reward(cfg, config_reward_spec(cfg))
+    assert not log.exists()
     with Trainer(cfg) as trainer:
         assert isinstance(trainer.c.reward.fn, TRLRewardFunction)
+        per_epoch = len(trainer.c.loader)
         before = params(trainer.c.policy.model)
         trainer.fit()
         after = params(trainer.c.policy.model)
     assert any(not torch.equal(before[k], after[k]) for k in before)
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert {c["step"] for c in calls} == {1, 2}  # validation at the end sees the step too, as in TRL
+    # TRL's TrainerState fields: the run's length and where it stands (epochs done, at the step's start)
+    assert {(c["max_steps"], c["epochs"], c["history"] == []) for c in calls} == {(2, 1, True)}
+    assert sorted({c["epoch"] for c in calls}) == [0.0, 1 / per_epoch]
     # every sample of both steps, in one call per rollout chunk, then the 4 validation prompts
     assert sum(c["n"] for c in calls) == 2 * 4 * 4 + 4
     assert all(c["role"] == "assistant" and c["prompt_role"] == "user" and c["ids"] for c in calls)

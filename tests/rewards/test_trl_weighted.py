@@ -137,7 +137,7 @@ def test_a_grpo_run_with_two_weighted_functions(rewards_file: Path, tmp_path: Pa
     )
     cfg = make_cfg(tmp_path, model_cache, functions, "trainer.total_steps=2")
     spec = config_reward_spec(cfg)
-    assert "scored the first row" in check_reward(cfg, spec)  # queryrl train's preflight
+    assert "not called before training" in check_reward(cfg, spec)  # queryrl train's preflight: loaded only
     plan = build_plan(cfg).render()
     assert f"functions 0.5 x {rewards_file}:format_reward + 2 x {rewards_file}:accuracy_reward" in plan
     with Trainer(cfg) as trainer:
