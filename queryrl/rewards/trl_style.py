@@ -15,8 +15,8 @@ It returns one float per completion; ``None`` means "this function does not scor
 queryrl takes that ``None`` (and NaN, which TRL uses for the same) as a failed sample: dropped from
 the update and counted in ``reward/failed``, never scored 0.
 
-What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, one rollout
-micro-batch):
+What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, the step's whole
+generation batch, as TRL calls once per generation batch: a prompt's group is never split across calls):
 
 - ``prompts`` and ``completions`` in the data's own form, as TRL decides by the dataset's format. Rows
   whose ``prompt`` column is a list of chat messages (verl's layout) are conversational: prompts are

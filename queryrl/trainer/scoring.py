@@ -81,6 +81,7 @@ def generate_and_score(
 ) -> tuple[Batch, list[RewardResult]]:
     """Generate for `items` and score every response; rewards overlap generation.
 
+    A reward that scores calls as a whole (:func:`calls_per_batch`) gets one call on every response.
     With `select` (e.g. seed 000's candidate selector), everything is generated first, then
     ``select(output)`` returns the rows to keep and, for each kept row, extra ``extra_info`` entries
     for its reward; only those rows are scored and returned. `step` (the training step; None
@@ -91,21 +92,24 @@ def generate_and_score(
     chunks: list[RolloutOutput] = []
     texts: list[str] = []
     pending = []
+    whole = select is not None or calls_per_batch(reward)  # one call on every response, after generation
     with timer("gen"):
         prompts = [it.input_ids for it in items]
         # a backend that chooses per row (the multi-turn agent loop) also gets the data rows
         rows = {"rows": [it.row for it in items]} if getattr(rollout, "wants_rows", False) else {}
         for chunk in rollout.generate_chunks(prompts, sampling, **rows):
             chunk_texts = decode_responses(tokenizer, chunk)
-            if select is None:
+            if not whole:
                 pending.append(reward.submit(reward_inputs(chunk, chunk_texts, items, step, progress)))
             chunks.append(chunk)
             texts += chunk_texts
         out = RolloutOutput.concat(chunks, int(tokenizer.pad_token_id))
+        extras: list[dict[str, Any]] = [{} for _ in range(len(out))]
         if select is not None:
             keep, extras = select(out)
             out = out.select(keep)
             texts = [texts[int(i)] for i in keep]
+        if whole:
             inputs = reward_inputs(out, texts, items, step, progress)
             for inp, extra in zip(inputs, extras, strict=True):
                 inp.extra_info.update(extra)
@@ -121,6 +125,16 @@ def generate_and_score(
         },
     ).to(device)
     return batch, results
+
+
+def calls_per_batch(reward: Any) -> bool:
+    """Whether `reward` scores a call's inputs together (a TRL-style function, the ``batch`` manager): then it
+    gets the whole generation batch in one call, as TRL calls reward functions, so a group is never split
+    across calls; per-sample functions are scored chunk by chunk, overlapping generation."""
+    from queryrl.rewards.batch_manager import BatchRewardManager
+    from queryrl.rewards.trl_style import TRLRewardFunction
+
+    return isinstance(reward, BatchRewardManager) or isinstance(getattr(reward, "fn", None), TRLRewardFunction)
 
 
 class Scored(NamedTuple):

@@ -329,6 +329,7 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
         f"+reward.kwargs.log={log}",
         "data.val_files=[builtin://toy_target_string/val]",
         "data.max_val_samples=4",
+        "rollout.micro_batch_size=6",  # generation chunks of 6 split the groups of 4: the call must not
     )
     # queryrl train's preflight loads it and does not call it (TRL makes no such call)
     assert "not called before training" in check_reward(cfg, config_reward_spec(cfg))
@@ -345,8 +346,8 @@ def test_a_grpo_run_with_a_trl_style_reward_file(tmp_path: Path, model_cache: Pa
     # TRL's TrainerState fields: the run's length and where it stands (epochs done, at the step's start)
     assert {(c["max_steps"], c["epochs"], c["history"] == []) for c in calls} == {(2, 1, True)}
     assert sorted({c["epoch"] for c in calls}) == [0.0, 1 / per_epoch]
-    # every sample of both steps, in one call per rollout chunk, then the 4 validation prompts
-    assert sum(c["n"] for c in calls) == 2 * 4 * 4 + 4
+    # one call per step on all 4 x 4 samples (TRL: one per generation batch), then the 4 validation prompts
+    assert [c["n"] for c in calls] == [16, 16, 4]
     assert all(c["role"] == "assistant" and c["prompt_role"] == "user" and c["ids"] for c in calls)
     rows = metrics_of(tmp_path / "toy_grpo")
     assert [r["step"] for r in rows] == [1, 2]
