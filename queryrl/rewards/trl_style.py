@@ -254,13 +254,17 @@ class TRLRewardFunction:
         one error naming the function.
         """
         try:
+            values = list(values)
+        except TypeError:
+            return self._fail_all(inputs, f"returned {type(values).__name__}, not a list of numbers")
+        try:
             numbers = self.numbers(values, len(inputs))
         except RewardError as e:
             return self._fail_all(inputs, str(e))
         results = []
-        for number, x in zip(numbers, inputs, strict=True):
+        for value, number, x in zip(values, numbers, inputs, strict=True):
             if number is None or math.isinf(number):
-                got = "None" if number is None else number
+                got = "None" if value is None else "NaN" if number is None else number
                 results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {got}"))
             else:
                 results.append(RewardResult(score=number))

@@ -222,6 +222,8 @@ def test_one_call_per_batch_and_none_is_a_failed_sample(manager_name: str) -> No
     )
     if manager_name == "dapo":
         assert results[0].extra == {"acc": 1.0}  # dapo's extras apply to the scored samples
+    nan = TRLRewardFunction(accuracy).results([float("nan"), None], inputs[:2])
+    assert [str(r.error).rsplit(" ", 1)[-1] for r in nan] == ["NaN", "None"]  # said as the function gave it
 
 
 @pytest.mark.parametrize("manager_name", ["naive", "async"])
