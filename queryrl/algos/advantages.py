@@ -25,6 +25,7 @@ inputs it does not use and raises when one it needs is missing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Protocol, TypeAlias, TypeVar
 
@@ -63,6 +64,9 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 def group_index(group_ids: GroupIds, n: int) -> tuple[Tensor, int]:
     """Map arbitrary group ids to ``0..G-1`` in order of first appearance.
 
+    Numbers that are all within 1e-6 of integers are those integers (verl 0.9.1's ``as_torch_index``:
+    ``[1.0000001, 1.0]`` is one group); otherwise ids are compared exactly.
+
     Args:
         group_ids: N hashable ids (ints, strings, a 1-D tensor or array).
         n: the number of sequences, checked against ``len(group_ids)``.
@@ -76,6 +80,10 @@ def group_index(group_ids: GroupIds, n: int) -> tuple[Tensor, int]:
         ids = list(group_ids)
     if len(ids) != n:
         raise ValueError(f"group_ids has {len(ids)} entries but there are {n} sequences")
+    numbers = [float(g) for g in ids if isinstance(g, int | float)]
+    floats = len(numbers) == len(ids) and any(isinstance(g, float) for g in ids)
+    if floats and all(math.isfinite(x) and abs(x - round(x)) <= 1e-6 for x in numbers):  # verl's as_torch_index
+        ids = [round(x) for x in numbers]  # 1.0000001 is 1
     mapping: dict[Hashable, int] = {}
     inverse = [mapping.setdefault(g, len(mapping)) for g in ids]
     return torch.tensor(inverse, dtype=torch.long), len(mapping)

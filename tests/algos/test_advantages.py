@@ -750,3 +750,12 @@ def test_bf16_group_statistics_are_the_float32_ones_rounded_once() -> None:
     # against float64: no worse than rounding the exact value once (bf16 sums were up to a few ulps off)
     exact = group_mean_std(scores.double(), inverse, groups)[0]
     assert torch.all((mean.double() - exact).abs() <= (exact.to(torch.bfloat16).double() - exact).abs() + 1e-12)
+
+
+def test_float_group_ids_near_integers_are_those_integers_as_in_verl() -> None:
+    from queryrl.algos.advantages import group_index
+
+    assert group_index([1.0000001, 1.0, 2.0], 3)[1] == 2  # verl's as_torch_index rounds within 1e-6
+    assert group_index(torch.tensor([1.0000001, 1.0], dtype=torch.float64), 2)[1] == 1
+    assert group_index([1.5, 1.5000001], 2)[1] == 2  # not near integers: compared exactly
+    assert group_index(["1", 1], 2)[1] == 2  # a string is not a number
