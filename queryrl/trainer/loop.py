@@ -42,8 +42,8 @@ from queryrl.redaction import register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.components import Components, build_components
-from queryrl.trainer.metrics import PhaseTimer, data_metrics
-from queryrl.trainer.run_folder import plan_resume, train_data_paths
+from queryrl.trainer.metrics import PhaseTimer, data_metrics, rollout_probs_diff
+from queryrl.trainer.run_folder import plan_resume, read_config_yaml, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
 from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import NoSignalWatch, NothingToLearn, RewardsFailing, SkipWatch, has_signal
@@ -126,7 +126,7 @@ class Trainer:
             list(cfg.logger),
             cfg.project_name,
             cfg.experiment_name,
-            _plain(self.run_dir / "config.yaml"),
+            read_config_yaml(self.run_dir / "config.yaml"),
             total_steps=self.c.total_steps,
             start_step=self.step,
         ) as tracker:
@@ -481,7 +481,7 @@ class Trainer:
             self._data_prints = ckpt.data_fingerprints(train_data_paths(self.cfg))
         state = {
             "kl_coef": self.kl_ctrl.value,
-            "config": _plain(self.run_dir / "config.yaml"),
+            "config": read_config_yaml(self.run_dir / "config.yaml"),
             "data": self._data_prints,
         }
         self.c.workers.pull_state(self.c)  # Ray: the driver's mirrors take the workers' optimizer and critic states
@@ -494,29 +494,3 @@ class Trainer:
         self.c.workers.push_state(self.c)
         self.kl_ctrl.value = state["kl_coef"]
         self.step = int(state["step"])
-
-
-def rollout_probs_diff(batch: Batch) -> dict[str, float]:
-    """verl's ``training/rollout_probs_diff_*``: |p_rollout - p_train| over the trained tokens.
-
-    The rollout backend's probabilities of the sampled tokens against the trainer's recomputed
-    ones (``old_logprobs``): about 0 when both run the same weights (hf, or workers in sync);
-    larger with vLLM's kernels or a weight sync gone wrong.
-    """
-    if batch.rollout_logprobs is None or batch.old_logprobs is None or len(batch) == 0:
-        return {}
-    mask = batch.response_mask > 0
-    if not bool(mask.any()):
-        return {}
-    diff = (batch.rollout_logprobs.exp() - batch.old_logprobs.exp()).abs()[mask]
-    return {
-        "training/rollout_probs_diff_mean": float(diff.mean()),
-        "training/rollout_probs_diff_max": float(diff.max()),
-    }
-
-
-def _plain(config_yaml: Path) -> dict[str, Any]:
-    import yaml
-
-    loaded = yaml.safe_load(config_yaml.read_text())
-    return loaded if isinstance(loaded, dict) else {}

@@ -88,3 +88,22 @@ def zero_std_group_fraction(scores: Tensor, group_ids: Tensor) -> float:
     if not sized:
         return 0.0
     return sum(bool((g == g[0]).all()) for g in sized) / len(sized)
+
+
+def rollout_probs_diff(batch: Batch) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_*``: |p_rollout - p_train| over the trained tokens.
+
+    The rollout backend's probabilities of the sampled tokens against the trainer's recomputed
+    ones (``old_logprobs``): about 0 when both run the same weights (hf, or workers in sync);
+    larger with vLLM's kernels or a weight sync gone wrong.
+    """
+    if batch.rollout_logprobs is None or batch.old_logprobs is None or len(batch) == 0:
+        return {}
+    mask = batch.response_mask > 0
+    if not bool(mask.any()):
+        return {}
+    diff = (batch.rollout_logprobs.exp() - batch.old_logprobs.exp()).abs()[mask]
+    return {
+        "training/rollout_probs_diff_mean": float(diff.mean()),
+        "training/rollout_probs_diff_max": float(diff.max()),
+    }

@@ -142,12 +142,17 @@ def mismatch_message(run: Path, config_yaml: Path, diffs: list[tuple[str, Any, A
     )
 
 
+def read_config_yaml(path: Path) -> dict[str, Any]:
+    """A run's saved ``config.yaml`` as plain data ({} when it holds no mapping)."""
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else {}
+
+
 def _saved_config(run_dir: Path, newest: Path | None) -> tuple[Path, dict[str, Any]] | None:
     """The earlier run's config: ``config.yaml``, else the one its newest checkpoint carries."""
     path = run_dir / "config.yaml"
     if path.is_file():
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return path, loaded if isinstance(loaded, dict) else {}
+        return path, read_config_yaml(path)
     if newest is not None and (newest / "state.json").is_file():
         saved = json.loads((newest / "state.json").read_text(encoding="utf-8")).get("config")
         if isinstance(saved, dict):
