@@ -14,7 +14,12 @@ a symbolic check added after verl's string compare:
 
 Choices, made on purpose:
 
-- ``10\\%`` equals ``10`` (verl strips ``\\%``) and also ``0.1`` (math-verify reads it as 10/100).
+- ``10\\%`` equals ``10`` (verl strips ``\\%``) and also ``0.1`` (math-verify reads it as 10/100), either way
+  round.
+- ``1.2345678`` equals ``1.2345679``: two decimals that agree within a relative 1e-6 are the same answer
+  (math-verify rounds to 6 places too); ``1.2346`` does not equal ``1.2345``.
+- ``(3,4)`` equals ``3,4`` either way round: math-verify reads a parenthesised pair and a list of two
+  solutions alike, and queryrl keeps its reading (a point and two solutions are not told apart).
 - ``x=5`` equals ``5``: a left-hand side of at most two characters is dropped (verl), and
   math-verify compares an equation's right-hand side with a number.
 - ``1,000`` equals ``1000``: commas between groups of three digits are thousands separators;

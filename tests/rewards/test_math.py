@@ -98,6 +98,11 @@ def test_normalize_answer(raw: str, normal: str) -> None:
         (r"\boxed{3}", "-3", 0.0),
         (r"\boxed{10}", r"10\%", 1.0),  # documented: percent as verl strips it ...
         (r"\boxed{0.1}", r"10\%", 1.0),  # ... and as math-verify reads it (10/100)
+        (r"\boxed{10\%}", "0.1", 1.0),  # both ways round
+        (r"\boxed{1.2345678}", "1.2345679", 1.0),  # documented: decimals agree within 1e-6 relative
+        (r"\boxed{1.2346}", "1.2345", 0.0),
+        (r"\boxed{(3,4)}", "3,4", 1.0),  # documented: a pair and two solutions read alike, both ways
+        (r"\boxed{3,4}", "(3,4)", 1.0),
         (r"\boxed{[1,2)}", "[1,2)", 1.0),
         (r"\boxed{(1,2]}", "[1,2)", 0.0),  # an interval's ends matter
         (r"\boxed{\{2,1\}}", r"\{1,2\}", 1.0),  # a set's order does not
