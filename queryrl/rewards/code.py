@@ -426,7 +426,8 @@ def _checked(result: ExecResult) -> ExecResult:
 def run_tests(
     code: str, tests: list[IOTest] | list[tuple[str, bool]], stop_on_failure: bool = False, **run_kwargs: Any
 ) -> list[bool]:
-    """Pass/fail per test. Stdin/stdout tests run one process each; assert tests share one process."""
+    """Pass/fail per test. Stdin/stdout tests run one process each; assert tests share one sandboxed process,
+    which the tests reach from their evaluator process (:func:`queryrl.rewards.code_rpc.run_asserts`)."""
     if tests and isinstance(tests[0], IOTest):
         results: list[bool] = []
         for test in tests:

@@ -38,6 +38,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -281,7 +282,7 @@ def run_asserts(code: str, tests: Sequence[tuple[str, bool]], **run_kwargs: Any)
     """
     from queryrl.rewards.code import SandboxError, run_code
 
-    python = run_kwargs.get("python") or __import__("sys").executable
+    python = run_kwargs.get("python") or sys.executable
     timeout_s = float(run_kwargs.get("timeout_s", 5.0))
     memory_mb = int(run_kwargs.get("memory_mb", 512))
     counted = sum(1 for _, counts in tests if counts)

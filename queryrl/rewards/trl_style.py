@@ -137,7 +137,7 @@ class TRLRewardFunction:
         self._logged: dict[str, list[float]] = {}  # log_metric: name -> values since the last pop_metrics
         self._columns: dict[int, dict[str, list[Any]]] = {}  # log_extra, per call (by id of its inputs)
 
-    def __getstate__(self) -> dict[str, Any]:  # the parallel manager's workers get a copy without the lock
+    def __getstate__(self) -> dict[str, Any]:  # picklable as before, without its lock (a copy logs on its own)
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

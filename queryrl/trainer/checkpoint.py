@@ -271,9 +271,9 @@ def verify(folder: Path, allow_unhashed: bool = False) -> str | None:
     and not be empty, and :func:`select_checkpoint` warns that it was not hashed.
     """
     manifest = folder / MANIFEST
-    if not manifest.is_file() and not allow_unhashed:
-        return LEGACY_HINT
     if not manifest.is_file():
+        if not allow_unhashed:
+            return LEGACY_HINT
         weights = list(folder.glob("actor/*.safetensors"))
         for path in [folder / name for name in _REQUIRED] + (weights or [folder / "actor" / "*.safetensors"]):
             if not path.is_file():

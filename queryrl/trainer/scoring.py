@@ -38,7 +38,8 @@ def reward_inputs(
     progress: Mapping[str, Any] | None = None,
 ) -> list[RewardInput]:
     """What the reward function sees for each response of `out` (verl's contract; plus, for a TRL-style
-    function, the data row, the response's trained token ids and the training `step`)."""
+    function, the data row, the response's trained token ids, the training `step` and where training
+    stands, `progress`: ``max_steps``, ``epoch``, ``num_train_epochs``)."""
     inputs = []
     lengths = out.response_mask.sum(dim=-1).long().tolist()
     extras = out.extras if out.extras is not None else [{}] * len(out)
@@ -85,7 +86,7 @@ def generate_and_score(
     With `select` (e.g. seed 000's candidate selector), everything is generated first, then
     ``select(output)`` returns the rows to keep and, for each kept row, extra ``extra_info`` entries
     for its reward; only those rows are scored and returned. `step` (the training step; None
-    outside training) reaches a TRL-style reward function as ``trainer_state.global_step``.
+    outside training) and `progress` reach a TRL-style reward function as its ``trainer_state``.
 
     Phases: ``gen`` (generation, decoding and submitting), then ``reward_wait``.
     """
@@ -162,21 +163,22 @@ def apply_scores(batch: Batch, results: list[RewardResult], drop_failed_groups: 
     lean toward the kind that needs no service. ``reward/dropped_group_mates`` counts them.
     """
     metrics = summarize(results)
-    out = [r.failed for r in results]
-    if drop_failed_groups and any(out):
+    left_out = [r.failed for r in results]
+    if drop_failed_groups and any(left_out):
         groups = batch.group_ids.tolist()
-        failed_groups = {g for g, bad in zip(groups, out, strict=True) if bad}
-        mates = [not bad and g in failed_groups for g, bad in zip(groups, out, strict=True)]
+        failed_groups = {g for g, bad in zip(groups, left_out, strict=True) if bad}
+        mates = [not bad and g in failed_groups for g, bad in zip(groups, left_out, strict=True)]
         metrics["reward/dropped_group_mates"] = float(sum(mates))
-        out = [bad or mate for bad, mate in zip(out, mates, strict=True)]
+        left_out = [bad or mate for bad, mate in zip(left_out, mates, strict=True)]
     batch.non_tensor["score"] = [r.score for r in results]
     batch.non_tensor["reward_parts"] = [dict(r.extra) for r in results]
     batch.non_tensor["reward_info"] = [dict(r.info) for r in results]
     batch.non_tensor["reward_error"] = [
-        r.error if r.failed else GROUP_MATE_FAILED if dropped else None for r, dropped in zip(results, out, strict=True)
+        r.error if r.failed else GROUP_MATE_FAILED if dropped else None
+        for r, dropped in zip(results, left_out, strict=True)
     ]
-    failed = batch.select([i for i, dropped in enumerate(out) if dropped])
-    kept = torch.tensor([not dropped for dropped in out], dtype=torch.bool).nonzero(as_tuple=True)[0]
+    failed = batch.select([i for i, dropped in enumerate(left_out) if dropped])
+    kept = torch.tensor([not dropped for dropped in left_out], dtype=torch.bool).nonzero(as_tuple=True)[0]
     batch = batch.select(kept)
     scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
     batch.token_scores = outcome_to_tokens(scores.to(batch.response_mask.device), batch.response_mask)

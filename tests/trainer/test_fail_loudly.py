@@ -59,6 +59,14 @@ def params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.c.policy.model.named_parameters()}
 
 
+def fit_changes_weights(cfg: DictConfig) -> bool:
+    """Train `cfg`'s run; whether any policy weight moved."""
+    with Trainer(cfg) as trainer:
+        before = params(trainer)
+        trainer.fit()
+        return any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
 @pytest.mark.slow
 def test_a_run_whose_every_reward_fails_stops_naming_the_first_failure(tmp_path: Path, model_cache: Path) -> None:
     cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=10")
@@ -140,10 +148,7 @@ def test_exactly_max_failed_frac_failed_trains_on_the_rest(
         f"reward.max_failed_frac={max_failed_frac}",
         "reward.drop_failed_groups=false",  # the failed samples alone (every group has one)
     )
-    with Trainer(cfg) as trainer:
-        before = params(trainer)
-        trainer.fit()
-        changed = any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+    changed = fit_changes_weights(cfg)
     (row,) = rows(tmp_path)
     assert row["reward/failed_frac"] == 0.5
     assert row["reward/failed"] == 8.0
@@ -184,10 +189,7 @@ def test_a_failed_samples_group_mates_are_left_out_with_it(
         "trainer.total_steps=1",
         f"reward.drop_failed_groups={str(drop_failed_groups).lower()}",
     )
-    with Trainer(cfg) as trainer:
-        before = params(trainer)
-        trainer.fit()
-        changed = any(not torch.equal(before[k], v) for k, v in params(trainer).items())
+    changed = fit_changes_weights(cfg)
     (row,) = rows(tmp_path)
     assert row["reward/failed"] == 4.0
     if drop_failed_groups:
