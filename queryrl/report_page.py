@@ -183,9 +183,12 @@ function evalTable() {
     host.appendChild(c);
   }
 }
-const isFailed = s => s.score === null || s.score === undefined || s.failed === true;
+const isFailed = s => s.failed === true || ((s.score === null || s.score === undefined) && s.unscored !== true);
+// a sample no TRL-style function scored: trained with advantage 0, shown as "unscored"
+const hasScore = s => typeof s.score === "number";
+const scoreText = s => isFailed(s) ? "failed" : s.unscored === true ? "unscored" : fmt(s.score);
 const SHOWN = new Set(["conversation", "response", "transcript", "score", "group", "step", "failed", "error",
-  "reward_info", "reward_parts"]);
+  "unscored", "reward_info", "reward_parts"]);
 // a list of records (retrieved documents) as a table; a row with gold: true is marked
 function listTable(title, items) {
   const box = el("div"); box.appendChild(el("b", title));
@@ -230,7 +233,7 @@ function rewardInfo(info) {
 function sampleView(s) {
   const box = el("div", null, "sample" + (isFailed(s) ? " failed" : ""));
   box.dataset.step = s.step;
-  const head = el("div"); head.appendChild(el("b", "score " + (isFailed(s) ? "failed" : fmt(s.score))));
+  const head = el("div"); head.appendChild(el("b", "score " + scoreText(s)));
   const parts = Object.entries(s).filter(([k, v]) => typeof v === "number" && !SHOWN.has(k))
     .concat(Object.entries(s.reward_parts || {}).filter(([, v]) => typeof v === "number"));
   if (parts.length) head.appendChild(el("span", "  " + parts.map(([k, v]) => k + "=" + fmt(v)).join("  ")));
@@ -271,14 +274,14 @@ for (const st of Object.keys(SAMPLES).map(Number).sort((a, b) => a - b))
     const k = promptKey(s); if (!SEEN.has(k)) SEEN.set(k, new Map());
     const bySteps = SEEN.get(k); if (!bySteps.has(st)) bySteps.set(st, []); bySteps.get(st).push(s);
   }
-const meanScore = ss => { const v = ss.filter(s => !isFailed(s)).map(s => s.score);
+const meanScore = ss => { const v = ss.filter(hasScore).map(s => s.score);
   return v.length ? fmt(v.reduce((a, b) => a + b, 0) / v.length) : "failed"; };
 function earlier(step, members) {
   const bySteps = SEEN.get(promptKey(members[0])), first = bySteps ? Math.min(...bySteps.keys()) : Number(step);
   if (first >= Number(step)) return null;
   const old = bySteps.get(first), d = el("details", null, "earlier");
   d.appendChild(el("summary", `same prompt at step ${first}: mean score ${meanScore(old)} -> ${meanScore(members)}`));
-  for (const s of old) d.appendChild(el("pre", `${isFailed(s) ? "failed" : fmt(s.score)}  ${s.response}`));
+  for (const s of old) d.appendChild(el("pre", `${scoreText(s)}  ${s.response}`));
   return d;
 }
 function render() {
@@ -291,11 +294,11 @@ function render() {
   const host = document.getElementById("samplelist"); host.replaceChildren();
   let shown = 0;
   for (const [g, members] of groups) {
-    const scores = members.filter(s => !isFailed(s)).map(s => s.score);
+    const scores = members.filter(hasScore).map(s => s.score);
     const flat = scores.length > 0 && scores.every(v => v === scores[0]);
     if (zeroVar && !flat) continue;
     const kept = members.filter(s => (!failedOnly || isFailed(s)) &&
-      (isNaN(lo) || (!isFailed(s) && s.score >= lo)) && (isNaN(hi) || (!isFailed(s) && s.score <= hi)));
+      (isNaN(lo) || (hasScore(s) && s.score >= lo)) && (isNaN(hi) || (hasScore(s) && s.score <= hi)));
     if (!kept.length) continue;
     const box = el("div", null, "group");
     const title = `step ${step}, group ${g}: ${members.length} candidates` + (flat ? " (zero variance)" : "");

@@ -207,3 +207,21 @@ def test_eval_examples_section(browser: Any, tmp_path: Path) -> None:
     assert "pro2 <b>价格</b>" in worse.locator("td").all_text_contents()
     assert "grpo better on 1, worse on 1" in page.locator("#examplelist p").first.text_content()
     assert errors == []
+
+
+def test_an_unscored_sample_is_shown_as_such_not_as_failed(browser: Any, tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", steps=1, per_step=4)
+    path = run / "samples" / "step_1.jsonl"
+    samples = [json.loads(line) for line in path.read_text().splitlines()]
+    samples[1] |= {"score": None, "unscored": True}  # no TRL-style function scored it: advantage 0, kept
+    path.write_text("\n".join(json.dumps(s) for s in samples) + "\n")
+    page, errors = open_page(browser, write_report(run))
+    heads = page.locator("#samplelist .sample > div:first-child b").all_text_contents()
+    assert sorted(heads) == ["score 0", "score 0", "score failed", "score unscored"]
+    assert page.locator("#samplelist .sample.failed").count() == 1  # only the failed one
+    page.check("#failed")
+    assert page.locator("#samplelist .sample").count() == 1
+    page.uncheck("#failed")
+    page.fill("#minscore", "0")  # a score filter shows scored samples only
+    assert page.locator("#samplelist .sample").count() == 2
+    assert errors == []

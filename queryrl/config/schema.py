@@ -213,6 +213,9 @@ class RewardConfig:
     # those that scored a sample (None: left out); each logged as reward/<function name>/mean. Instead of
     # reward.function, e.g. [{path: my_rewards.py, name: format_reward, weight: 0.5}, {path: ..., name: ...}]
     functions: list[WeightedRewardFunctionConfig] = field(default_factory=list)
+    # how reward.functions combine (TRL's multi_objective_aggregation): sum_then_normalize (the weighted sum is
+    # the score) | normalize_then_sum (GDPO: each function's values normalised within their group, then summed)
+    multi_objective_aggregation: str = "sum_then_normalize"
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to compute_score
     num_workers: int = 2  # parallel: worker processes
     timeout_s: float = 60.0  # parallel/async: per-sample limit; past it the sample fails

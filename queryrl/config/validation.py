@@ -107,6 +107,9 @@ def validate(cfg: DictConfig) -> None:
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     choice(cfg.reward.manager, ["auto", *REWARD_MANAGERS.names()], "reward.manager")
     choice(cfg.reward.function.style, ["auto", "verl", "trl"], "reward.function.style")
+    from queryrl.rewards.trl_style import AGGREGATIONS
+
+    choice(cfg.reward.multi_objective_aggregation, list(AGGREGATIONS), "reward.multi_objective_aggregation")
     for i, entry in enumerate(cfg.reward.functions):
         choice(entry.style, ["auto", "verl", "trl"], f"reward.functions[{i}].style")
         if not entry.path:

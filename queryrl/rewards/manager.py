@@ -99,6 +99,7 @@ class RewardInput:
     step: int | None = None
     # where training stands (max_steps, epoch, num_train_epochs), for a TRL-style function's trainer_state
     progress: Mapping[str, Any] | None = None
+    group: int | None = None  # the prompt this response answers (its GRPO group) in the batch; None: unknown
 
 
 @dataclass
@@ -106,23 +107,36 @@ class RewardResult:
     """The reward of one response.
 
     Attributes:
-        score: the reward; None when scoring failed (the sample is dropped, not scored 0).
+        score: the reward; None when scoring failed (the sample is dropped, not scored 0); NaN when the
+            sample is unscored (:attr:`unscored`).
         extra: further numeric values the function returned in its dict (finite only): averaged into
             the step's ``reward/<key>/mean`` metrics.
         info: the dict's other values (strings, lists, dicts: an extracted answer, the documents a RAG
             service retrieved, a judge's verdict), as verl keeps them in ``reward_extra_info``: not
             metrics, but written with the sample to ``samples/step_N.jsonl`` for a person to read.
         error: why scoring failed, naming the data source; None on success.
+        unscored: TRL's "no function scored this sample" (every TRL-style function returned None or NaN for
+            it): not a failure. The sample stays in the batch with a NaN score, is left out of its group's
+            baseline and gets advantage 0, as TRL 1.16's ``GRPOTrainer`` does (``reward/unscored`` counts them).
+        stop: a failure that ends the run rather than the sample (the trainer raises
+            :class:`~queryrl.trainer.skips.RewardFunctionRaised` with `error`).
     """
 
     score: float | None
     extra: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    unscored: bool = False
+    stop: bool = False  # the error ends the run (an exception in a TRL-style function: TRL raises it)
 
     @property
     def failed(self) -> bool:
         return self.score is None
+
+
+def unscored_result(extra: dict[str, float] | None = None) -> RewardResult:
+    """A sample that no reward function scored (TRL's all-None row): NaN score, kept, advantage 0."""
+    return RewardResult(score=math.nan, extra=dict(extra or {}), unscored=True)
 
 
 class PendingRewards:
@@ -438,7 +452,8 @@ def make_reward_manager(
 
 
 def summarize(results: list[RewardResult]) -> dict[str, float]:
-    """Metrics for a batch: ``reward/failed`` (count) and ``reward/<key>/mean`` per extra key.
+    """Metrics for a batch: ``reward/failed`` (count), ``reward/unscored`` (count, where some sample is
+    unscored) and ``reward/<key>/mean`` per extra key.
 
     Each mean is over the samples that returned that key.
     """
@@ -449,5 +464,8 @@ def summarize(results: list[RewardResult]) -> dict[str, float]:
             sums[key] += value
             counts[key] += 1
     metrics = {"reward/failed": float(sum(r.failed for r in results))}
+    unscored = sum(r.unscored for r in results)
+    if unscored:
+        metrics["reward/unscored"] = float(unscored)
     metrics.update({f"reward/{key}/mean": sums[key] / counts[key] for key in sorted(sums)})
     return metrics

@@ -12,8 +12,12 @@ custom reward function") calls each reward function once per batch with keyword 
 - ``trainer_state``: the trainer's state (TRL's ``TrainerState``; here :class:`TrainerState`, or None).
 
 It returns one float per completion; ``None`` means "this function does not score this sample".
-queryrl takes that ``None`` (and NaN, which TRL uses for the same) as a failed sample: dropped from
-the update and counted in ``reward/failed``, never scored 0.
+queryrl follows TRL 1.16 there: a sample that no function scored (None, or NaN, which TRL makes of None)
+is *unscored*, not failed. It stays in the batch with a NaN reward, is left out of its group's mean and
+standard deviation (TRL's ``nanmean``/``nanstd``) and gets advantage 0 (``reward/unscored`` counts them);
+a step where a function scores only some samples trains on the others. An exception in a function stops
+the run with the function's name and the error, as TRL raises it (:class:`RewardFunctionRaised`; the CLI
+exits 3). A return of the wrong shape does the same: that is a bug in the function, not a flaky sample.
 
 What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, the step's whole
 generation batch, as TRL calls once per generation batch: a prompt's group is never split across calls):
@@ -44,7 +48,7 @@ parameter named ``completions``, takes ``**kwargs``, and has no parameter named 
 Everything else is verl-style. ``style=trl`` or ``style=verl`` skips the detection.
 
 A list of the wrong length, or a value that is neither a number nor None, is one error naming the
-function, on every sample of the call (so the step is skipped and, repeated, stops the run with it).
+function; like an exception, it stops the run.
 """
 
 from __future__ import annotations
@@ -55,14 +59,14 @@ import math
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from queryrl.data.records import TextPrompt
 from queryrl.plugins import file_module_name
 from queryrl.rewards.functions import RewardError, RewardFn
-from queryrl.rewards.manager import LoopRunner, RewardInput, RewardResult, as_number, failure
+from queryrl.rewards.manager import LoopRunner, RewardInput, RewardResult, as_number, failure, unscored_result
 
 STYLES = ("auto", "verl", "trl")
 # the arguments queryrl names itself; a dataset column never overrides them, a reward.kwargs key may not either
@@ -248,10 +252,11 @@ class TRLRewardFunction:
         return out
 
     def results(self, values: Any, inputs: Sequence[RewardInput]) -> list[RewardResult]:
-        """Check what one call returned: one number or None per input; None and NaN are failed samples.
+        """Check what one call returned: one number or None per input; None and NaN are unscored samples
+        (TRL's), an infinite value a failed one.
 
-        A return that is not a list of len(inputs), or holds something else, fails every sample with
-        one error naming the function.
+        A return that is not a list of len(inputs), or holds something else, stops the run with one error
+        naming the function (every sample gets it, marked ``stop``).
         """
         try:
             values = list(values)
@@ -262,25 +267,28 @@ class TRLRewardFunction:
         except RewardError as e:
             return self._fail_all(inputs, str(e))
         results = []
-        for value, number, x in zip(values, numbers, inputs, strict=True):
-            if number is None or math.isinf(number):
-                got = "None" if value is None else "NaN" if number is None else number
-                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {got}"))
+        for number, x in zip(numbers, inputs, strict=True):
+            if number is None:
+                results.append(unscored_result())
+            elif math.isinf(number):
+                results.append(failure(x.data_source, f"TRL-style reward function {self.name} returned {number}"))
             else:
                 results.append(RewardResult(score=number))
         return self._with_columns(results, inputs)
 
-    def _fail_all(self, inputs: Sequence[RewardInput], reason: str) -> list[RewardResult]:
+    def _fail_all(self, inputs: Sequence[RewardInput], reason: str, name: str | None = None) -> list[RewardResult]:
+        """Every sample failed with one error that stops the run (TRL raises)."""
         with self._lock:
             self._columns.pop(id(inputs), None)
-        return [failure(x.data_source, f"TRL-style reward function {self.name} {reason}") for x in inputs]
+        message = f"TRL-style reward function {name or self.name} {reason}"
+        return [replace(failure(x.data_source, message), stop=True) for x in inputs]
 
     def score_batch(
         self, inputs: Sequence[RewardInput], kwargs: Mapping[str, Any], loop: LoopRunner
     ) -> list[RewardResult]:
         """One call on all of `inputs` in this thread (awaited on `loop` if it is a coroutine).
 
-        An exception fails every sample with the error.
+        An exception fails every sample with the error, marked to stop the run (TRL raises it).
         """
         if not inputs:
             return []
@@ -288,6 +296,8 @@ class TRLRewardFunction:
             values = self.fn(**self.call_kwargs(inputs, kwargs))
             if inspect.isawaitable(values):
                 values = loop.run(values)
+        except MemberRaised as e:
+            return self._fail_all(inputs, e.reason, e.member)
         except Exception as e:
             return self._fail_all(inputs, f"raised {type(e).__name__}: {e}")
         return self.results(values, inputs)
@@ -319,20 +329,35 @@ class WeightedTRLRewards(TRLRewardFunction):
     """Several TRL-style functions combined as TRL's ``GRPOTrainer(reward_funcs=[...])`` with
     ``reward_weights`` combines them: each is called once per batch with the same arguments, and a sample's
     score is the weighted sum of the functions that scored it (TRL's ``nansum``: a function returning None
-    for a sample leaves it out there). A sample that no function scored fails (TRL would give it 0).
-    Each function's own value is kept as an extra value under its label, so the step logs
-    ``reward/<label>/mean`` (TRL logs ``rewards/<name>/mean``).
+    for a sample leaves it out there). A sample that no function scored is unscored, as in TRL: NaN
+    reward, left out of its group's baseline, advantage 0. Each function's own value is kept as an extra
+    value under its label, so the step logs ``reward/<label>/mean`` (TRL logs ``rewards/<name>/mean``).
 
-    An exception in one function, or a return that is not one number or None per completion, fails the
-    whole batch with one error naming that function (TRL raises).
+    ``aggregation`` is TRL's ``multi_objective_aggregation``: ``sum_then_normalize`` (the default: the
+    weighted sum is the score, and the advantage estimator normalises it per group) or
+    ``normalize_then_sum`` (GDPO; TRL 1.16): each function's values are first normalised within each
+    group, ``(v - nanmean) / (nanstd + 1e-4)``, and their weighted sum is the score. TRL then normalises
+    that sum over the whole batch rather than per group; here the configured estimator (GRPO: per group)
+    does, which is the one difference (documented in README's TRL table).
+
+    An exception in one function, or a return that is not one number or None per completion, stops the
+    run with one error naming that function (TRL raises).
 
     Args:
         members: the functions with their weights and labels (labels unique; default: the function names).
     """
 
-    def __init__(self, members: Sequence[tuple[TRLRewardFunction, float, str]]) -> None:
+    def __init__(
+        self, members: Sequence[tuple[TRLRewardFunction, float, str]], aggregation: str = "sum_then_normalize"
+    ) -> None:
         if not members:
             raise RewardError("no reward functions to combine")
+        if aggregation not in AGGREGATIONS:
+            raise RewardError(
+                f"reward.multi_objective_aggregation must be one of {', '.join(AGGREGATIONS)} (TRL 1.16's "
+                f"modes), got {aggregation!r}"
+            )
+        self.aggregation = aggregation
         labels = [label for _, _, label in members]
         if len(set(labels)) != len(labels):
             raise RewardError(f"reward function labels must differ, got {labels}")
@@ -352,7 +377,7 @@ class WeightedTRLRewards(TRLRewardFunction):
                     if inspect.isawaitable(value):
                         value = await value
             except Exception as e:
-                raise RewardError(f"{member.name} raised {type(e).__name__}: {e}") from e
+                raise MemberRaised(member.name, f"raised {type(e).__name__}: {e}") from e
             out.append(value)
         return out
 
@@ -363,7 +388,10 @@ class WeightedTRLRewards(TRLRewardFunction):
             try:
                 per_member.append(member.numbers(value, len(inputs)))
             except RewardError as e:
-                return [failure(x.data_source, f"TRL-style reward function {member.name} {e}") for x in inputs]
+                return self._fail_all(inputs, str(e), member.name)
+        terms = per_member
+        if self.aggregation == "normalize_then_sum":
+            terms = [group_normalized(nums, inputs) for nums in per_member]
         weights = {label: w for _, w, label in self.members}
         results = []
         for j, x in enumerate(inputs):
@@ -374,17 +402,53 @@ class WeightedTRLRewards(TRLRewardFunction):
                 reason = f"{bad[0]} returned {scored[bad[0]]}"
                 results.append(failure(x.data_source, f"TRL-style reward function {reason}"))
             elif not scored:
-                reason = f"{self.name}: every function returned None for this sample"
-                results.append(failure(x.data_source, f"TRL-style reward function {reason}"))
+                results.append(unscored_result())
             else:
-                total = sum(weights[label] * v for label, v in scored.items())
+                parts = {label: nums[j] for (_, _, label), nums in zip(self.members, terms, strict=True)}
+                total = sum(weights[label] * v for label, v in parts.items() if v is not None)
                 results.append(RewardResult(score=total, extra=dict(scored)))
         return self._with_columns(results, inputs)
 
 
-def load_weighted_functions(entries: Sequence[Mapping[str, Any]]) -> WeightedTRLRewards:
+class MemberRaised(RewardError):
+    """One function of a :class:`WeightedTRLRewards` raised: its name and what it raised."""
+
+    def __init__(self, member: str, reason: str) -> None:
+        super().__init__(f"{member} {reason}")
+        self.member, self.reason = member, reason
+
+
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def group_normalized(values: Sequence[float | None], inputs: Sequence[RewardInput]) -> list[float | None]:
+    """TRL's ``normalize_then_sum`` step for one function: each value minus its group's mean, over its
+    group's standard deviation plus 1e-4 (both over the values that are numbers, the std with Bessel's
+    correction, as TRL's ``nanstd``; a group of one has std 0). None stays None. Groups are the inputs'
+    ``group`` (their prompt); inputs without one are each their own group."""
+    groups: dict[Any, list[int]] = {}
+    for i, x in enumerate(inputs):
+        groups.setdefault(x.group if x.group is not None else ("row", i), []).append(i)
+    out: list[float | None] = list(values)
+    for rows in groups.values():
+        present = [values[i] for i in rows if values[i] is not None and math.isfinite(values[i])]  # type: ignore[arg-type]
+        if not present:
+            continue
+        mean = sum(present) / len(present)
+        std = math.sqrt(sum((v - mean) ** 2 for v in present) / (len(present) - 1)) if len(present) > 1 else 0.0
+        for i in rows:
+            v = values[i]
+            if v is not None and math.isfinite(v):
+                out[i] = (v - mean) / (std + 1e-4)
+    return out
+
+
+def load_weighted_functions(
+    entries: Sequence[Mapping[str, Any]], aggregation: str = "sum_then_normalize"
+) -> WeightedTRLRewards:
     """``reward.functions``: each entry ``{path, name, style, weight}`` loaded like ``reward.function``
     (:func:`queryrl.rewards.load_reward_function`); each must be TRL-style (called once per batch).
+    `aggregation`: ``reward.multi_objective_aggregation`` (:class:`WeightedTRLRewards`).
 
     Raises:
         RewardError: an entry without ``path``, a function that does not load, or one that is verl-style
@@ -410,4 +474,4 @@ def load_weighted_functions(entries: Sequence[Mapping[str, Any]]) -> WeightedTRL
         if any(label == other for _, _, other in members):
             label = f"{label}_{i}"
         members.append((fn, float(entry.get("weight", 1.0)), label))
-    return WeightedTRLRewards(members)
+    return WeightedTRLRewards(members, aggregation)

@@ -38,15 +38,22 @@ from queryrl.config import save_config
 from queryrl.engine.batch import Batch
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import add_metrics, role_settings
-from queryrl.redaction import register_config_secrets
+from queryrl.redaction import redact, register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.components import Components, build_components
 from queryrl.trainer.metrics import PhaseTimer, data_metrics, rollout_probs_diff
 from queryrl.trainer.run_folder import plan_resume, read_config_yaml, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
-from queryrl.trainer.scoring import apply_scores, generate_and_score, reward_side_metrics
-from queryrl.trainer.skips import NoSignalWatch, NothingToLearn, RewardsFailing, SkipWatch, has_signal
+from queryrl.trainer.scoring import apply_scores, estimate_advantages, generate_and_score, reward_side_metrics
+from queryrl.trainer.skips import (
+    NoSignalWatch,
+    NothingToLearn,
+    RewardFunctionRaised,
+    RewardsFailing,
+    SkipWatch,
+    has_signal,
+)
 
 
 class Trainer:
@@ -244,6 +251,9 @@ class Trainer:
             c.rollout, c.reward, c.policy.tokenizer, items, self.train_sampling, timer, c.device, c.select, self.step,
             self._progress(),
         )  # fmt: skip
+        fatal = next((r for r in results if r.stop), None)
+        if fatal is not None:  # a TRL-style function raised: TRL stops there, so does this run
+            self._stop(RewardFunctionRaised(redact(f"stopped at step {self.step}: {fatal.error}")), saved=False)
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
         with timer("reward"):
@@ -297,10 +307,12 @@ class Trainer:
             rounds += 1
             if current is not None:
                 current.group_ids = current.group_ids + offset
-                scores = torch.tensor(current.non_tensor["score"])
+                scores = torch.tensor(current.non_tensor["score"], dtype=torch.float32)
                 for g in torch.unique(current.group_ids).tolist():
                     rows = (current.group_ids == g).nonzero(as_tuple=True)[0]
-                    if rows.numel() > 1 and bool((scores[rows.cpu()] != scores[rows[0].cpu()]).any()):
+                    values = scores[rows.cpu()]
+                    values = values[~torch.isnan(values)]  # unscored samples spread nothing
+                    if values.numel() > 1 and bool((values != values[0]).any()):
                         groups.append(g)
                 parts.append(current)
             offset += num_prompts
@@ -325,7 +337,7 @@ class Trainer:
             c.rollout, c.reward, c.policy.tokenizer, items, greedy, PhaseTimer(), c.device, step=self.step,
             progress=self._progress(),
         )  # fmt: skip
-        per_prompt = torch.tensor([r.score if r.score is not None else 0.0 for r in results])
+        per_prompt = torch.tensor([r.score if r.score is not None else 0.0 for r in results]).nan_to_num(0.0)
         return per_prompt[batch.group_ids.cpu()]
 
     def _advantages(self, batch: Batch, baselines: Tensor | None) -> dict[str, float]:
@@ -348,9 +360,12 @@ class Trainer:
             self.kl_ctrl.update(current_kl, n_steps=len(batch))
         else:
             batch.token_rewards = batch.token_scores
-        batch.advantages, batch.returns = ADVANTAGE_ESTIMATORS.get(cfg.algo.adv_estimator)(
+        scores = batch.non_tensor.get("score", [None] * len(batch))
+        batch.advantages, batch.returns = estimate_advantages(
+            ADVANTAGE_ESTIMATORS.get(cfg.algo.adv_estimator),
             batch.token_rewards,
             batch.response_mask,
+            unscored=torch.tensor([s is not None and math.isnan(s) for s in scores], dtype=torch.bool),
             group_ids=batch.group_ids,
             values=batch.values,
             reward_baselines=None if baselines is None else baselines.to(batch.response_mask.device),
@@ -419,7 +434,7 @@ class Trainer:
         c = self.c
         per_source: dict[str, list[float]] = {}
         lengths: list[float] = []
-        failed = 0
+        failed = unscored = 0
         for dataset in c.val_datasets:
             items = dataset.items[: self.cfg.data.max_val_samples or None]
             for start in range(0, len(items), self.cfg.data.val_batch_size):
@@ -439,6 +454,9 @@ class Trainer:
                     if result.score is None:
                         failed += 1
                         continue
+                    if result.unscored:  # TRL's nanmean leaves it out of the mean
+                        unscored += 1
+                        continue
                     per_source.setdefault(str(row.get("data_source", "")), []).append(result.score)
                 lengths += batch.response_lengths.float().tolist()
         metrics = {f"val/{src}/score/mean": sum(v) / len(v) for src, v in per_source.items()}
@@ -448,6 +466,8 @@ class Trainer:
         if lengths:
             metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
         metrics["val/reward/failed"] = float(failed)
+        if unscored:
+            metrics["val/reward/unscored"] = float(unscored)
         return metrics
 
     def _save_samples(self, batch: Batch | None) -> None:

@@ -7,6 +7,7 @@ Keys: ``critic/score/*`` (the reward before KL), ``critic/rewards/*`` (after KL)
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,13 +60,20 @@ def _masked_stats(prefix: str, values: Tensor, mask: Tensor) -> dict[str, float]
 
 
 def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
-    """verl's ``compute_data_metrics`` over a scored batch with advantages."""
+    """verl's ``compute_data_metrics`` over a scored batch with advantages. The score and reward statistics
+    leave unscored samples out (a NaN ``score``: TRL's all-None rows), as TRL's logged reward does."""
     metrics: dict[str, float] = {}
     mask = batch.response_mask
-    if batch.token_scores is not None:
-        metrics |= _stats("critic/score", batch.token_scores.sum(-1))
-    if batch.token_rewards is not None:
-        metrics |= _stats("critic/rewards", batch.token_rewards.sum(-1))
+    scores = batch.non_tensor.get("score")
+    scored = (
+        torch.tensor([not (s is not None and math.isnan(s)) for s in scores], dtype=torch.bool)
+        if scores is not None and len(scores) == len(batch)
+        else torch.ones(len(batch), dtype=torch.bool)
+    )
+    if batch.token_scores is not None and bool(scored.any()):
+        metrics |= _stats("critic/score", batch.token_scores.sum(-1)[scored.to(batch.token_scores.device)])
+    if batch.token_rewards is not None and bool(scored.any()):
+        metrics |= _stats("critic/rewards", batch.token_rewards.sum(-1)[scored.to(batch.token_rewards.device)])
     if batch.advantages is not None:
         metrics |= _masked_stats("critic/advantages", batch.advantages, mask)
     if batch.returns is not None:
@@ -82,7 +90,10 @@ def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int)
 
 
 def zero_std_group_fraction(scores: Tensor, group_ids: Tensor) -> float:
-    """The fraction of groups (of size > 1) whose rewards are all equal: no GRPO signal there."""
+    """The fraction of groups (of size > 1) whose rewards are all equal: no GRPO signal there. NaN scores
+    (unscored samples) are left out, as from the group's baseline."""
+    scored = ~torch.isnan(scores)
+    scores, group_ids = scores[scored], group_ids[scored]
     groups = [scores[group_ids == g] for g in torch.unique(group_ids)]
     sized = [g for g in groups if g.numel() > 1]
     if not sized:

@@ -51,6 +51,7 @@ class RewardSpec:
     kwargs: Mapping[str, Any]
     style: str = "auto"  # reward.function.style
     functions: tuple[Mapping[str, Any], ...] = ()  # reward.functions: several TRL-style ones, weighted
+    aggregation: str = "sum_then_normalize"  # reward.multi_objective_aggregation
 
     def load(self) -> RewardFn:
         """The function the managers call (a weighted combination for ``reward.functions``).
@@ -60,7 +61,7 @@ class RewardSpec:
                 :func:`~queryrl.rewards.trl_style.load_weighted_functions`.
         """
         if self.functions:
-            return load_weighted_functions(self.functions)
+            return load_weighted_functions(self.functions, self.aggregation)
         return load_reward_function(self.path, self.name, self.style)
 
     def describe(self) -> str:
@@ -77,7 +78,14 @@ def config_reward_spec(cfg: DictConfig) -> RewardSpec:
     f = cfg.reward.function
     functions = OmegaConf.to_container(cfg.reward.functions, resolve=True) or []
     assert isinstance(functions, list)
-    return RewardSpec(f.path, f.name, {str(k): v for k, v in kwargs.items()}, f.style, tuple(functions))
+    return RewardSpec(
+        f.path,
+        f.name,
+        {str(k): v for k, v in kwargs.items()},
+        f.style,
+        tuple(functions),
+        str(cfg.reward.get("multi_objective_aggregation", "sum_then_normalize")),
+    )
 
 
 def run_preflight(

@@ -2,7 +2,8 @@
 
 One JSON object per line: ``step``, ``group`` (rows of one prompt share it), ``data_source``, ``prompt``
 (the decoded prompt, special tokens kept), ``response``, ``ground_truth``, ``score`` (None for a failed
-sample), and where present ``reward_parts`` (the reward's other numbers: judge, format, ...),
+or an unscored sample), and where present ``unscored`` (True where no TRL-style function scored it: it
+trained with advantage 0), ``reward_parts`` (the reward's other numbers: judge, format, ...),
 ``reward_info`` (its other values: the retrieved documents, the judge's verdict, an extracted answer),
 ``failed`` and ``error`` (a sample whose reward failed: it was dropped from training, and is kept here
 so that a person can see why), ``not_trained`` (a scored sample left out with its group, the reason), and
@@ -13,6 +14,7 @@ included). The file is redacted (:func:`queryrl.redaction.redact`) and written a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,10 @@ def sample_records(batch: Batch, tokenizer: Any, step: int, limit: int) -> list[
             "prompt": tokenizer.decode(batch.prompt_ids[i][batch.prompt_mask[i].bool()], skip_special_tokens=False),
             "response": batch.non_tensor["response_text"][i],
             "ground_truth": (row.get("reward_model") or {}).get("ground_truth"),
-            "score": scores[i],
+            "score": None if scores[i] is not None and math.isnan(scores[i]) else scores[i],
         }
+        if scores[i] is not None and math.isnan(scores[i]):  # no function scored it (TRL): trained with advantage 0
+            record["unscored"] = True
         if parts[i]:
             record["reward_parts"] = parts[i]
         if info[i]:

@@ -60,6 +60,7 @@ def reward_inputs(
                 completion_ids=completion_ids,
                 step=step,
                 progress=progress,
+                group=prompt,
             )
         )
     return inputs
@@ -181,10 +182,59 @@ def apply_scores(batch: Batch, results: list[RewardResult], drop_failed_groups: 
     kept = torch.tensor([not dropped for dropped in left_out], dtype=torch.bool).nonzero(as_tuple=True)[0]
     batch = batch.select(kept)
     scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
-    batch.token_scores = outcome_to_tokens(scores.to(batch.response_mask.device), batch.response_mask)
+    # an unscored sample (NaN: TRL's all-None row) trains with reward 0 and, by the trainer, advantage 0
+    batch.token_scores = outcome_to_tokens(scores.nan_to_num(0.0).to(batch.response_mask.device), batch.response_mask)
     if len(batch):
         metrics["reward/zero_std_group_frac"] = zero_std_group_fraction(scores, batch.group_ids.cpu())
     return Scored(batch, metrics, kept, failed)
+
+
+def estimate_advantages(
+    estimator: Callable[..., tuple[Tensor, Tensor]],
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    unscored: Tensor,
+    group_ids: Tensor,
+    values: Tensor | None,
+    reward_baselines: Tensor | None,
+    **settings: Any,
+) -> tuple[Tensor, Tensor]:
+    """`estimator`'s advantages and returns, with TRL 1.16's unscored samples (`unscored`: no TRL-style
+    function scored them) left out: the estimator runs on the scored rows alone, so an unscored sample is
+    out of its group's mean and standard deviation (TRL's ``nanmean``/``nanstd``), and it gets advantage 0
+    (and, with a critic, a return equal to its values: no value target). The one scored sample of a group
+    whose others are all unscored gets 0 too (its own score is its baseline). It stays in the batch: its tokens
+    count in the loss's normaliser and the KL term, as in TRL."""
+    if not bool(unscored.any()):
+        return estimator(
+            token_rewards,
+            response_mask,
+            group_ids=group_ids,
+            values=values,
+            reward_baselines=reward_baselines,
+            **settings,
+        )
+    rows = (~unscored).nonzero(as_tuple=True)[0].to(token_rewards.device)
+    advantages = torch.zeros_like(token_rewards)
+    returns = values.clone() if values is not None else torch.zeros_like(token_rewards)
+    if rows.numel():
+        sub_advantages, sub_returns = estimator(
+            token_rewards[rows],
+            response_mask[rows],
+            group_ids=group_ids[rows.to(group_ids.device)],
+            values=None if values is None else values[rows],
+            reward_baselines=None if reward_baselines is None else reward_baselines[rows],
+            **settings,
+        )
+        advantages[rows], returns[rows] = sub_advantages, sub_returns.to(returns.dtype)
+        # a group left with one scored sample is not a group of one (whose baseline an estimator takes as 0):
+        # its baseline is that sample's own score, so its advantage is 0, as TRL's nanmean makes it
+        ids = group_ids.to(unscored.device)
+        for g in torch.unique(ids[~unscored]).tolist():
+            members = ids == g
+            if int(members.sum()) > 1 and int((members & ~unscored).sum()) == 1:
+                advantages[members.to(advantages.device)] = 0.0
+    return advantages, returns
 
 
 def reward_side_metrics(reward: Any) -> dict[str, float]:

@@ -31,6 +31,11 @@ class NothingToLearn(RewardsFailing):
     """``trainer.max_no_signal_steps`` steps in a row gave no learning signal: the run stops (exit 3)."""
 
 
+class RewardFunctionRaised(RewardsFailing):
+    """A TRL-style reward function raised (or returned something that is not one number or None per
+    completion): the run stops at once with its name and the error, as TRL's trainer raises it (exit 3)."""
+
+
 @dataclass
 class SkipWatch:
     """The current streak of skipped steps.
@@ -84,6 +89,10 @@ def has_signal(scores: Tensor, group_ids: Tensor) -> bool:
     the policy back). The usual causes: answers that never parse (every sample gets the format
     floor), a reward that is constant, or a task too hard or too easy for the model.
     """
+    scored = ~torch.isnan(scores)  # unscored samples (TRL's all-None rows) carry no signal
+    scores, group_ids = scores[scored], group_ids[scored]
+    if scores.numel() == 0:
+        return False
     sizes = torch.bincount(torch.unique(group_ids, return_inverse=True)[1])
     if bool((sizes > 1).any()):
         return zero_std_group_fraction(scores, group_ids) < 1.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import pickle
 import re
 import textwrap
@@ -204,7 +205,7 @@ def test_string_prompts_in_the_data_give_plain_prompts_and_completions(tmp_path:
 
 
 @pytest.mark.parametrize("manager_name", ["naive", "batch", "dapo", "async"])
-def test_one_call_per_batch_and_none_is_a_failed_sample(manager_name: str) -> None:
+def test_one_call_per_batch_and_none_is_an_unscored_sample(manager_name: str) -> None:
     calls: list[int] = []
 
     def accuracy(completions: list[Any], ground_truth: list[Any], **kwargs: Any) -> list[float | None]:
@@ -215,15 +216,17 @@ def test_one_call_per_batch_and_none_is_a_failed_sample(manager_name: str) -> No
     with make_reward_manager(manager_name, with_style(accuracy, "auto")) as manager:
         results = manager.score(inputs)
     assert calls == [3]
-    assert [r.score for r in results] == [1.0, None, 0.0]
-    assert results[1].failed
-    assert f"TRL-style reward function {accuracy.__module__}.{accuracy.__qualname__} returned None" in str(
-        results[1].error
-    )
+    assert results[0].score == 1.0
+    assert results[2].score == 0.0
+    # TRL 1.16: None is "not scored", not a failure: NaN reward, kept, no error
+    assert results[1].unscored
+    assert not results[1].failed
+    assert results[1].error is None
+    assert math.isnan(results[1].score or 0.0)
     if manager_name == "dapo":
         assert results[0].extra == {"acc": 1.0}  # dapo's extras apply to the scored samples
     nan = TRLRewardFunction(accuracy).results([float("nan"), None], inputs[:2])
-    assert [str(r.error).rsplit(" ", 1)[-1] for r in nan] == ["NaN", "None"]  # said as the function gave it
+    assert [r.unscored for r in nan] == [True, True]  # NaN is what TRL makes of None
 
 
 @pytest.mark.parametrize("manager_name", ["naive", "async"])
@@ -282,7 +285,7 @@ def test_a_bad_return_fails_every_sample_with_one_error(manager_name: str, retur
     }
 
 
-def test_an_exception_nan_and_a_kwarg_clash_fail_samples() -> None:
+def test_an_exception_stops_nan_is_unscored_and_a_kwarg_clash_fails() -> None:
     def raises(completions: list[Any], **kwargs: Any) -> list[float]:
         raise KeyError("solution")
 
@@ -291,9 +294,12 @@ def test_an_exception_nan_and_a_kwarg_clash_fail_samples() -> None:
 
     inputs = [chat_input("a", "5"), chat_input("b", "5")]
     with make_reward_manager("naive", with_style(raises, "auto")) as manager:
-        assert all("raised KeyError: 'solution'" in str(r.error) for r in manager.score(inputs))
+        raised = manager.score(inputs)
+    assert all("raised KeyError: 'solution'" in str(r.error) and r.stop for r in raised)  # TRL raises: the run stops
     with make_reward_manager("naive", with_style(nan, "auto")) as manager:
-        assert [r.score for r in manager.score(inputs)] == [None, 1.0]  # NaN is TRL's "not scored"
+        scored = manager.score(inputs)
+    assert [r.unscored for r in scored] == [True, False]
+    assert scored[1].score == 1.0
     with make_reward_manager("naive", with_style(reward_len, "auto"), {"ground_truth": "x"}) as manager:
         results = manager.score(inputs)
     assert all("reward.kwargs ground_truth" in str(r.error) for r in results)
