@@ -431,7 +431,7 @@ def group_normalized(values: Sequence[float | None], inputs: Sequence[RewardInpu
         groups.setdefault(x.group if x.group is not None else ("row", i), []).append(i)
     out: list[float | None] = list(values)
     for rows in groups.values():
-        present = [values[i] for i in rows if values[i] is not None and math.isfinite(values[i])]  # type: ignore[arg-type]
+        present = [v for v in (values[i] for i in rows) if v is not None and math.isfinite(v)]
         if not present:
             continue
         mean = sum(present) / len(present)
