@@ -267,6 +267,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a warm-up model of an earlier run (its `warmup` folder): zero-shot and warm-up are skipped, GRPO starts"
         " from it (a lever run: one GRPO change from the same start)",
     )
+    parser.add_argument(
+        "--no-zero-shot",
+        action="store_true",
+        help="skip the zero-shot model's evals (a lever run that changes the warm-up: an earlier run has them)",
+    )
     # GRPO
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
@@ -345,11 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     baselines = ",".join(BASELINES)
     reuse: Path | None = args.warmup_model.resolve() if args.warmup_model is not None else None
-    if reuse is None:
+    zero_shot = reuse is None and not args.no_zero_shot
+    if zero_shot:
         evals["zero_shot"] = evaluate(
             "zero_shot_eval", test, f"{baselines},zero_shot={model}", args.eval_samples, dtype
         )
-    if reuse is None and dtype != "float32" and args.fp32_check:
+    if zero_shot and dtype != "float32" and args.fp32_check:
         low = evaluate("fp32_check", test, f"zero_shot={model}", args.fp32_check, "float32")
         high = evaluate("bf16_check", test, f"zero_shot={model}", args.fp32_check, dtype)
         evals["dtype_check"] = {"float32": system_summary(low["systems"]), dtype: system_summary(high["systems"])}
@@ -405,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
     compare = COMPARE
-    if reuse is not None:  # a lever run: the zero-shot model is not evaluated again
+    if not zero_shot:  # a lever run: the zero-shot model is not evaluated again
         systems = f"{baselines},warmup={warmup_model},grpo={work / 'grpo'}"
         compare = ",".join(c for c in COMPARE.split(",") if "zero_shot" not in c)
     if ref_model is not None:
