@@ -230,9 +230,8 @@ def warm_up(
     warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
     warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
     warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]
-    measure("warmup_data", warm)["report"] = json.loads(
-        (work / "warmup_data" / "warmup.json").read_text(encoding="utf-8")
-    )
+    phase = measure("warmup_data", warm)  # first: an assignment evaluates its right side before its target
+    phase["report"] = json.loads((work / "warmup_data" / "warmup.json").read_text(encoding="utf-8"))
 
     warmup_model = sft("warmup", str(work / "warmup_data" / "warmup.parquet"))
     ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None

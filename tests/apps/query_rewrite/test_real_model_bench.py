@@ -99,3 +99,28 @@ def test_main_needs_a_model_folder_and_skips_without_kdconv(tmp_path: Path, caps
     assert bench.main(args) == 0
     assert "SKIP: KdConv not found" in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_warm_up_runs_queryrl_warmup_before_reading_its_report(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    (tmp_path / "data").mkdir()
+    train = tmp_path / "data" / "train.parquet"
+    pd.DataFrame({"x": list(range(10))}).to_parquet(train)
+    args = bench.parse_args(["--model", str(tmp_path), "--warmup-rows", "4", "--warmup-samples", "0"])
+    phases: list[str] = []
+
+    def measure(phase: str, cmd: list[str]) -> dict[str, object]:
+        phases.append(phase)
+        if phase == "warmup_data":  # what `queryrl warmup --out DIR` writes
+            out = Path(cmd[cmd.index("--out") + 1])
+            out.mkdir(parents=True)
+            (out / "warmup.json").write_text(json.dumps({"kept": 3}))
+        return {"wall_s": 0.0}
+
+    def sft(phase: str, files: str) -> Path:
+        phases.append(phase)
+        return tmp_path / phase
+
+    model, ref = bench.warm_up(args, tmp_path, {"files": {"train": str(train)}}, tmp_path, "float32", measure, sft)
+    assert (model, ref, phases) == (tmp_path / "warmup", None, ["warmup_data", "warmup"])
+    assert len(pd.read_parquet(tmp_path / "data" / "train_warmup_rows.parquet")) == 4
