@@ -132,8 +132,9 @@ def run_cgroups(
             remove_cgroup(folder)
 
 
-def remove_cgroup(folder: str, within_s: float = 2.0) -> None:
-    """rmdir a cgroup: busy for a moment after its last process was reaped (the release is deferred)."""
+def remove_cgroup(folder: str, within_s: float = 10.0) -> None:
+    """rmdir a cgroup: busy for a moment after its last process was reaped (the release is deferred; after an
+    out-of-memory kill of hundreds of MB on a loaded machine, 2 s was once not enough)."""
     deadline = time.monotonic() + within_s
     while True:
         try:

@@ -185,11 +185,13 @@ def test_dapo_warns_when_lengths_are_missing(caplog: pytest.LogCaptureFixture) -
 
 def all_options() -> dict[str, Any]:
     """RewardConfig's manager settings, as the trainer passes them."""
-    # max_failed_frac, max_skipped_steps and drop_failed_groups are the trainer's step policy, not manager settings
+    # max_failed_frac, max_skipped_steps and drop_failed_groups are the trainer's step policy, not manager settings;
+    # multi_objective_aggregation belongs with functions (how they combine)
     fields = {f.name for f in dataclasses.fields(RewardConfig)} - {
         "manager",
         "function",
         "functions",
+        "multi_objective_aggregation",
         "kwargs",
         "max_failed_frac",
         "max_skipped_steps",
