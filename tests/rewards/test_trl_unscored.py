@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -153,31 +152,19 @@ def test_an_unknown_aggregation_is_one_line_naming_the_key(tmp_path: Path, model
 
 # -- real runs ------------------------------------------------------------------------------------
 
-SOMETIMES = '''
-import json
-
-
-def sometimes(completions, log, **kwargs):
-    """Scores three of each four completions (one per group of 4 unscored, as a judge that abstains)."""
-    with open(log, "a") as f:
-        f.write(json.dumps(len(completions)) + "\\n")
+SOMETIMES = """
+def sometimes(completions, **kwargs):
+    # scores three of each four completions (one per group of 4 unscored, as a judge that abstains)
     return [None if i % 4 == 1 else len(set(c[0]["content"])) / 10 for i, c in enumerate(completions)]
-'''
+"""
 
 
 @pytest.mark.slow
 def test_a_run_where_a_quarter_is_unscored_trains_on_the_rest(tmp_path: Path, model_cache: Path) -> None:
     reward = tmp_path / "sometimes.py"
-    reward.write_text(textwrap.dedent(SOMETIMES))
-    log = tmp_path / "calls.jsonl"
-    cfg = make_cfg(
-        tmp_path,
-        model_cache,
-        f"reward.function.path={reward}",
-        "reward.function.name=sometimes",
-        f"+reward.kwargs.log={log}",
-        "trainer.save_samples=16",
-    )
+    reward.write_text(SOMETIMES)
+    overrides = [f"reward.function.path={reward}", "reward.function.name=sometimes", "trainer.save_samples=16"]
+    cfg = make_cfg(tmp_path, model_cache, *overrides)
     with Trainer(cfg) as trainer:
         before = params(trainer.c.policy.model)
         trainer.fit()  # before: 4 of 16 failed a step: under max_failed_frac, but dropped, not kept
