@@ -134,9 +134,9 @@ class RewardResult:
         return self.score is None
 
 
-def unscored_result(extra: dict[str, float] | None = None) -> RewardResult:
+def unscored_result() -> RewardResult:
     """A sample that no reward function scored (TRL's all-None row): NaN score, kept, advantage 0."""
-    return RewardResult(score=math.nan, extra=dict(extra or {}), unscored=True)
+    return RewardResult(score=math.nan, unscored=True)
 
 
 class PendingRewards:

@@ -450,6 +450,9 @@ class Trainer:
                     step=self.step,  # a TRL-style function's trainer_state.global_step, as in TRL's evaluation
                     progress=self._progress(),
                 )
+                fatal = next((r for r in results if r.stop), None)
+                if fatal is not None:  # a TRL-style function raised in validation: TRL stops there too
+                    raise RewardFunctionRaised(redact(f"stopped in validation at step {self.step}: {fatal.error}"))
                 for row, result in zip(batch.non_tensor["row"], results, strict=True):
                     if result.score is None:
                         failed += 1

@@ -201,3 +201,28 @@ def test_an_exception_in_a_trl_function_stops_the_run_naming_it(tmp_path: Path, 
     assert message.startswith("stopped at step 1: ")
     assert f"{reward}:judge raised ConnectionError: judge unreachable" in message
     assert "\n" not in message
+
+
+VALIDATION_ONLY = """
+def judge(completions, **kwargs):
+    if len(completions) < 16:  # the 4 validation prompts, one greedy answer each
+        raise ConnectionError("judge unreachable")
+    return [0.5] * len(completions)
+"""
+
+
+@pytest.mark.slow
+def test_an_exception_in_validation_stops_the_run_too(tmp_path: Path, model_cache: Path) -> None:
+    reward = tmp_path / "raises.py"
+    reward.write_text(VALIDATION_ONLY)
+    cfg = make_cfg(
+        tmp_path,
+        model_cache,
+        f"reward.function.path={reward}",
+        "reward.function.name=judge",
+        "data.val_files=[builtin://toy_target_string/val]",
+        "data.max_val_samples=4",
+        "trainer.total_steps=1",
+    )
+    with Trainer(cfg) as trainer, pytest.raises(RewardFunctionRaised, match="stopped in validation at step 1: "):
+        trainer.fit()  # before: counted in val/reward/failed, and the run ended "done"
