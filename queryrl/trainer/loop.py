@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
-from queryrl.algos.kl import apply_kl_in_reward, make_kl_controller
+from queryrl.algos.kl import make_kl_controller
 from queryrl.application import learning_problem_check
 from queryrl.config import save_config
 from queryrl.engine.batch import Batch
@@ -45,7 +45,7 @@ from queryrl.trainer.components import Components, build_components
 from queryrl.trainer.metrics import PhaseTimer, data_metrics, rollout_probs_diff
 from queryrl.trainer.run_folder import plan_resume, read_config_yaml, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
-from queryrl.trainer.scoring import apply_scores, estimate_advantages, generate_and_score, reward_side_metrics
+from queryrl.trainer.scoring import apply_scores, batch_advantages, generate_and_score, reward_side_metrics
 from queryrl.trainer.skips import (
     NoSignalWatch,
     NothingToLearn,
@@ -220,7 +220,7 @@ class Trainer:
             with timer("values"):
                 batch.values = started["values"]()
         with timer("adv"):
-            metrics |= self._advantages(batch, baselines)
+            metrics |= batch_advantages(batch, cfg.algo, self.kl_ctrl, baselines)
         if c.critic is not None:
             with timer("update_critic"):
                 metrics |= self._update_critic(batch)
@@ -339,41 +339,6 @@ class Trainer:
         )  # fmt: skip
         per_prompt = torch.tensor([r.score if r.score is not None else 0.0 for r in results]).nan_to_num(0.0)
         return per_prompt[batch.group_ids.cpu()]
-
-    def _advantages(self, batch: Batch, baselines: Tensor | None) -> dict[str, float]:
-        cfg = self.cfg
-        metrics: dict[str, float] = {}
-        assert batch.token_scores is not None
-        if cfg.algo.use_kl_in_reward:
-            assert batch.old_logprobs is not None
-            assert batch.ref_logprobs is not None
-            batch.token_rewards, kl = apply_kl_in_reward(
-                batch.token_scores,
-                batch.old_logprobs,
-                batch.ref_logprobs,
-                batch.response_mask,
-                self.kl_ctrl.value,
-                cfg.algo.kl_penalty,
-            )
-            current_kl = (kl.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)).mean().item()
-            metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
-            self.kl_ctrl.update(current_kl, n_steps=len(batch))
-        else:
-            batch.token_rewards = batch.token_scores
-        scores = batch.non_tensor.get("score", [None] * len(batch))
-        batch.advantages, batch.returns = estimate_advantages(
-            ADVANTAGE_ESTIMATORS.get(cfg.algo.adv_estimator),
-            batch.token_rewards,
-            batch.response_mask,
-            unscored=torch.tensor([s is not None and math.isnan(s) for s in scores], dtype=torch.bool),
-            group_ids=batch.group_ids,
-            values=batch.values,
-            reward_baselines=None if baselines is None else baselines.to(batch.response_mask.device),
-            gamma=cfg.algo.gamma,
-            lam=cfg.algo.lam,
-            norm_adv_by_std=cfg.algo.norm_adv_by_std,
-        )
-        return metrics
 
     def _num_mini_batches(self, batch: Batch) -> int:
         return math.ceil(len(batch) / self._mini_batch_sequences())

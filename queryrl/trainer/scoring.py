@@ -9,12 +9,15 @@ whole scoring time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from queryrl.algos import ADVANTAGE_ESTIMATORS
+from queryrl.algos.kl import apply_kl_in_reward
 from queryrl.engine.batch import Batch, outcome_to_tokens
 from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
@@ -187,6 +190,44 @@ def apply_scores(batch: Batch, results: list[RewardResult], drop_failed_groups: 
     if len(batch):
         metrics["reward/zero_std_group_frac"] = zero_std_group_fraction(scores, batch.group_ids.cpu())
     return Scored(batch, metrics, kept, failed)
+
+
+def batch_advantages(batch: Batch, algo: Any, kl_ctrl: Any, baselines: Tensor | None) -> dict[str, float]:
+    """Set `batch`'s ``token_rewards`` (its scores, less the KL penalty where ``algo.use_kl_in_reward``, which
+    also updates `kl_ctrl` with the step's KL), ``advantages`` and ``returns`` (``algo.adv_estimator``, with
+    unscored samples left out: :func:`estimate_advantages`); returns the KL-penalty metrics."""
+    metrics: dict[str, float] = {}
+    assert batch.token_scores is not None
+    if algo.use_kl_in_reward:
+        assert batch.old_logprobs is not None
+        assert batch.ref_logprobs is not None
+        batch.token_rewards, kl = apply_kl_in_reward(
+            batch.token_scores,
+            batch.old_logprobs,
+            batch.ref_logprobs,
+            batch.response_mask,
+            kl_ctrl.value,
+            algo.kl_penalty,
+        )
+        current_kl = (kl.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)).mean().item()
+        metrics |= {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": kl_ctrl.value}
+        kl_ctrl.update(current_kl, n_steps=len(batch))
+    else:
+        batch.token_rewards = batch.token_scores
+    scores = batch.non_tensor.get("score", [None] * len(batch))
+    batch.advantages, batch.returns = estimate_advantages(
+        ADVANTAGE_ESTIMATORS.get(algo.adv_estimator),
+        batch.token_rewards,
+        batch.response_mask,
+        unscored=torch.tensor([s is not None and math.isnan(s) for s in scores], dtype=torch.bool),
+        group_ids=batch.group_ids,
+        values=batch.values,
+        reward_baselines=None if baselines is None else baselines.to(batch.response_mask.device),
+        gamma=algo.gamma,
+        lam=algo.lam,
+        norm_adv_by_std=algo.norm_adv_by_std,
+    )
+    return metrics
 
 
 def estimate_advantages(
