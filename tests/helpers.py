@@ -83,3 +83,10 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of `run_dir`'s ``metrics.jsonl``, one dict per logged step."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def cfg_with_reward_file(tmp_path: Path, model_cache: Path, source: str, name: str, *overrides: str) -> DictConfig:
+    """:func:`make_cfg` with the reward function `name` of a file holding `source` (``tmp_path/reward.py``)."""
+    reward = tmp_path / "reward.py"
+    reward.write_text(source)
+    return make_cfg(tmp_path, model_cache, f"reward.function.path={reward}", f"reward.function.name={name}", *overrides)

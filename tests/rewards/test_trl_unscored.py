@@ -22,7 +22,7 @@ from queryrl.trainer.loop import Trainer
 from queryrl.trainer.metrics import zero_std_group_fraction
 from queryrl.trainer.scoring import estimate_advantages
 from queryrl.trainer.skips import RewardFunctionRaised, has_signal
-from tests.helpers import make_cfg, metrics_of, params
+from tests.helpers import cfg_with_reward_file, make_cfg, metrics_of, params
 
 NAN = float("nan")
 
@@ -161,10 +161,7 @@ def sometimes(completions, **kwargs):
 
 @pytest.mark.slow
 def test_a_run_where_a_quarter_is_unscored_trains_on_the_rest(tmp_path: Path, model_cache: Path) -> None:
-    reward = tmp_path / "sometimes.py"
-    reward.write_text(SOMETIMES)
-    overrides = [f"reward.function.path={reward}", "reward.function.name=sometimes", "trainer.save_samples=16"]
-    cfg = make_cfg(tmp_path, model_cache, *overrides)
+    cfg = cfg_with_reward_file(tmp_path, model_cache, SOMETIMES, "sometimes", "trainer.save_samples=16")
     with Trainer(cfg) as trainer:
         before = params(trainer.c.policy.model)
         trainer.fit()  # before: 4 of 16 failed a step: under max_failed_frac, but dropped, not kept
@@ -192,14 +189,12 @@ def judge(completions, **kwargs):
 
 @pytest.mark.slow
 def test_an_exception_in_a_trl_function_stops_the_run_naming_it(tmp_path: Path, model_cache: Path) -> None:
-    reward = tmp_path / "raises.py"
-    reward.write_text(RAISES)
-    cfg = make_cfg(tmp_path, model_cache, f"reward.function.path={reward}", "reward.function.name=judge")
+    cfg = cfg_with_reward_file(tmp_path, model_cache, RAISES, "judge")
     with Trainer(cfg) as trainer, pytest.raises(RewardFunctionRaised) as caught:
         trainer.fit()  # before: the step was skipped and the run went on to a second one
     message = str(caught.value)
     assert message.startswith("stopped at step 1: ")
-    assert f"{reward}:judge raised ConnectionError: judge unreachable" in message
+    assert f"{tmp_path / 'reward.py'}:judge raised ConnectionError: judge unreachable" in message
     assert "\n" not in message
 
 
@@ -213,16 +208,7 @@ def judge(completions, **kwargs):
 
 @pytest.mark.slow
 def test_an_exception_in_validation_stops_the_run_too(tmp_path: Path, model_cache: Path) -> None:
-    reward = tmp_path / "raises.py"
-    reward.write_text(VALIDATION_ONLY)
-    cfg = make_cfg(
-        tmp_path,
-        model_cache,
-        f"reward.function.path={reward}",
-        "reward.function.name=judge",
-        "data.val_files=[builtin://toy_target_string/val]",
-        "data.max_val_samples=4",
-        "trainer.total_steps=1",
-    )
+    val = ["data.val_files=[builtin://toy_target_string/val]", "data.max_val_samples=4", "trainer.total_steps=1"]
+    cfg = cfg_with_reward_file(tmp_path, model_cache, VALIDATION_ONLY, "judge", *val)
     with Trainer(cfg) as trainer, pytest.raises(RewardFunctionRaised, match="stopped in validation at step 1: "):
         trainer.fit()  # before: counted in val/reward/failed, and the run ended "done"
