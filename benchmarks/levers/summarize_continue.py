@@ -17,6 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import write_json
 from compare_evals import paired, rows
 from real_model import system_summary
 
@@ -70,10 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "training_windows": windows(metrics, every),
         "run": str(out),
     }
-    result.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(result)
+    write_json(result, payload)
     print(f"wrote {result}")
     return 0
 

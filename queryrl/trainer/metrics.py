@@ -59,17 +59,21 @@ def _masked_stats(prefix: str, values: Tensor, mask: Tensor) -> dict[str, float]
     }
 
 
+def unscored_rows(batch: Batch) -> Tensor:
+    """Which rows of `batch` are unscored (a NaN ``score``: no TRL-style function scored them); all False
+    where the batch carries no scores."""
+    scores = batch.non_tensor.get("score")
+    if scores is None or len(scores) != len(batch):
+        return torch.zeros(len(batch), dtype=torch.bool)
+    return torch.tensor([s is not None and math.isnan(s) for s in scores], dtype=torch.bool)
+
+
 def data_metrics(batch: Batch, max_response_length: int, max_prompt_length: int) -> dict[str, float]:
     """verl's ``compute_data_metrics`` over a scored batch with advantages. The score and reward statistics
     leave unscored samples out (a NaN ``score``: TRL's all-None rows), as TRL's logged reward does."""
     metrics: dict[str, float] = {}
     mask = batch.response_mask
-    scores = batch.non_tensor.get("score")
-    scored = (
-        torch.tensor([not (s is not None and math.isnan(s)) for s in scores], dtype=torch.bool)
-        if scores is not None and len(scores) == len(batch)
-        else torch.ones(len(batch), dtype=torch.bool)
-    )
+    scored = ~unscored_rows(batch)
     if batch.token_scores is not None and bool(scored.any()):
         metrics |= _stats("critic/score", batch.token_scores.sum(-1)[scored.to(batch.token_scores.device)])
     if batch.token_rewards is not None and bool(scored.any()):

@@ -84,7 +84,7 @@ def config_reward_spec(cfg: DictConfig) -> RewardSpec:
         {str(k): v for k, v in kwargs.items()},
         f.style,
         tuple(functions),
-        str(cfg.reward.get("multi_objective_aggregation", "sum_then_normalize")),
+        cfg.reward.multi_objective_aggregation,
     )
 
 

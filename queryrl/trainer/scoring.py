@@ -9,7 +9,6 @@ whole scoring time.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -21,7 +20,7 @@ from queryrl.algos.kl import apply_kl_in_reward
 from queryrl.engine.batch import Batch, outcome_to_tokens
 from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
-from queryrl.trainer.metrics import PhaseTimer, zero_std_group_fraction
+from queryrl.trainer.metrics import PhaseTimer, unscored_rows, zero_std_group_fraction
 from queryrl.trainer.samples import NOT_TRAINED
 
 
@@ -214,12 +213,11 @@ def batch_advantages(batch: Batch, algo: Any, kl_ctrl: Any, baselines: Tensor | 
         kl_ctrl.update(current_kl, n_steps=len(batch))
     else:
         batch.token_rewards = batch.token_scores
-    scores = batch.non_tensor.get("score", [None] * len(batch))
     batch.advantages, batch.returns = estimate_advantages(
         ADVANTAGE_ESTIMATORS.get(algo.adv_estimator),
         batch.token_rewards,
         batch.response_mask,
-        unscored=torch.tensor([s is not None and math.isnan(s) for s in scores], dtype=torch.bool),
+        unscored=unscored_rows(batch),
         group_ids=batch.group_ids,
         values=batch.values,
         reward_baselines=None if baselines is None else baselines.to(batch.response_mask.device),
