@@ -27,14 +27,16 @@ exceed ``FUSE_MAX_BYTES``, then each projection keeps its own matmul), the rest 
 own tensors, so a colocated optimizer step made in place on the module is always seen, with
 nothing to refresh in ``update_weights``.
 
-LoRA (a peft ``PeftModel``, or LoRA layers injected in place) and a compute dtype other than the
-parameters' (mixed precision: float32 master weights, bfloat16 decoding) are served from derived
-copies: each LoRA projection's merged weight ``W + scaling * B @ A`` (summed over the active
-adapters, added in float32 as peft's merge does on a CPU), everything cast to the compute dtype.
-The trained module is never modified (no ``merge_adapter``). The copies are kept between calls and
-rebuilt when any parameter of the module has changed: the key is every parameter's storage and
-torch's in-place version counter (which an optimizer step, ``load_state_dict`` or any ``copy_``
-bumps) plus the adapters' state (enabled, active, scaling), so a step is seen at the next call.
+LoRA (a peft ``PeftModel``, or LoRA layers injected in place) runs as peft's forward does: each
+adapted projection (or fused group) adds ``(x A^T) B^T`` (B times the adapter's scaling; adapters
+summed) to the base projection's output, two small matmuls. The base weights, fused and cast to the
+compute dtype, are derived copies kept between calls: they are rebuilt only when a parameter other
+than the adapters' changed (the key is those parameters' storage and torch's in-place version
+counter, which an optimizer step, ``load_state_dict`` or any ``copy_`` bumps), so an adapter-only
+step costs no copy of the model; the adapters themselves are read afresh by every call (enabled,
+active, scaling). A compute dtype other than the parameters' (mixed precision: float32 master
+weights, bfloat16 decoding) casts the base once per change and the adapters per call. The trained
+module is never modified (no ``merge_adapter``).
 
 Sampling is ``generate``'s as :mod:`queryrl.rollout.hf` calls it: ``log_softmax(raw logits /
 temperature)`` is recorded at the chosen token; greedy = ``argmax``; sampling = temperature,
@@ -57,22 +59,31 @@ from queryrl.rollout.base import SamplingParams
 from queryrl.rollout.fast_decode_arch import (
     SUPPORTED_ARCHITECTURES,
     Layer,
+    Lora,
     Plan,
     Weights,
     read_weights,
     rope_tables,
     unsupported_reason,
+    with_lora,
 )
-from queryrl.rollout.peft_weights import adapter_state, base_model, is_lora_linear
+from queryrl.rollout.peft_weights import base_model, is_lora_linear, lora_parameters
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "unsupported_reason", "warp"]
 
 
-def _project(h: Tensor, projection: list[tuple[Tensor, Tensor | None]]) -> Tensor:
-    """(N, E) -> (N, sum of the out features)."""
+def _project(h: Tensor, projection: list[tuple[Tensor, Tensor | None]], lora: Lora | None) -> Tensor:
+    """(N, E) -> (N, sum of the out features), the LoRA adapters' ``(h A^T) B^T`` added."""
     if len(projection) == 1:
-        return F.linear(h, *projection[0])
-    return torch.cat([F.linear(h, w, b) for w, b in projection], dim=-1)
+        out = F.linear(h, *projection[0])
+    else:
+        out = torch.cat([F.linear(h, w, b) for w, b in projection], dim=-1)
+    return out if lora is None else _add_lora(out, h, lora)
+
+
+def _add_lora(out: Tensor, h: Tensor, lora: Lora) -> Tensor:
+    """``out + (h A^T) B^T`` for (N, in) inputs `h` and (N, out) outputs `out`."""
+    return torch.addmm(out, h @ lora[0].t(), lora[1].t())
 
 
 class FastDecoder:
@@ -98,25 +109,18 @@ class FastDecoder:
         self.num_heads, self.num_kv_heads, self.head_dim = plan.num_heads, plan.num_kv_heads, plan.head_dim
 
     def _weights(self) -> Weights:
-        """The current weights; derived copies (LoRA merged, another dtype) are reused until a
-        parameter or the adapters' state changed."""
-        if not self._derives():
+        """The current weights; derived base copies (fused and cast) are reused until a parameter other
+        than the LoRA adapters' changed; the adapters are read afresh."""
+        lora = any(is_lora_linear(m) for m in self.model.modules())
+        casts = any(p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point())
+        if not (lora or casts):
             return read_weights(self.model, self.plan, self.dtype)
-        key = (
-            tuple((p.data_ptr(), p._version) for p in self.source.parameters()),
-            adapter_state(self.model),
-            self.dtype,
-        )
+        adapters = lora_parameters(self.model)
+        key = (tuple((p.data_ptr(), p._version) for p in self.source.parameters() if id(p) not in adapters), self.dtype)
         if self._cached is None or self._cached[0] != key:
             self._cached = None  # free the old copies before making the new ones
-            self._cached = (key, read_weights(self.model, self.plan, self.dtype))
-        return self._cached[1]
-
-    def _derives(self) -> bool:
-        """Whether any weight is a derived copy: a LoRA layer, or a parameter not in the compute dtype."""
-        return any(is_lora_linear(m) for m in self.model.modules()) or any(
-            p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point()
-        )
+            self._cached = (key, read_weights(self.model, self.plan, self.dtype, lora=False))
+        return with_lora(self._cached[1], self.model, self.dtype) if lora else self._cached[1]
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm over the last dim of `x`, `weight` (..., last dim) broadcast: normalised in float32, then
@@ -254,7 +258,7 @@ class FastDecoder:
                 :, None
             ]
         for i, w in enumerate(weights.layers):
-            qkv = _project(self._norm(x, w.input_norm), w.qkv).view(u * p, hq + 2 * hkv, d)
+            qkv = _project(self._norm(x, w.input_norm), w.qkv, w.qkv_lora).view(u * p, hq + 2 * hkv, d)
             qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
             if w.qk_norm is not None:
                 qk = self._norm(qk, w.qk_norm)
@@ -285,7 +289,7 @@ class FastDecoder:
         b = x.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         for i, w in enumerate(layers):
-            qkv = _project(self._norm(x, w.input_norm), w.qkv).view(b, hq + 2 * hkv, d)
+            qkv = _project(self._norm(x, w.input_norm), w.qkv, w.qkv_lora).view(b, hq + 2 * hkv, d)
             if w.qk_norm is not None:
                 qkv[:, : hq + hkv] = self._norm(qkv[:, : hq + hkv], w.qk_norm)
             cos, sin = steps[w.rope]
@@ -309,18 +313,22 @@ class FastDecoder:
         each output normed before its residual)."""
         if w.post_attn_norm is None:
             x = torch.addmm(x, attn, w.o_proj_t)
+            if w.o_lora is not None:
+                x = _add_lora(x, attn, w.o_lora)
             if w.o_bias is not None:
                 x = x + w.o_bias
         else:
             out = attn @ w.o_proj_t if w.o_bias is None else torch.addmm(w.o_bias, attn, w.o_proj_t)
-            x = x + self._norm(out, w.post_attn_norm)
-        gate, up = _project(self._norm(x, w.pre_mlp_norm), w.gate_up).chunk(2, dim=-1)
+            x = x + self._norm(out if w.o_lora is None else _add_lora(out, attn, w.o_lora), w.post_attn_norm)
+        gate, up = _project(self._norm(x, w.pre_mlp_norm), w.gate_up, w.gate_up_lora).chunk(2, dim=-1)
         h = self.plan.act(gate) * up  # (N, I)
         if w.post_mlp_norm is None:
             x = torch.addmm(x, h, w.down_t)
+            if w.down_lora is not None:
+                x = _add_lora(x, h, w.down_lora)
             return x if w.down_bias is None else x + w.down_bias
         out = h @ w.down_t if w.down_bias is None else torch.addmm(w.down_bias, h, w.down_t)
-        return x + self._norm(out, w.post_mlp_norm)
+        return x + self._norm(out if w.down_lora is None else _add_lora(out, h, w.down_lora), w.post_mlp_norm)
 
 
 def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:

@@ -27,7 +27,7 @@ whose frequencies do not depend on the sequence length (``STATIC_ROPE_TYPES``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -35,7 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from queryrl.rollout.peft_weights import base_model, is_lora_linear, linear_weights, lora_reason, peft_reason
+from queryrl.rollout.peft_weights import (
+    base_model,
+    is_lora_linear,
+    linear_weights,
+    lora_factors,
+    lora_reason,
+    peft_reason,
+)
 
 
 @dataclass(frozen=True)
@@ -198,6 +205,9 @@ def rope_tables(model: Any) -> dict[str, tuple[Tensor, float]]:
 
 # (weight, bias) pairs applied to one input, their outputs end to end: q/k/v, gate/up
 Projection = list[tuple[Tensor, Tensor | None]]
+# LoRA adapters of a projection (or of a fused group, on its concatenated outputs): (A (R, in), B (out, R)),
+# B scaled; they add (x A^T) B^T (see queryrl.rollout.peft_weights.lora_factors)
+Lora = tuple[Tensor, Tensor]
 # the fused QKV and gate/up copies of all layers together may take this much memory; beyond it
 # (from about 100M parameters in float32, where the matmuls outweigh the op saved) each
 # projection keeps its own matmul, and nothing is copied
@@ -223,6 +233,11 @@ class Layer:
     post_mlp_norm: Tensor | None  # (E,), Gemma 3: on the MLP output, before the residual
     window: int | None  # sliding window W (None = full attention)
     rope: str  # the key of its RoPE table
+    # LoRA adapters, added to the base projections' outputs (None = none, or not read yet: see read_weights)
+    qkv_lora: Lora | None = None
+    o_lora: Lora | None = None
+    gate_up_lora: Lora | None = None
+    down_lora: Lora | None = None
 
 
 @dataclass
@@ -237,8 +252,8 @@ class Weights:
 
 
 def _projection(linears: list[nn.Module], fuse: bool, dtype: torch.dtype) -> Projection:
-    """`linears` as one matmul on their concatenated weights (a copy), or one each (no copy unless
-    LoRA or the dtype needs one)."""
+    """`linears` (LoRA layers: their base layers) as one matmul on their concatenated weights (a copy), or
+    one each (no copy unless the dtype needs one)."""
     pairs = [linear_weights(x, dtype) for x in linears]
     if not fuse:
         return pairs
@@ -252,9 +267,10 @@ def _qkv(layer: Any) -> list[nn.Module]:
     return [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]
 
 
-def read_weights(model: Any, plan: Plan, dtype: torch.dtype) -> Weights:
+def read_weights(model: Any, plan: Plan, dtype: torch.dtype, lora: bool = True) -> Weights:
     """The current weights of a supported ``*ForCausalLM`` `model` (QKV and gate/up concatenated now,
-    when small enough; LoRA layers merged; cast to `dtype`)."""
+    when small enough; cast to `dtype`): LoRA layers' base weights, and with `lora` their adapters
+    (:func:`with_lora` adds them to weights read without)."""
     base, head = model.model, model.lm_head
 
     def norm(module: Any) -> Tensor:  # Gemma: 1 + w in float32 (of w as stored in `dtype`), scaled before the cast
@@ -295,10 +311,29 @@ def read_weights(model: Any, plan: Plan, dtype: torch.dtype) -> Weights:
                 rope=layer_types[i] if plan.gemma else "",
             )
         )
-    return Weights(
+    weights = Weights(
         embed=base.embed_tokens.weight.to(dtype),
         embed_scale=base.embed_tokens.embed_scale.to(dtype) if plan.gemma else None,
         layers=layers,
         norm=norm(base.norm),
         head=(head.weight.to(dtype), head.bias.to(dtype) if head.bias is not None else None),
     )
+    return with_lora(weights, model, dtype) if lora else weights
+
+
+def with_lora(weights: Weights, model: Any, dtype: torch.dtype) -> Weights:
+    """`weights` (read without adapters) with `model`'s current LoRA adapters in `dtype`: small copies
+    (A and the scaled B of every adapted projection), read afresh, the base weights shared."""
+    layers = []
+    for w, layer in zip(weights.layers, model.model.layers, strict=True):
+        m = layer.mlp
+        layers.append(
+            replace(
+                w,
+                qkv_lora=lora_factors(_qkv(layer), dtype),
+                o_lora=lora_factors([layer.self_attn.o_proj], dtype),
+                gate_up_lora=lora_factors([m.gate_proj, m.up_proj], dtype),
+                down_lora=lora_factors([m.down_proj], dtype),
+            )
+        )
+    return replace(weights, layers=layers)

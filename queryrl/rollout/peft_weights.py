@@ -1,11 +1,13 @@
-"""The effective weights of peft LoRA layers, for code that reads weights instead of calling forward.
+"""The weights of peft LoRA layers, for code that reads weights instead of calling forward.
 
 A peft LoRA ``Linear`` computes ``base(x) + sum over active adapters of scaling * B(A(dropout(x)))``;
-with dropout off (eval) that is one linear map with weight ``W + sum of scaling * B @ A`` (what
-``get_delta_weight`` and peft's merge compute). :func:`linear_weights` returns that merged weight as
-a new tensor, never touching the module; :func:`lora_reason` says when a layer is not such a map
-(DoRA and other variants, a LoRA bias, adapters already merged, a quantized base layer). peft is
-duck-typed here (its classes by module name), so nothing imports it unless a model uses it.
+with dropout off (eval) that is the base layer's linear map plus a low-rank one. :func:`linear_weights`
+returns the base layer's own (weight, bias), :func:`lora_factors` the low-rank part of one or more
+projections as two small matrices, so that a reader computes ``x W^T + (x A^T) B^T`` as peft's forward
+does, without merging (a merge rewrites every projection's weight after each optimizer step).
+:func:`lora_reason` says when a layer is not such a map (DoRA and other variants, a LoRA bias, adapters
+already merged, a quantized base layer). peft is duck-typed here (its classes by module name), so nothing
+imports it unless a model uses it.
 """
 
 from __future__ import annotations
@@ -61,25 +63,45 @@ def lora_reason(layer: nn.Module) -> str | None:
     return None
 
 
-def adapter_state(model: nn.Module) -> tuple[Any, ...]:
-    """What decides a LoRA layer's effective weight besides its parameters, for every LoRA layer."""
-    state: list[Any] = []
+def lora_parameters(model: nn.Module) -> set[int]:
+    """The ``id`` of every LoRA A and B matrix in `model` (what an adapter-only optimizer step changes)."""
+    ids: set[int] = set()
     for module in model.modules():
         if is_lora_linear(module):
             lora: Any = module
-            active = tuple(a for a in lora.active_adapters if a in lora.lora_A)
-            state.append((bool(lora.disable_adapters), active, tuple(float(lora.scaling[a]) for a in active)))
-    return tuple(state)
+            for factors in (lora.lora_A, lora.lora_B):
+                ids.update(id(p) for p in factors.parameters())
+    return ids
 
 
 def linear_weights(linear: nn.Module, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """`linear`'s effective (weight, bias) in `dtype`: a LoRA layer's merged weight (the same function
-    as peft's forward, up to rounding), the module's own tensors when nothing needs deriving."""
-    lora: Any = linear
-    base: Any = lora.base_layer if is_lora_linear(linear) else linear
-    weight, bias = base.weight, base.bias
-    if is_lora_linear(linear) and not lora.disable_adapters:
-        deltas = [lora.get_delta_weight(a) for a in lora.active_adapters if a in lora.lora_A]
-        if deltas:  # W + sum of scaling * B @ A, added in float32
-            weight = weight.float() + sum(d.float() for d in deltas)
-    return weight.to(dtype), (bias.to(dtype) if bias is not None else None)
+    """`linear`'s own (weight, bias) in `dtype`; for a LoRA layer its base layer's (see :func:`lora_factors`)."""
+    base: Any = linear.base_layer if is_lora_linear(linear) else linear
+    return base.weight.to(dtype), (base.bias.to(dtype) if base.bias is not None else None)
+
+
+def lora_factors(linears: list[nn.Module], dtype: torch.dtype) -> tuple[Tensor, Tensor] | None:
+    """The active adapters of `linears`, whose outputs are concatenated, as ``(A, B)`` in `dtype`: A (R, in)
+    stacks every adapter's A, B (sum of the outputs, R) is block-diagonal with each adapter's B times its
+    scaling (scaled in float32), so that the adapters add ``(x A^T) B^T`` to the concatenated outputs; None
+    when no layer has an enabled active adapter."""
+    a_rows: list[Tensor] = []
+    blocks: list[tuple[int, Tensor]] = []  # (output offset, scaled B)
+    offset = 0
+    for linear in linears:
+        lora: Any = linear
+        if is_lora_linear(linear) and not lora.disable_adapters:
+            for name in lora.active_adapters:
+                if name in lora.lora_A:
+                    a_rows.append(lora.lora_A[name].weight)
+                    blocks.append((offset, lora.lora_B[name].weight.float() * float(lora.scaling[name])))
+        offset += (lora.base_layer if is_lora_linear(linear) else linear).weight.shape[0]
+    if not a_rows:
+        return None
+    a = torch.cat(a_rows).to(dtype)
+    b = a.new_zeros(offset, a.shape[0])
+    column = 0
+    for row, block in blocks:
+        b[row : row + block.shape[0], column : column + block.shape[1]] = block.to(dtype)
+        column += block.shape[1]
+    return a, b

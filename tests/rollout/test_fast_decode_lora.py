@@ -82,27 +82,54 @@ def test_lora_sampled_logprobs_equal_the_trainers(
 def test_optimizer_steps_on_the_adapters_are_seen(
     lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
-    """The merged copies are cached between calls and rebuilt after a step (no update_weights needed)."""
+    """The base copies (fused QKV and gate/up) are made once and kept through adapter steps, which cost no
+    copy of the model; the adapters are read afresh, so a step is seen (no update_weights needed)."""
     fast, slow = paths(lora_model, tiny_bundle.tokenizer)
     state = {k: v.clone() for k, v in lora_model.state_dict().items()}
     before = fast.generate(prompts, GREEDY)
     decoder = fast._fast_decoder()
     assert decoder is not None
-    cached = decoder._weights()
-    assert decoder._weights() is cached  # nothing changed: the copies are reused
+    base = decoder._weights().layers[0].qkv[0][0]
+    assert decoder._weights().layers[0].qkv_lora is not None
+    assert decoder._weights().layers[0].qkv[0][0] is base  # nothing changed: the copies are reused
     for name, value in lora_model.state_dict().items():  # the trained module is never modified
         assert torch.equal(value, state[name]), name
     for _ in range(2):
+        lora_before = decoder._weights().layers[0].qkv_lora
         adapter_step(lora_model)
         after = fast.generate(prompts, GREEDY)
-        assert decoder._weights() is not cached
-        cached = decoder._weights()
+        weights = decoder._weights()
+        assert weights.layers[0].qkv[0][0] is base  # an adapter step leaves the base copies alone
+        assert lora_before is not None
+        assert weights.layers[0].qkv_lora is not None
+        assert not torch.equal(weights.layers[0].qkv_lora[1], lora_before[1])
         assert_same_greedy(after, slow.generate(prompts, GREEDY))
     assert not torch.equal(before.response_ids, after.response_ids)
     torch.manual_seed(1)
     out = fast.generate(prompts, SamplingParams(n=2, temperature=0.7, max_new_tokens=10))
     logprobs, _ = compute_logprobs(lora_model, Batch.from_rollout(out), micro_batch_size=8, temperature=0.7)
     torch.testing.assert_close(out.rollout_logprobs, logprobs * out.response_mask, atol=1e-5, rtol=0)
+
+
+def test_a_change_of_a_base_weight_rebuilds_the_base_copies(
+    lora_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]
+) -> None:
+    """A trained base (modules_to_save, a full load_state_dict) is seen too: its copies are keyed on it."""
+    fast, _ = paths(lora_model, tiny_bundle.tokenizer)
+    decoder = fast._fast_decoder()
+    assert decoder is not None
+    base = decoder._weights().layers[0].qkv[0][0]
+    q_proj: Any = lora_model.get_base_model().model.layers[0].self_attn.q_proj  # type: ignore[operator]
+    with torch.no_grad():
+        q_proj.base_layer.weight.mul_(1.5)
+    rebuilt = decoder._weights().layers[0].qkv[0][0]
+    assert rebuilt is not base
+    out_features = q_proj.base_layer.weight.shape[0]
+    torch.testing.assert_close(rebuilt[:out_features], q_proj.base_layer.weight, rtol=0, atol=0)
+    trained = copy.deepcopy(lora_model)
+    assert_same_greedy(
+        fast.generate(prompts, GREEDY), paths(trained, tiny_bundle.tokenizer)[1].generate(prompts, GREEDY)
+    )
 
 
 def test_load_state_dict_into_the_adapters_is_seen(
@@ -144,18 +171,19 @@ def test_unfused_lora_projections(
 def test_a_compute_dtype_decodes_like_a_model_stored_in_it(
     name: str, tiny_bundle: Any, prompts: list[list[int]]
 ) -> None:
-    """Mixed precision: float32 master weights (LoRA included), bf16 decoding = the same model stored in
-    bf16 (same tokens, same log-probs); a step on the master weights reaches the bf16 copies."""
+    """Mixed precision: float32 master weights (LoRA included), bf16 decoding = the same LoRA model stored in
+    bf16 (same tokens, same log-probs; the adapters' scaling 2 is exact in both); a step on the master
+    weights reaches the bf16 copies."""
     tok = tiny_bundle.tokenizer
     master = with_lora(random_model(tok, name))
     set_compute_dtype(master, torch.bfloat16)
     backend = HFRollout(master, tok)
     assert backend.decode_path == "fast"
     for step in range(2):
-        stored = copy.deepcopy(master).merge_and_unload().to(torch.bfloat16)  # type: ignore[operator]
+        stored: Any = copy.deepcopy(master).to(torch.bfloat16)
         # as from_pretrained(dtype=bfloat16) leaves it: the RoPE frequencies stay float32
         for buffer, value in master.get_base_model().model.rotary_emb.named_buffers():  # type: ignore[operator]
-            setattr(stored.model.rotary_emb, buffer, value.clone())
+            setattr(stored.get_base_model().model.rotary_emb, buffer, value.clone())
         set_compute_dtype(stored, None)
         reference = HFRollout(stored, tok)
         assert reference.decode_path == "fast"
