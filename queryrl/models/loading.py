@@ -55,6 +55,30 @@ def compute_autocast(module: nn.Module) -> contextlib.AbstractContextManager[Any
     return torch.autocast(device.type, dtype=dtype)
 
 
+def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> int:
+    """Store `model`'s frozen ``nn.Linear`` weights and biases (LoRA's base layers, untargeted projections,
+    an untied ``lm_head``) in `dtype`; return how many parameters changed dtype.
+
+    Under autocast every ``F.linear`` casts its weight to the compute dtype on each forward; a frozen weight
+    stored in that dtype already is used as it is, so the numbers are the same, bit for bit, without the
+    per-forward cast or its float32 copy. The trained parameters (LoRA's A and B, and with them their
+    gradients and AdamW moments), the embeddings (a lookup that autocast does not cast: a tied ``lm_head``
+    stays with them) and the norms stay in their dtype.
+    """
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied = {id(p) for p in embed.parameters()} if isinstance(embed, nn.Module) else set()
+    changed = 0
+    for module in model.modules():
+        if type(module) is not nn.Linear:
+            continue
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.requires_grad or id(param) in tied or param.dtype == dtype:
+                continue
+            setattr(module, name, nn.Parameter(param.detach().to(dtype), requires_grad=False))
+            changed += param.numel()
+    return changed
+
+
 def model_compute_dtype(model_cfg: Any) -> torch.dtype | None:
     """``model.compute_dtype`` when it differs from ``model.dtype`` (mixed precision), else None."""
     name = getattr(model_cfg, "compute_dtype", None)
@@ -136,8 +160,18 @@ class PolicyBundle:
             raise RuntimeError("this policy was loaded without a reference model")
 
 
-def load_policy(model_cfg: Any, device: torch.device, ref_device: torch.device | None, need_ref: bool) -> PolicyBundle:
-    """Load the policy (with LoRA and gradient checkpointing as configured) and its reference."""
+def load_policy(
+    model_cfg: Any,
+    device: torch.device,
+    ref_device: torch.device | None,
+    need_ref: bool,
+    frozen_in_compute_dtype: bool = False,
+) -> PolicyBundle:
+    """Load the policy (with LoRA and gradient checkpointing as configured) and its reference.
+
+    With `frozen_in_compute_dtype`, mixed precision and LoRA, the frozen base weights are stored in the
+    compute dtype (:func:`store_frozen_in_compute_dtype`): for training only, never for a merge (export,
+    SFT's merged output), which must add the adapters to the float32 base."""
     path = resolve_model_path(model_cfg)
     tokenizer = load_tokenizer(model_cfg)
     model = _load_causal_lm(path, model_cfg, device)
@@ -169,6 +203,9 @@ def load_policy(model_cfg: Any, device: torch.device, ref_device: torch.device |
     for module in (model, ref_model):
         if module is not None:
             set_compute_dtype(module, model_compute_dtype(model_cfg))
+    dtype = model_compute_dtype(model_cfg)
+    if frozen_in_compute_dtype and lora and dtype is not None:
+        store_frozen_in_compute_dtype(model, dtype)
     return PolicyBundle(model=model, tokenizer=tokenizer, ref_model=ref_model, lora=lora, path=path)
 
 

@@ -155,7 +155,10 @@ def build_components(cfg: DictConfig) -> Components:
     need_ref = bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
     on_ray = cfg.trainer.backend == "ray"
     # with Ray the workers hold the reference; the driver's policy is a mirror for checkpoints
-    policy = load_policy(cfg.model, device, ref_device, need_ref=need_ref and not on_ray)
+    # local: the frozen LoRA base in the compute dtype (no per-forward cast); the Ray driver's copy is a mirror
+    policy = load_policy(
+        cfg.model, device, ref_device, need_ref=need_ref and not on_ray, frozen_in_compute_dtype=not on_ray
+    )
 
     loader, val, filtered = _data(cfg, policy.tokenizer)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * loader.steps_per_epoch

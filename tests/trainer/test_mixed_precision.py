@@ -141,6 +141,41 @@ def test_lora_adapters_are_fp32_over_a_bf16_base(model_cache: Path) -> None:
         make_optimizer(bundle.model.parameters(), 1e-5, 0.0, (0.9, 0.999), 0, 1)
 
 
+def test_frozen_lora_base_stored_in_the_compute_dtype_changes_no_number(model_cache: Path, batch: Batch) -> None:
+    """Mixed precision with LoRA (the trainer's load): the frozen projections are stored in bf16, so autocast
+    uses them without a per-forward cast; the log-probs and the adapters' gradients are the same bit for bit,
+    the adapters stay float32, the embeddings (tied to the LM head) and norms keep their dtype."""
+    cfg = load_config(None, [f"model.cache_dir={model_cache}", *PRECISIONS["bf16-mixed"], "model.lora.rank=4"])
+    results = []
+    for frozen in (False, True):
+        torch.manual_seed(0)
+        bundle = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False, frozen_in_compute_dtype=frozen)
+        model = bundle.model.train()
+        with torch.no_grad():  # non-zero adapters, so that they matter
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+        loss = nll(model, batch)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        dtypes = {n: p.dtype for n, p in model.named_parameters()}
+        results.append((loss.detach(), grads, dtypes))
+    (plain_loss, plain_grads, plain_dtypes), (loss, grads, dtypes) = results
+    assert torch.equal(loss, plain_loss)
+    assert grads.keys() == plain_grads.keys()
+    assert grads
+    assert all(torch.equal(grads[n], plain_grads[n]) for n in grads)
+    assert set(plain_dtypes.values()) == {torch.float32}
+    assert {dtypes[n] for n in grads} == {torch.float32}  # the adapters, and so their AdamW moments
+    cast = {n for n, d in dtypes.items() if d == torch.bfloat16}
+    assert cast
+    assert all(
+        "base_layer" in n or n.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"))
+        for n in cast
+    )
+    assert not any("embed" in n or "norm" in n for n in cast)
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
@@ -216,6 +251,40 @@ def test_grpo_and_ppo_run_in_mixed_precision(tmp_path: Path, model_cache: Path) 
     assert rows[0]["actor/kl_loss"] == 0.0
     for row in rows:
         assert all(v == v and abs(v) != float("inf") for v in row.values() if isinstance(v, float)), row
+
+
+def test_a_lora_run_in_mixed_precision_trains_the_fp32_adapters_and_exports_fp32(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    """The trainer's policy stores its frozen LoRA base in bf16 (no per-forward cast), its adapters train in
+    float32, and the exported model merges them into the float32 base, as before the lever."""
+    from queryrl.trainer.export import export_checkpoint
+    from queryrl.trainer.loop import Trainer
+    from tests.helpers import make_cfg, params
+
+    cfg = make_cfg(tmp_path, model_cache, *PRECISIONS["bf16-mixed"], "model.lora.rank=4", "actor.lr=1e-3")
+    with Trainer(cfg) as trainer:
+        model = trainer.c.policy.model
+        frozen = {p.dtype for p in model.parameters() if not p.requires_grad and p.dim() == 2}
+        assert torch.bfloat16 in frozen
+        before = {k: v for k, v in params(model).items() if "lora_" in k}
+        trainer.fit()
+        after = {k: v for k, v in params(model).items() if "lora_" in k}
+    assert {v.dtype for v in after.values()} == {torch.float32}
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    out = export_checkpoint(tmp_path / cfg.trainer.experiment_name, tmp_path / "exported")
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert {p.dtype for p in exported.parameters()} == {torch.float32}
+    bundle = load_policy(load_config(None, [f"model.cache_dir={model_cache}"]).model, torch.device("cpu"), None, False)
+    base = dict(bundle.model.named_parameters())
+    q = "model.layers.0.self_attn.q_proj"
+    a, b = (after[f"base_model.model.{q}.lora_{x}.default.weight"] for x in "AB")
+    expected = base[f"{q}.weight"].detach() + cfg.model.lora.alpha / cfg.model.lora.rank * (b @ a)
+    merged = dict(exported.named_parameters())[f"{q}.weight"].detach()
+    assert not torch.equal(merged, base[f"{q}.weight"])
+    torch.testing.assert_close(merged, expected, rtol=0, atol=1e-6)  # a bf16 base would be off by ~1e-3
 
 
 @pytest.mark.gpu
