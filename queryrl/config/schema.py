@@ -169,8 +169,9 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     # run each distinct prompt of a micro-batch once and only the responses per sample (GRPO's n
     # samples share their prompt); same log-probs and gradients up to float rounding, for the update,
-    # the old and the reference log-probs (Prefix Grouper's idea; see trainer/policy.py)
-    share_prompt_forward: bool = False
+    # the old and the reference log-probs (Prefix Grouper's idea; see engine/policy.py). On by default:
+    # it falls back to the full forward by itself where nothing is shared or under gradient checkpointing
+    share_prompt_forward: bool = True
 
 
 @dataclass

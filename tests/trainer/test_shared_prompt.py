@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.engine.batch import Batch
-from queryrl.engine.policy import compute_logprobs, forward_logprobs, prompt_groups
+from queryrl.engine.policy import can_share_prompt, compute_logprobs, forward_logprobs, prompt_groups
+from tests.rollout.helpers import ARCHS, arch_model, with_lora
 from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 
 
@@ -157,3 +158,29 @@ def test_a_grpo_step_ends_with_the_same_parameters(tmp_path: Path, model_cache: 
     assert all(torch.equal(starts[0][k], starts[1][k]) for k in starts[0])
     assert plain.norm() > 0
     assert (shared - plain).norm() / plain.norm() < 1e-3
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_fast_decode_architecture_with_lora_shares_exactly(arch: str, tiny_bundle: Any) -> None:
+    """Sharing is on by default, so it must hold on every architecture queryrl serves: Qwen2 (also with
+    a sliding-window layer), Qwen3, Llama and Gemma 3 (sliding layers with a window shorter than the
+    sequences), with LoRA adapters, log-probs and the adapters' gradients as the full forward's."""
+    model = with_lora(arch_model(tiny_bundle.tokenizer, arch)).train()
+    batch = grouped_batch(len(tiny_bundle.tokenizer), seed=4)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = full_logprobs(model, batch)
+    (ref * batch.response_mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    assert can_share_prompt(model)
+    calls, handle = embedded_rows(model)
+    logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    assert calls == [(3, 6), (9, batch.response_ids.shape[1] - 1)]
+    (logprobs * batch.response_mask).sum().backward()
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(ref_grads) > 0
+    for grad, expected in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
