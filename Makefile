@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: lock demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
+	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
 	gpu-check gpu-wheels
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -96,6 +96,12 @@ $(BENCH_STAMP): pyproject.toml
 # queryrl against TRL's GRPOTrainer, alternately in fresh processes: results/trl_vs_queryrl.json
 bench-trl: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl.py
+
+# the same side by side on a real-sized step (random Qwen2-0.5B-shaped model, LoRA r16 on all 7 projections,
+# 2 prompts x 4 samples, ~200 prompt and 32 response tokens), in CPU time, with the machine's physical limit
+# for that step: results/trl_vs_queryrl_real.json (about an hour on this CPU)
+bench-trl-real: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl_real.py
 
 # the hf rollout's decode paths, transformers generate against queryrl's fast path, alternately in fresh
 # processes, on bench-trl's generation (64 sequences x 32 tokens): results/decode_paths.json

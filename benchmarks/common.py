@@ -18,6 +18,19 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # this checkout's queryrl, whichever environment's python runs the benchmark
     sys.path.insert(1, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
+# Qwen2-0.5B's shape (494 M parameters, 136 M of them the tied embedding): random models built in code from it
+QWEN2_05B: dict[str, Any] = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
 TOY_CONFIG = REPO / "configs" / "toy_grpo.yaml"
 # what a benchmark run of queryrl never needs: validation, plots, samples, extra checkpoints
 QUIET_OVERRIDES = [
@@ -107,3 +120,13 @@ def version_of(package: str) -> str | None:
 def python_exe() -> str:
     """The interpreter running this benchmark."""
     return sys.executable
+
+
+def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU does bfloat16 arithmetic natively (AMX or AVX512-BF16): without it, torch emulates
+    bf16 matmuls and they are slower than float32."""
+    try:
+        flags = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))

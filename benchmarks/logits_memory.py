@@ -32,21 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, machine, median, peak_rss_mb, run_worker, table, version_of, write_json
+from common import QWEN2_05B, RESULTS, machine, median, peak_rss_mb, run_worker, table, version_of, write_json
 
 SCRIPT = Path(__file__).resolve()
-QWEN2_05B = {
-    "hidden_size": 896,
-    "num_hidden_layers": 24,
-    "intermediate_size": 4864,
-    "vocab_size": 151936,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-}
 
 
 def rss_mb() -> float:

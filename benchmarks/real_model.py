@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import REPO, machine, write_json
+from common import REPO, cpu_has_bf16, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, _kb_name, last_checkpoint, prepare, table
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
@@ -181,16 +181,6 @@ def model_info(model: Path) -> dict[str, Any]:
         "parameters": parameters,
         "decode_path": "fast" if reason is None else f"transformers generate (fast path: {reason})",
     }
-
-
-def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True when the CPU does bfloat16 arithmetic natively (AMX or AVX512-BF16): without it, torch emulates
-    bf16 matmuls and they are slower than float32."""
-    try:
-        flags = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
 
 
 def external_rows(
