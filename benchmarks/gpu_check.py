@@ -238,6 +238,8 @@ class OneRankFSDP:
 def check_grpo(work: Path, steps: int) -> dict[str, Any]:
     import torch
 
+    from queryrl.distributed.worker import load_trainable_state, trainable_state
+    from queryrl.models import load_policy
     from queryrl.rollout.sync import rollout_weights
     from queryrl.trainer.loop import Trainer
 
@@ -252,9 +254,10 @@ def check_grpo(work: Path, steps: int) -> dict[str, Any]:
         c.workers = workers
         trainer.fit()
         merged = {k: v.float().cpu() for k, v in rollout_weights(workers.worker.policy.model, torch.float32)}
-        reference = {
-            k: v.float().cpu() for k, v in rollout_weights(c.policy.model, torch.float32)
-        }  # the checkpointed adapters
+        # the checkpointed adapters over the float32 base (the local policy stores its frozen base in bf16)
+        mirror = load_policy(cfg.model, torch.device("cpu"), None, need_ref=False).model
+        load_trainable_state(mirror, trainable_state(c.policy.model))
+        reference = {k: v.float().cpu() for k, v in rollout_weights(mirror, torch.float32)}
         workers.close()
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     keep = ("step", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean",
