@@ -65,7 +65,7 @@ def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> int:
     gradients and AdamW moments), the embeddings (a lookup that autocast does not cast: a tied ``lm_head``
     stays with them) and the norms stay in their dtype.
     """
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    embed = getattr(model, "get_input_embeddings")() if hasattr(model, "get_input_embeddings") else None  # noqa: B009
     tied = {id(p) for p in embed.parameters()} if isinstance(embed, nn.Module) else set()
     changed = 0
     for module in model.modules():

@@ -95,7 +95,8 @@ def lora_factors(linears: list[nn.Module], dtype: torch.dtype) -> tuple[Tensor, 
                 if name in lora.lora_A:
                     a_rows.append(lora.lora_A[name].weight)
                     blocks.append((offset, lora.lora_B[name].weight.float() * float(lora.scaling[name])))
-        offset += (lora.base_layer if is_lora_linear(linear) else linear).weight.shape[0]
+        base: Any = lora.base_layer if is_lora_linear(linear) else linear
+        offset += int(base.weight.shape[0])
     if not a_rows:
         return None
     a = torch.cat(a_rows).to(dtype)
