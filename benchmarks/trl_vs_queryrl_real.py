@@ -453,6 +453,40 @@ def probe_worker(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def lever_runs(args: argparse.Namespace, settings: dict[str, Any]) -> None:
+    """queryrl alone, ``--pairs`` pairs of runs without and with the ``--lever`` overrides, alternating."""
+    pairs = []
+    for i in range(args.pairs):
+        pair: dict[str, Any] = {}
+        for name in ["off", "on"] if i % 2 == 0 else ["on", "off"]:
+            s = settings | {"queryrl_overrides": settings["queryrl_overrides"] + (args.lever if name == "on" else [])}
+            run = run_worker(sys.executable, SCRIPT, ["--worker", "queryrl", "--settings", json.dumps(s)], timeout=7200)
+            pair[name] = summarize_run(run, args.warmup)
+            summary = pair[name]
+            print(
+                f"pair {i + 1} lever {name}: step CPU {summary['median_step_cpu_s']} s, "
+                f"phases CPU {summary['median_phases_cpu_s']}, peak RSS {summary['peak_rss_mb']} MB",
+                flush=True,
+            )
+        pair["ratio_on_over_off"] = round(pair["on"]["median_step_cpu_s"] / pair["off"]["median_step_cpu_s"], 4)
+        pairs.append(pair)
+    name = "_".join(x.replace("=", "-").rsplit(".", 1)[-1] for x in args.lever)
+    out = args.out or RESULTS / "levers" / f"trl_vs_queryrl_real_lever_{name}.json"
+    write_json(
+        out,
+        {
+            "lever": args.lever,
+            "ratio_step_cpu_on_over_off": median([p["ratio_on_over_off"] for p in pairs]),
+            "median_step_cpu_s": {n: median([p[n]["median_step_cpu_s"] for p in pairs]) for n in ("off", "on")},
+            "median_peak_rss_mb": {n: median([p[n]["peak_rss_mb"] for p in pairs]) for n in ("off", "on")},
+            "settings": settings,
+            "machine": machine() | {"shared": True},
+            "pairs": pairs,
+        },
+    )
+    print(f"lever {args.lever}: step CPU on/off {median([p['ratio_on_over_off'] for p in pairs])}; wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", choices=["queryrl", "trl", "probe"], help=argparse.SUPPRESS)
@@ -470,7 +504,13 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="compute dtype")
     parser.add_argument("--python-trl", default=sys.executable, help="interpreter with trl installed")
     parser.add_argument("--queryrl-override", action="append", default=[], help="extra queryrl config (key=value)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "trl_vs_queryrl_real.json")
+    parser.add_argument(
+        "--lever",
+        action="append",
+        default=[],
+        help="queryrl only: alternate runs as configured and with these overrides (key=value), to measure one lever",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default results/trl_vs_queryrl_real.json")
     args = parser.parse_args()
     if args.worker:
         settings = json.loads(args.settings)
@@ -493,6 +533,9 @@ def main() -> None:
         "queryrl_overrides": args.queryrl_override,
     }
     blob = json.dumps(settings)
+    if args.lever:
+        lever_runs(args, settings)
+        return
     dtypes = ["float32", "bfloat16"] if bf16 else ["float32"]  # emulated bf16 (no AMX/AVX512-BF16) is slow
     probe = run_worker(sys.executable, SCRIPT, ["--worker", "probe", "--settings", json.dumps({"dtypes": dtypes})])
     compute = "bfloat16" if bf16 else "float32"
@@ -545,7 +588,8 @@ def main() -> None:
         "machine": machine() | {"shared": True},
         "pairs": pairs,
     }
-    write_json(args.out, results)
+    out = args.out or RESULTS / "trl_vs_queryrl_real.json"
+    write_json(out, results)
     print()
     print(
         table(
@@ -567,7 +611,7 @@ def main() -> None:
     print(
         f"\nqueryrl/TRL step CPU {results['ratio_step_cpu_queryrl_over_trl']}, peak RSS "
         f"{results['ratio_peak_rss_queryrl_over_trl']}; queryrl / limit {results['queryrl_over_limit']}; "
-        f"wrote {args.out}"
+        f"wrote {out}"
     )
 
 
