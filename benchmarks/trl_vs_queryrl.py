@@ -83,26 +83,8 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             *QUIET_OVERRIDES,
             f"model.path={model_dir}",
             f"trainer.output_dir={tmp}",
-            "trainer.experiment_name=bench",
-            f"trainer.total_steps={s['steps']}",
-            f"trainer.seed={s['seed']}",
-            f"data.train_batch_size={s['batch']}",
-            f"actor.ppo_mini_batch_size={s['batch']}",
-            f"actor.ppo_micro_batch_size={s['batch'] * s['n']}",
-            f"rollout.micro_batch_size={s['batch'] * s['n']}",
-            f"rollout.n={s['n']}",
-            "rollout.temperature=1.0",
+            *grpo_overrides(s),
             f"data.max_response_length={s['response_length']}",
-            f"actor.lr={s['lr']}",
-            "actor.weight_decay=0.01",
-            "actor.grad_clip=1.0",
-            "actor.lr_schedule=constant",
-            "actor.warmup_steps=0",
-            "actor.loss_agg_mode=token-mean",
-            "actor.clip_ratio_low=0.2",
-            "actor.clip_ratio_high=0.2",
-            "actor.use_kl_loss=false",
-            "algo.use_kl_in_reward=false",
             f"rollout.fast_decode={s['fast_decode']}",
         ]
         cfg = load_config(TOY_CONFIG, overrides)
@@ -125,6 +107,87 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def grpo_overrides(s: dict[str, Any]) -> list[str]:
+    """queryrl's side of the GRPO settings both trainers share (see the module docstring)."""
+    sequences = s["batch"] * s["n"]
+    return [
+        "trainer.experiment_name=bench",
+        f"trainer.total_steps={s['steps']}",
+        f"trainer.seed={s['seed']}",
+        f"data.train_batch_size={s['batch']}",
+        f"actor.ppo_mini_batch_size={s['batch']}",
+        f"actor.ppo_micro_batch_size={sequences}",
+        f"rollout.micro_batch_size={sequences}",
+        f"rollout.n={s['n']}",
+        "rollout.temperature=1.0",
+        f"actor.lr={s['lr']}",
+        "actor.weight_decay=0.01",
+        "actor.grad_clip=1.0",
+        "actor.lr_schedule=constant",
+        "actor.warmup_steps=0",
+        "actor.loss_agg_mode=token-mean",
+        "actor.clip_ratio_low=0.2",
+        "actor.clip_ratio_high=0.2",
+        "actor.use_kl_loss=false",
+        "algo.use_kl_in_reward=false",
+    ]
+
+
+def trl_config(s: dict[str, Any], output_dir: str, **extra: Any) -> Any:
+    """TRL's ``GRPOConfig`` with the same GRPO settings as :func:`grpo_overrides`, plus `extra`."""
+    from trl import GRPOConfig
+
+    settings: dict[str, Any] = {
+        "output_dir": output_dir,
+        "use_cpu": True,
+        "fp16": False,
+        "seed": s["seed"],
+        "per_device_train_batch_size": s["batch"] * s["n"],  # TRL counts completions, not prompts
+        "gradient_accumulation_steps": 1,
+        "num_generations": s["n"],
+        "num_iterations": 1,
+        "max_completion_length": s["response_length"],
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "learning_rate": s["lr"],
+        "weight_decay": 0.01,
+        "max_grad_norm": 1.0,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "loss_type": "dapo",
+        "scale_rewards": "group",
+        "max_steps": s["steps"],
+        "logging_steps": 1,
+        "report_to": "none",
+        "save_strategy": "no",
+        "dataloader_num_workers": 0,
+        "model_init_kwargs": {"dtype": "float32"},
+    }
+    return GRPOConfig(**(settings | extra))
+
+
+def pairs_table(pairs: list[dict[str, Any]], step: str, ratio: str, unit: str) -> str:
+    """The per-pair table both benchmarks print: step times (`step` key, in `unit`), their ratio, peak RSS."""
+    return table(
+        ["pair", f"queryrl {unit}", f"TRL {unit}", "ratio", "queryrl RSS MB", "TRL RSS MB", "RSS ratio"],
+        [
+            [
+                i + 1,
+                p["queryrl"][step],
+                p["trl"][step],
+                p[ratio],
+                p["queryrl"]["peak_rss_mb"],
+                p["trl"]["peak_rss_mb"],
+                p["ratio_peak_rss"],
+            ]
+            for i, p in enumerate(pairs)
+        ],
+    )
+
+
 def versions() -> dict[str, str | None]:
     """Versions of the packages this worker ran with."""
     return {p: version_of(p) for p in ("queryrl", "torch", "transformers", "trl", "accelerate")}
@@ -136,7 +199,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
     import pandas as pd
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     model_dir, data_path = model_and_data()
     rows = pd.read_parquet(data_path).to_dict("records")
@@ -163,36 +226,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
     timer = StepTimer()
     phases: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(
-            output_dir=tmp,
-            use_cpu=True,
-            bf16=False,
-            fp16=False,
-            seed=s["seed"],
-            per_device_train_batch_size=s["batch"] * s["n"],  # TRL counts completions, not prompts
-            gradient_accumulation_steps=1,
-            num_generations=s["n"],
-            num_iterations=1,
-            max_completion_length=s["response_length"],
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=s["lr"],
-            weight_decay=0.01,
-            max_grad_norm=1.0,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            beta=0.0,
-            epsilon=0.2,
-            loss_type="dapo",
-            scale_rewards="group",
-            max_steps=s["steps"],
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            dataloader_num_workers=0,
-            model_init_kwargs={"dtype": "float32"},
-        )
+        args = trl_config(s, tmp, bf16=False)
         trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_for_trl, args=args, train_dataset=dataset)
         trainer.add_callback(timer)
         for method, phase in (
@@ -324,23 +358,7 @@ def main() -> None:
     }
     write_json(args.out, results)
     print()
-    print(
-        table(
-            ["pair", "queryrl step s", "TRL step s", "ratio", "queryrl RSS MB", "TRL RSS MB", "RSS ratio"],
-            [
-                [
-                    i + 1,
-                    p["queryrl"]["median_step_s"],
-                    p["trl"]["median_step_s"],
-                    p["ratio_step_time"],
-                    p["queryrl"]["peak_rss_mb"],
-                    p["trl"]["peak_rss_mb"],
-                    p["ratio_peak_rss"],
-                ]
-                for i, p in enumerate(pairs)
-            ],
-        )
-    )
+    print(pairs_table(pairs, "median_step_s", "ratio_step_time", "step s"))
     print(
         f"\nratio step time queryrl/TRL {results['ratio_step_time_queryrl_over_trl']}, "
         f"peak RSS {results['ratio_peak_rss_queryrl_over_trl']}; wrote {args.out}"

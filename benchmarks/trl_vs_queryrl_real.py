@@ -59,11 +59,10 @@ from common import (
     one_thread,
     peak_rss_mb,
     run_worker,
-    table,
     version_of,
     write_json,
 )
-from trl_vs_queryrl import reward_for_trl
+from trl_vs_queryrl import grpo_overrides, pairs_table, reward_for_trl, trl_config
 
 SCRIPT = Path(__file__).resolve()
 MODELS = REPO / "runs" / "bench_models"
@@ -214,7 +213,6 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             clock.end()
 
     loop.Trainer.train_step = train_step  # type: ignore[method-assign]
-    sequences = s["batch"] * s["n"]
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
             *QUIET_OVERRIDES,
@@ -228,25 +226,7 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             f"data.max_prompt_length={s['prompt_tokens']}",
             f"data.max_response_length={s['response_length']}",
             f"trainer.output_dir={tmp}",
-            "trainer.experiment_name=bench",
-            f"trainer.total_steps={s['steps']}",
-            f"trainer.seed={s['seed']}",
-            f"data.train_batch_size={s['batch']}",
-            f"actor.ppo_mini_batch_size={s['batch']}",
-            f"actor.ppo_micro_batch_size={sequences}",
-            f"rollout.micro_batch_size={sequences}",
-            f"rollout.n={s['n']}",
-            "rollout.temperature=1.0",
-            f"actor.lr={s['lr']}",
-            "actor.weight_decay=0.01",
-            "actor.grad_clip=1.0",
-            "actor.lr_schedule=constant",
-            "actor.warmup_steps=0",
-            "actor.loss_agg_mode=token-mean",
-            "actor.clip_ratio_low=0.2",
-            "actor.clip_ratio_high=0.2",
-            "actor.use_kl_loss=false",
-            "algo.use_kl_in_reward=false",
+            *grpo_overrides(s),
             "model.gradient_checkpointing=false",
             *s["queryrl_overrides"],
         ]
@@ -277,7 +257,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     folder, data = build_inputs(s["layers"], s["prompt_tokens"])
     rows = pd.read_parquet(data).to_dict("records")
@@ -294,37 +274,7 @@ def worker_trl(s: dict[str, Any]) -> dict[str, Any]:
             clock.end()
 
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(
-            output_dir=tmp,
-            use_cpu=True,
-            bf16=s["bf16"],
-            fp16=False,
-            seed=s["seed"],
-            per_device_train_batch_size=s["batch"] * s["n"],  # TRL counts completions, not prompts
-            gradient_accumulation_steps=1,
-            num_generations=s["n"],
-            num_iterations=1,
-            max_completion_length=s["response_length"],
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            learning_rate=s["lr"],
-            weight_decay=0.01,
-            max_grad_norm=1.0,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            beta=0.0,
-            epsilon=0.2,
-            loss_type="dapo",
-            scale_rewards="group",
-            gradient_checkpointing=False,
-            max_steps=s["steps"],
-            logging_steps=1,
-            report_to="none",
-            save_strategy="no",
-            dataloader_num_workers=0,
-            model_init_kwargs={"dtype": "float32"},
-        )
+        args = trl_config(s, tmp, bf16=s["bf16"], gradient_checkpointing=False)
         peft_config = LoraConfig(
             r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"], target_modules=TARGETS
         )
@@ -591,23 +541,7 @@ def main() -> None:
     out = args.out or RESULTS / "trl_vs_queryrl_real.json"
     write_json(out, results)
     print()
-    print(
-        table(
-            ["pair", "queryrl step CPU s", "TRL step CPU s", "ratio", "queryrl RSS MB", "TRL RSS MB", "RSS ratio"],
-            [
-                [
-                    i + 1,
-                    p["queryrl"]["median_step_cpu_s"],
-                    p["trl"]["median_step_cpu_s"],
-                    p["ratio_step_cpu"],
-                    p["queryrl"]["peak_rss_mb"],
-                    p["trl"]["peak_rss_mb"],
-                    p["ratio_peak_rss"],
-                ]
-                for i, p in enumerate(pairs)
-            ],
-        )
-    )
+    print(pairs_table(pairs, "median_step_cpu_s", "ratio_step_cpu", "step CPU s"))
     print(
         f"\nqueryrl/TRL step CPU {results['ratio_step_cpu_queryrl_over_trl']}, peak RSS "
         f"{results['ratio_peak_rss_queryrl_over_trl']}; queryrl / limit {results['queryrl_over_limit']}; "
