@@ -99,7 +99,7 @@ bench-trl: $(BENCH_STAMP)
 
 # the same side by side on a real-sized step (random Qwen2-0.5B-shaped model, LoRA r16 on all 7 projections,
 # 2 prompts x 4 samples, ~200 prompt and 32 response tokens), in CPU time, with the machine's physical limit
-# for that step: results/trl_vs_queryrl_real.json (about an hour on this CPU)
+# for that step: results/trl_vs_queryrl_real.json (24 min on this CPU, shared with one other job)
 bench-trl-real: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python benchmarks/trl_vs_queryrl_real.py
 

@@ -442,7 +442,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=["queryrl", "trl", "probe"], help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--batch", type=int, default=2, help="prompts per step")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt")
