@@ -140,6 +140,12 @@ def transcript_parts(text: str) -> list[dict[str, str]]:
     return parts
 
 
+def ordinal(k: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``4th``, ``11th``, ``12th``, ``13th``, ``21st``, ..."""
+    suffix = "th" if 11 <= k % 100 <= 13 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
 def _samples(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     """``{"conversations": [...], "steps": {step: [sample, ...]}}``: each sample's ``conversation`` is an
     index into ``conversations``, which holds each distinct conversation once (a group's candidates, and
@@ -201,6 +207,7 @@ def write_report(run_dir: Path) -> Path:
         "sample_steps": len(all_steps),
         "embedded": chosen,
         "every": k,
+        "every_ordinal": ordinal(k),
         "max_text": MAX_TEXT,
     }
     body = "\n".join(

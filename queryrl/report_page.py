@@ -319,7 +319,7 @@ function init() {
   for (const st of INFO.embedded) { const o = el("option", "step " + st); o.value = String(st); sel.appendChild(o); }
   sel.value = String(INFO.embedded[INFO.embedded.length - 1] ?? "");
   const which = INFO.every > 1
-    ? `every ${INFO.every}th step (counted back from the last) is embedded, ${INFO.embedded.length} steps`
+    ? `every ${INFO.every_ordinal} step (counted back from the last) is embedded, ${INFO.embedded.length} steps`
     : "all are embedded";
   document.getElementById("subsample").textContent =
     `${INFO.sample_steps} steps saved samples; ${which}. Texts over ${INFO.max_text} characters are cut.`;

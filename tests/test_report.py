@@ -10,7 +10,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from queryrl.cli import app
-from queryrl.report import MAX_STEPS, MAX_TEXT, conversation, transcript_parts, write_report
+from queryrl.report import MAX_STEPS, MAX_TEXT, conversation, ordinal, transcript_parts, write_report
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
 from tests.report_helpers import fake_run
@@ -104,6 +104,14 @@ def test_size_of_a_1000_step_run(tmp_path: Path) -> None:
     assert size < SIZE_BOUND, size
     page = (run / "report.html").read_text(encoding="utf-8")
     assert len(embedded(page, "samples")["steps"]) == 200  # every 5th step
+    assert embedded(page, "info")["every_ordinal"] == "5th"
+
+
+def test_ordinals_read_as_english() -> None:
+    """The run page says "every 3rd step", not "every 3th step"."""
+    assert [ordinal(k) for k in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th", "112th"
+    ]  # fmt: skip
 
 
 def test_long_text_is_cut(tmp_path: Path) -> None:
