@@ -55,9 +55,9 @@ def compute_autocast(module: nn.Module) -> contextlib.AbstractContextManager[Any
     return torch.autocast(device.type, dtype=dtype)
 
 
-def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> int:
+def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     """Store `model`'s frozen ``nn.Linear`` weights and biases (LoRA's base layers, untargeted projections,
-    an untied ``lm_head``) in `dtype`; return how many parameters changed dtype.
+    an untied ``lm_head``) in `dtype`.
 
     Under autocast every ``F.linear`` casts its weight to the compute dtype on each forward; a frozen weight
     stored in that dtype already is used as it is, so the numbers are the same, bit for bit, without the
@@ -67,16 +67,12 @@ def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> int:
     """
     embed = getattr(model, "get_input_embeddings")() if hasattr(model, "get_input_embeddings") else None  # noqa: B009
     tied = {id(p) for p in embed.parameters()} if isinstance(embed, nn.Module) else set()
-    changed = 0
     for module in model.modules():
         if type(module) is not nn.Linear:
             continue
         for name, param in list(module.named_parameters(recurse=False)):
-            if param.requires_grad or id(param) in tied or param.dtype == dtype:
-                continue
-            setattr(module, name, nn.Parameter(param.detach().to(dtype), requires_grad=False))
-            changed += param.numel()
-    return changed
+            if not (param.requires_grad or id(param) in tied or param.dtype == dtype):
+                setattr(module, name, nn.Parameter(param.detach().to(dtype), requires_grad=False))
 
 
 def model_compute_dtype(model_cfg: Any) -> torch.dtype | None:
@@ -200,10 +196,10 @@ def load_policy(
         model = get_peft_model(model, peft_cfg)
     # the reference is a float32 copy under the same autocast: at step 0 it computes exactly what the
     # policy computes (a bf16 copy would differ by rounding, a KL that is not there)
+    dtype = model_compute_dtype(model_cfg)
     for module in (model, ref_model):
         if module is not None:
-            set_compute_dtype(module, model_compute_dtype(model_cfg))
-    dtype = model_compute_dtype(model_cfg)
+            set_compute_dtype(module, dtype)
     if frozen_in_compute_dtype and lora and dtype is not None:
         store_frozen_in_compute_dtype(model, dtype)
     return PolicyBundle(model=model, tokenizer=tokenizer, ref_model=ref_model, lora=lora, path=path)

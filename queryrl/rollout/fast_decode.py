@@ -67,7 +67,7 @@ from queryrl.rollout.fast_decode_arch import (
     unsupported_reason,
     with_lora,
 )
-from queryrl.rollout.peft_weights import base_model, is_lora_linear, lora_parameters
+from queryrl.rollout.peft_weights import base_model, lora_parameters
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "unsupported_reason", "warp"]
 
@@ -111,16 +111,15 @@ class FastDecoder:
     def _weights(self) -> Weights:
         """The current weights; derived base copies (fused and cast) are reused until a parameter other
         than the LoRA adapters' changed; the adapters are read afresh."""
-        lora = any(is_lora_linear(m) for m in self.model.modules())
+        adapters = lora_parameters(self.model)  # one pass over the LoRA layers: their A and B
         casts = any(p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point())
-        if not (lora or casts):
+        if not (adapters or casts):
             return read_weights(self.model, self.plan, self.dtype)
-        adapters = lora_parameters(self.model)
         key = (tuple((p.data_ptr(), p._version) for p in self.source.parameters() if id(p) not in adapters), self.dtype)
         if self._cached is None or self._cached[0] != key:
             self._cached = None  # free the old copies before making the new ones
             self._cached = (key, read_weights(self.model, self.plan, self.dtype, lora=False))
-        return with_lora(self._cached[1], self.model, self.dtype) if lora else self._cached[1]
+        return with_lora(self._cached[1], self.model, self.dtype) if adapters else self._cached[1]
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm over the last dim of `x`, `weight` (..., last dim) broadcast: normalised in float32, then
