@@ -10,8 +10,8 @@ torch.distributed directly: the real :class:`~queryrl.distributed.worker.PolicyW
 a one-rank NCCL group, where a Ray actor would be. Four checks, each recorded even when another fails:
 
 1. ``decode``: the hf rollout's fast decode path against transformers' ``generate`` on a random
-   model with Qwen2-0.5B's shape in bf16 (greedy, the same prompts): tokens/s of each, and whether
-   every row's greedy tokens are equal.
+   model with Qwen2-0.5B's shape (greedy, the same prompts): in float32 every row's greedy tokens must
+   be equal; in bf16, tokens/s of each and where each row's tokens first differ.
 2. ``sync``: the weight-sync checks of tests/distributed/fsdp_ranks.py on the GPU: LoRA in bf16 mixed
    precision and LoRA over a bf16 base, handing the weights to the vLLM stand-in (tests/rollout/
    fake_vllm, which loads them as vLLM's default loader does), and LoRA with the hf fast decode
@@ -90,7 +90,9 @@ def _random_lm(arch: str, shape: dict[str, Any], dtype: Any, device: Any, sharpe
 # --- 1. fast decode against generate ----------------------------------------------------------------
 
 
-def check_decode(smoke: bool) -> dict[str, Any]:
+def _decode_paths(shape: dict[str, Any], dtype: Any, rows: int, new: int, lengths: tuple[int, int]) -> dict[str, Any]:
+    """Greedy decoding of `rows` random prompts with the fast path and with ``generate``: the timings and, per
+    row, the first position where the two differ (`new` where they agree throughout)."""
     from types import SimpleNamespace
 
     import torch
@@ -98,17 +100,13 @@ def check_decode(smoke: bool) -> dict[str, Any]:
     from queryrl.rollout import HFRollout, SamplingParams
 
     device = _device()
-    shape = SMOKE_SHAPE if smoke else QWEN2_05B
-    dtype = torch.float32 if smoke else torch.bfloat16
     model = _random_lm("qwen2", shape, dtype, device, sharpen=True)
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
     gen = torch.Generator().manual_seed(1)
-    rows, new = (4, 8) if smoke else (32, 128)
     prompts = [torch.randint(2, shape["vocab_size"], (int(n),), generator=gen).tolist()
-               for n in torch.randint(16 if smoke else 64, 32 if smoke else 256, (rows,), generator=gen)]  # fmt: skip
+               for n in torch.randint(*lengths, (rows,), generator=gen)]  # fmt: skip
     params = SamplingParams(n=1, do_sample=False, max_new_tokens=new)
-    out: dict[str, Any] = {"model": "qwen2, Qwen2-0.5B's shape" if not smoke else "qwen2, tiny", "dtype": str(dtype),
-                           "prompts": rows, "new_tokens": new}  # fmt: skip
+    out: dict[str, Any] = {"dtype": str(dtype), "prompts": rows, "new_tokens": new}
     results = {}
     for path in ("fast", "generate"):
         backend = HFRollout(
@@ -126,10 +124,28 @@ def check_decode(smoke: bool) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         tokens = int(results[path].response_mask.sum())
         out[path] = {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
-    same = (results["fast"].response_ids == results["generate"].response_ids).all(dim=1)
-    out["rows_with_equal_greedy_tokens"] = int(same.sum())
+    fast, slow = results["fast"].response_ids.cpu(), results["generate"].response_ids.cpu()
+    width = min(fast.shape[1], slow.shape[1])
+    differs = fast[:, :width] != slow[:, :width]
+    first = [int(d.nonzero()[0]) if bool(d.any()) else width for d in differs]
+    out["first_divergence"] = first
+    out["rows_with_equal_greedy_tokens"] = sum(f == width for f in first) if fast.shape == slow.shape else 0
     out["speedup"] = round(out["fast"]["tokens_per_s"] / out["generate"]["tokens_per_s"], 2)
-    out["ok"] = bool(same.all())
+    return out
+
+
+def check_decode(smoke: bool) -> dict[str, Any]:
+    """In float32 the two paths must agree token for token (TF32 off); in bf16 (the speed run) they
+    round differently (another kernel order), so a row may part after a near-tie: the first divergence
+    of each row is recorded, not required to be absent."""
+    import torch
+
+    shape = SMOKE_SHAPE if smoke else QWEN2_05B
+    exact = _decode_paths(shape, torch.float32, 4 if smoke else 8, 8 if smoke else 32, (16, 32) if smoke else (64, 256))
+    out: dict[str, Any] = {"model": "qwen2, Qwen2-0.5B's shape" if not smoke else "qwen2, tiny", "float32": exact}
+    if not smoke:
+        out["bfloat16"] = _decode_paths(shape, torch.bfloat16, 32, 128, (64, 256))
+    out["ok"] = exact["rows_with_equal_greedy_tokens"] == exact["prompts"]
     return out
 
 

@@ -35,8 +35,8 @@ def test_gpu_check_smoke_runs_every_check(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["ok"]
     assert report["smoke"]
-    assert report["decode"]["rows_with_equal_greedy_tokens"] == report["decode"]["prompts"]
-    assert report["decode"]["fast"]["tokens_per_s"] > 0
+    assert report["decode"]["float32"]["rows_with_equal_greedy_tokens"] == report["decode"]["float32"]["prompts"]
+    assert report["decode"]["float32"]["fast"]["tokens_per_s"] > 0
     assert report["grpo"]["worker"]["fsdp"] is True
     assert [s["step"] for s in report["grpo"]["steps"]] == [1, 2]
     assert report["grpo"]["merged_weights_vs_checkpoint_max_diff"] < 1e-6

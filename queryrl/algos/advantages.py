@@ -149,7 +149,7 @@ def _grouped_scores(token_rewards: Tensor, group_ids: GroupIds | None, estimator
         raise ValueError(f"advantage estimator {estimator!r} needs group_ids (one group id per sequence)")
     scores = _outcome_scores(token_rewards)  # (N,)
     inverse, num_groups = group_index(group_ids, scores.shape[0])
-    return scores, inverse, num_groups
+    return scores, inverse.to(scores.device), num_groups
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo")

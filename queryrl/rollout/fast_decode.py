@@ -303,7 +303,7 @@ class FastDecoder:
                 attn_mask=bias[..., start : slot + 1],
                 scale=self.plan.scaling,
             )  # (B, Hkv, G, D)
-            x = self._residual(x, attn.view(b, hq * d), w)
+            x = self._residual(x, attn.reshape(b, hq * d), w)
         return x
 
     def _residual(self, x: Tensor, attn: Tensor, w: Layer) -> Tensor:

@@ -93,7 +93,8 @@ def check_run(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -
         reference = full_reference(worker, plain)
         out_tokens = worker.generate(prompts, greedy, seed=0).response_ids
         ref_tokens = make_rollout("hf", reference.to(dtype), tok, fast_decode="off").generate(prompts, greedy)
-        row: dict[str, Any] = {"stage": stage, "same_tokens": bool(torch.equal(out_tokens, ref_tokens.response_ids))}
+        same = torch.equal(out_tokens.cpu(), ref_tokens.response_ids.cpu())  # the engine may be on a GPU
+        row: dict[str, Any] = {"stage": stage, "same_tokens": bool(same)}
         if result["backend"] == "vllm":
             import vllm
 
@@ -101,12 +102,12 @@ def check_run(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -
             engine = llm.model.lm.state_dict()
             expected = reference.state_dict()
             row["engine_diff"] = max(
-                (engine[k].float() - expected[k].to(dtype).float()).abs().max().item() for k in expected
+                (engine[k].float().cpu() - expected[k].to(dtype).float().cpu()).abs().max().item() for k in expected
             )
             row["engine_dtype"] = str(next(llm.model.lm.parameters()).dtype)
             row["loads"] = llm.model.loads
         after = shards(model)
-        row["changed_by_sync"] = [n for n in before if not torch.equal(before[n], after[n])]
+        row["changed_by_sync"] = [n for n in before if not torch.equal(before[n].cpu(), after[n].cpu())]
         result["checks"].append(row)
 
     before = shards(model)
@@ -114,13 +115,13 @@ def check_run(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -
 
     # a real FSDP step: forward and backward on the sharded policy, AdamW over the shards
     model.train()
-    ids = torch.tensor([prompts[0]])
+    ids = torch.tensor([prompts[0]], device=worker.device)
     loss = model(input_ids=ids).logits.float().pow(2).mean()
     loss.backward()
     worker.optimizers["actor"].step()
     worker.optimizers["actor"].zero_grad()
     stepped = shards(model)
-    result["step_moved"] = max((stepped[n] - before[n]).abs().max().item() for n in before)
+    result["step_moved"] = max((stepped[n].cpu() - before[n].cpu()).abs().max().item() for n in before)
     worker.sync_rollout()
     check("after an optimizer step", stepped)
 
@@ -129,7 +130,7 @@ def check_run(rank: int, world: int, port: int, cfg: dict[str, Any], out: str) -
     weights = state["weights"] if state is not None else None
     box = [weights]
     torch.distributed.broadcast_object_list(box, src=0)
-    loaded = {n: v + 0.01 * torch.randn(v.shape, generator=gen).to(v.dtype) for n, v in box[0].items()}
+    loaded = {n: v + 0.01 * torch.randn(v.shape, generator=gen).to(v.device, v.dtype) for n, v in box[0].items()}
     box = [loaded]
     torch.distributed.broadcast_object_list(box, src=0)
     worker.set_state("actor", {"weights": box[0]})
