@@ -7,7 +7,7 @@ The lent machines have their own Python with torch, transformers and peft, reach
 registry, and have neither Ray nor vLLM (too large to carry). So this script uses queryrl from
 this checkout (``sys.path``; torch is the machine's own) and drives the FSDP2 path through
 torch.distributed directly: the real :class:`~queryrl.distributed.worker.PolicyWorker`, joined into
-a one-rank NCCL group, where a Ray actor would be. Four checks, each recorded even when another fails:
+a one-rank NCCL group, where a Ray actor would be. Five checks, each recorded even when another fails:
 
 1. ``decode``: the hf rollout's fast decode path against transformers' ``generate`` on a random
    model with Qwen2-0.5B's shape (greedy, the same prompts): in float32 every row's greedy tokens must
@@ -21,7 +21,9 @@ a one-rank NCCL group, where a Ray actor would be. Four checks, each recorded ev
    with LoRA and bf16 mixed precision, the policy sharded by FSDP2 over NCCL in the worker, which
    also generates: pg_loss and kl_loss finite at every step, rollout/trainer log-prob agreement,
    and the worker's merged weights equal to those of the checkpointed adapters.
-4. ``memory_8b``: the peak GPU memory of one LoRA GRPO step (rank 64 on the seven projections,
+4. ``local``: the toy presets on the single-process trainer with ``trainer.device`` the GPU: GRPO
+   with a KL loss and PPO with a critic, evaluated and checkpointed every other step, then resumed.
+5. ``memory_8b``: the peak GPU memory of one LoRA GRPO step (rank 64 on the seven projections,
    reference log-probs with the adapters off, then the update over ``data.train_batch_size x
    rollout.n`` sequences in micro-batches) of a random model with Qwen3-8B's shape in bf16 with
    gradient checkpointing, at the 2-GPU preset's sizes, next to what ``--dry-run`` estimates for one
@@ -290,7 +292,48 @@ def check_grpo(work: Path, steps: int) -> dict[str, Any]:
     }
 
 
-# --- 4. peak memory of a LoRA GRPO step at 8B ---------------------------------------------------------
+# --- 4. the single-process trainer on the device: GRPO and PPO, evaluation, a checkpoint and a resume ----------
+
+
+def check_local(work: Path, steps: int) -> dict[str, Any]:
+    """The toy presets on the local backend with ``trainer.device`` the GPU (no FSDP, no worker): GRPO with a
+    KL loss against the reference, and PPO with its critic; each evaluated and checkpointed every other
+    step, then resumed from its last checkpoint for two more steps."""
+    import torch
+
+    from queryrl.config import load_config
+    from queryrl.trainer.loop import Trainer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out: dict[str, Any] = {"ok": True}
+    presets = {"grpo": ("toy_grpo.yaml", ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.05"]),
+               "ppo": ("toy_ppo.yaml", ["critic.warmup_steps=1"])}  # fmt: skip
+    for name, (preset, extra) in presets.items():
+        run_dir = work / f"local-{name}"
+        rows: list[dict[str, Any]] = []
+        for total in (steps, steps + 2):  # the second run resumes from the first's last checkpoint
+            cfg = load_config(
+                REPO / "configs" / preset,
+                [f"trainer.output_dir={run_dir}", f"model.cache_dir={work / 'cache'}", "trainer.logger=[jsonl]",
+                 "trainer.plot=false", "trainer.eval_every=2", "trainer.save_every=2", "trainer.save_samples=0",
+                 f"trainer.device={device}", f"trainer.total_steps={total}", "rollout.fast_decode=auto", *extra],
+            )  # fmt: skip
+            with Trainer(cfg) as trainer:
+                trainer.fit()
+            rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses = ("actor/pg_loss", "critic/vf_loss")  # PPO's first step trains the critic alone (its warm-up)
+        trained = [r for r in rows if any(k in r for k in losses)]
+        evaluated = [r["step"] for r in rows if any(k.startswith("val/") for k in r)]
+        finite = all(math.isfinite(r[k]) for r in trained for k in losses if k in r)
+        steps_seen = sorted({int(r["step"]) for r in trained})
+        ok = finite and steps_seen == list(range(1, steps + 3)) and bool(evaluated)
+        out[name] = {"steps": steps_seen, "evaluated_at": evaluated, "losses_finite": finite, "ok": ok,
+                     "last": {k: v for k, v in trained[-1].items() if k.startswith(("actor/", "critic/"))}}  # fmt: skip
+        out["ok"] = out["ok"] and ok
+    return out
+
+
+# --- 5. peak memory of a LoRA GRPO step at 8B ---------------------------------------------------------
 
 
 def check_memory_8b(smoke: bool) -> dict[str, Any]:
@@ -386,7 +429,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (gloo): the script's own test")
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps of the toy preset")
-    parser.add_argument("--only", default="decode,sync,grpo,memory_8b", help="comma-separated checks to run")
+    parser.add_argument("--only", default="decode,sync,grpo,local,memory_8b", help="comma-separated checks to run")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     args = parser.parse_args()
     import torch
@@ -403,6 +446,7 @@ def main() -> int:
         "decode": lambda work: check_decode(args.smoke),
         "sync": lambda work: check_sync(work, args.smoke),
         "grpo": lambda work: check_grpo(work, args.steps),
+        "local": lambda work: check_local(work, 2 if args.smoke else args.steps),
         "memory_8b": lambda work: check_memory_8b(args.smoke),
     }
     with tempfile.TemporaryDirectory(prefix="queryrl-gpu-check-") as tmp:

@@ -243,3 +243,14 @@ class ValueModel(nn.Module):
     def save_pretrained(self, out: Path) -> None:
         self.backbone.save_pretrained(out)  # type: ignore[operator]
         torch.save(self.value_head.state_dict(), out / "value_head.pt")
+
+    def load_saved(self, folder: Path) -> None:
+        """Load, in place, what :meth:`save_pretrained` wrote to `folder` (a checkpoint's ``critic/``): the
+        backbone's weights under its own names and the value head."""
+        from queryrl.trainer.checkpoint import load_model_weights
+
+        head = folder / "value_head.pt"
+        if not head.is_file():
+            raise FileNotFoundError(f"{folder}: no value_head.pt (the critic's value head)")
+        load_model_weights(self.backbone, folder)
+        self.value_head.load_state_dict(torch.load(head, map_location="cpu", weights_only=True))

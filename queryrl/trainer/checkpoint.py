@@ -147,7 +147,7 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
         state.update(load_file(f))
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if getattr(getattr(model, "config", None), "tie_word_embeddings", False) else set()
-    really_missing = [k for k in missing if k not in tied and not k.endswith("value_head.weight")]
+    really_missing = [k for k in missing if k not in tied]
     if really_missing or unexpected:
         raise RuntimeError(f"{folder}: missing weights {really_missing[:5]}, unexpected {unexpected[:5]}")
 
@@ -441,7 +441,7 @@ def restore_components(c: Any, folder: Path) -> dict[str, Any]:
     c.optimizer.load_state_dict(optim_state["actor"])
     c.scheduler.load_state_dict(optim_state["actor_scheduler"])
     if c.critic is not None:
-        load_model_weights(c.critic, folder / "critic")
+        c.critic.load_saved(folder / "critic")
         c.critic_optimizer.load_state_dict(optim_state["critic"])
         c.critic_scheduler.load_state_dict(optim_state["critic_scheduler"])
     c.loader.load_state_dict(state["loader"])

@@ -96,8 +96,17 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path: Path, model_cache
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
-def test_resumed_run_ends_with_the_same_parameters(tmp_path: Path, model_cache: Path) -> None:
-    overrides = ("trainer.total_steps=4", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2", "actor.use_kl_loss=true")
+@pytest.mark.parametrize(
+    "estimator",
+    [("algo.adv_estimator=grpo",), ("algo.adv_estimator=gae", "critic.warmup_steps=1")],
+    ids=["grpo", "ppo"],
+)
+def test_resumed_run_ends_with_the_same_parameters(
+    tmp_path: Path, model_cache: Path, estimator: tuple[str, ...]
+) -> None:
+    """PPO too: its critic (backbone and value head) and the critic's optimizer come back from the checkpoint."""
+    overrides = ("trainer.total_steps=4", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2", "actor.use_kl_loss=true",
+                 "trainer.save_every=2", *estimator)  # fmt: skip
     straight = Trainer(make_cfg(tmp_path / "a", model_cache, *overrides))
     straight.fit()
 
@@ -109,6 +118,10 @@ def test_resumed_run_ends_with_the_same_parameters(tmp_path: Path, model_cache: 
     resumed.fit()
 
     a, b = params(straight.c.policy.model), params(resumed.c.policy.model)
+    if straight.c.critic is not None:
+        assert resumed.c.critic is not None
+        a |= {f"critic.{k}": v for k, v in params(straight.c.critic).items()}
+        b |= {f"critic.{k}": v for k, v in params(resumed.c.critic).items()}
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
     assert [r["step"] for r in metrics_of(tmp_path / "b" / "toy_grpo")] == [1, 2, 3, 4]
