@@ -14,7 +14,7 @@ export MKL_NUM_THREADS ?= 1
 
 .PHONY: lock demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
 	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
-	gpu-check gpu-wheels
+	gpu-check gpu-wheels docs
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
@@ -208,3 +208,9 @@ $(BROWSER): | $(BIN)/python
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+
+# the documentation site (mkdocs.yml, docs/) -> site/; docs/configuration.md is written from the schema first
+docs: $(STAMP)
+	$(BIN)/python tools/config_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	@echo "site/index.html"

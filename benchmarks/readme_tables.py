@@ -1,4 +1,4 @@
-"""Print the README's benchmark tables from the result JSONs (so every number there comes from one).
+"""Print the benchmark tables of docs/benchmarks.md from the result JSONs (so every number there comes from one).
 
 python benchmarks/readme_tables.py        # markdown on stdout, one section per result file found
 """

@@ -1,5 +1,5 @@
 """A RAG service over the sales demo's catalogue and a strict OpenAI-compatible judge, both on 127.0.0.1,
-for the tests that run the users' own path end to end (README's recipe, seed 000's launch script)."""
+for the tests that run the users' own path end to end (docs/your-data.md's recipe, seed 000's launch script)."""
 
 from __future__ import annotations
 

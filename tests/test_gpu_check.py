@@ -1,6 +1,6 @@
 """`make gpu-check` stays runnable: its script on CPU (``--smoke``: gloo, tiny sizes), every check passing.
 
-On a GPU machine the same code runs at full size (README, GPU check); here it proves the checks are
+On a GPU machine the same code runs at full size (docs/gpus.md, GPU check); here it proves the checks are
 wired (the worker joins a group and shards with FSDP2, the stand-in engine takes the weights, the
 GRPO steps run with the worker generating, the LoRA step's memory check computes a finite loss).
 """

@@ -1,4 +1,4 @@
-"""README's "Your data, your services" recipe, run as written with bash.
+"""docs/your-data.md's recipe (the users' own run, step by step), run as written with bash.
 
 What the test sets, and the only change it makes to the block:
 
@@ -44,10 +44,10 @@ TEST_SIZE = {  # appended to the command lines that start with these words
 
 
 def recipe_lines() -> list[str]:
-    """The README block's command lines, continuation lines joined."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    """The page's recipe block's command lines, continuation lines joined."""
+    text = (REPO / "docs" / "your-data.md").read_text(encoding="utf-8")
     block = re.search(r"<!-- recipe:your-data -->\n```bash\n(.*?)```\n<!-- /recipe:your-data -->", text, re.S)
-    assert block, "README.md lost its recipe block (<!-- recipe:your-data --> ... <!-- /recipe:your-data -->)"
+    assert block, "docs/your-data.md lost its recipe block (<!-- recipe:your-data --> ... <!-- /recipe:your-data -->)"
     return block.group(1).replace("\\\n", " ").splitlines()
 
 

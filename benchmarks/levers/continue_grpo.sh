@@ -7,7 +7,7 @@
 # BENCH_WORK: the --work folder of a finished bench run (its data/, warmup/, grpo_run/ and grpo/);
 # OUT: a new folder (grpo_run/ is copied there and resumed, so BENCH_WORK is left as it was);
 # STEPS: the new trainer.total_steps; EVERY: save (and evaluate) every EVERY steps (default 20);
-# EVAL_ROWS: the first N held-out rows (default 64, as the levers in docs/real_model.md).
+# EVAL_ROWS: the first N held-out rows (default 64, as the levers in benchmarks/logs/real_model.md).
 # The continuation uses the saved run's config (trainer.resume=auto refuses any change that alters a step);
 # the systems evaluated are the bench's baselines, the warm-up model and grpo_<step> for each saved step.
 set -euo pipefail

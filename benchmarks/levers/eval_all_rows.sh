@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate saved lever models on every held-out row of a bench split (the levers in docs/real_model.md use
+# Evaluate saved lever models on every held-out row of a bench split (the levers in benchmarks/logs/real_model.md use
 # the first 64): the bench's baselines, the warm-up and each NAME=MODEL given, each GRPO model paired with
 # the warm-up, the reference and concat_last3.
 #

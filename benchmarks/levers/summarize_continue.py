@@ -1,4 +1,4 @@
-"""The result JSON of one ``benchmarks/levers/continue_grpo.sh`` run (lever 8 of docs/real_model.md).
+"""The result JSON of one ``benchmarks/levers/continue_grpo.sh`` run (lever 8 of benchmarks/logs/real_model.md).
 
     python benchmarks/levers/summarize_continue.py OUT RESULT.json
 

@@ -20,14 +20,14 @@ class ConfigError(ValueError):
 class TinyModelConfig:
     """The built-in tiny Qwen2-architecture model, used when ``model.path`` is empty."""
 
-    vocab_size: int = 512
+    vocab_size: int = 512  # the tiny model's size and the tokenizer trained for it
     hidden_size: int = 64
     intermediate_size: int = 192
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     max_position_embeddings: int = 1024
-    seed: int = 0
+    seed: int = 0  # the random initial weights' seed
     corpus: list[str] = field(default_factory=list)  # extra text the tokenizer is trained on
     # datasets (``builtin://NAME/SPLIT`` or parquet/JSONL files) whose prompts and SFT targets the
     # tokenizer is also trained on, so that the domain's words become single tokens (query-rewrite demo)
@@ -39,7 +39,8 @@ class TinyModelConfig:
 class LoraConfig:
     rank: int = 0  # 0 = no LoRA
     alpha: int = 16
-    dropout: float = 0.0
+    dropout: float = 0.0  # on the adapters' input
+    # the linear layers that get adapters (peft's target_modules)
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
@@ -86,7 +87,7 @@ class SamplingConfig:
 class MultiTurnConfig:
     """Multi-turn agent rollouts with tools (see :mod:`queryrl.agent`)."""
 
-    enable: bool = False
+    enable: bool = False  # the policy calls tools between turns (rollout.multi_turn.*)
     tools: list[str] = field(default_factory=list)  # built-in tools (calculator, python, rag_search), defaults
     tools_config: str = ""  # a YAML file declaring tools (name, description, parameters, implementation, config)
     max_turns: int = 5  # assistant turns the policy generates per episode
@@ -148,7 +149,7 @@ class AlgoConfig:
 class ActorConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's
     warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine | linear
     min_lr_ratio: float = 0.0
@@ -161,8 +162,8 @@ class ActorConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
+    tau_pos: float = 1.0  # sapo: the soft gate's temperature for positive advantages
+    tau_neg: float = 1.05  # sapo: the same for negative advantages
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
@@ -178,14 +179,14 @@ class ActorConfig:
 class CriticConfig:
     path: str | None = None  # default: the policy's model
     lr: float = 1e-5
-    weight_decay: float = 0.01
+    weight_decay: float = 0.01  # AdamW's, as the actor's
     warmup_steps: int = 0  # steps before the actor starts updating (verl's critic_warmup)
-    lr_warmup_steps: int = 0
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
+    lr_warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
+    grad_clip: float = 1.0  # the gradient norm's clip
+    ppo_epochs: int = 1  # passes over each batch
     ppo_micro_batch_size: int = 8
     cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # the value loss's aggregation, as actor.loss_agg_mode
 
 
 @dataclass
@@ -242,18 +243,18 @@ class SFTConfig:
     train_files: list[str] = field(default_factory=list)  # empty = data.train_files
     val_files: list[str] = field(default_factory=list)  # empty = data.val_files
     target_key: str = "extra_info.sft_target"  # dotted path in each row to the reply to learn
-    epochs: int = 1
+    epochs: int = 1  # passes over the SFT data
     max_steps: int = 0  # 0 = epochs over the data
     batch_size: int = 16  # sequences per optimizer step
-    micro_batch_size: int = 8
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
+    micro_batch_size: int = 8  # sequences per forward pass (gradients accumulate to batch_size)
+    lr: float = 1e-4  # the peak learning rate
+    weight_decay: float = 0.0  # AdamW's
+    warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
     lr_schedule: str = "cosine"  # constant | cosine | linear
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
+    min_lr_ratio: float = 0.0  # the schedule's floor, a fraction of lr
+    grad_clip: float = 1.0  # the gradient norm's clip
     # > 0: also learn the prompt tokens (the conversation), weighted against the target's mean loss; a
-    # model trained from scratch gets ~14x more supervised tokens per step (see docs/rewriter_learning.md)
+    # model trained from scratch gets ~14x more supervised tokens per step (see benchmarks/logs/rewriter_learning.md)
     prompt_loss_weight: float = 0.0
     eval_every: int = 0  # validation loss every N steps; 0 = only at the end
     output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft
@@ -271,11 +272,11 @@ class TrainerConfig:
     ref_device: str = ""  # default: device
     num_threads: int = 0  # torch threads on CPU; 0 = leave as is
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    log_every: int = 1
+    log_every: int = 1  # write metrics every N steps
     eval_every: int = 0  # 0 = only at the end
     eval_before_train: bool = False
     save_every: int = 0  # 0 = only at the end
-    keep_last: int = 2
+    keep_last: int = 2  # checkpoints kept (older ones are deleted); 0 = all
     save_last: bool = True  # a checkpoint at the last step (whatever save_every says); false = only every save_every
     resume: str = "auto"  # auto | disable | a checkpoint folder
     # accept a checkpoint without manifest.json (written by a queryrl before manifests): its files are not hashed
@@ -286,7 +287,7 @@ class TrainerConfig:
     # this many steps in a row whose groups all scored their samples alike (no policy gradient) stop the run
     # (exit 3), saying why; 0 = never
     max_no_signal_steps: int = 10
-    plot: bool = True
+    plot: bool = True  # plots/*.png of the metrics at the end of the run
     backend: str = "local"  # local (one process) | ray (workers placed by resource pools; see `ray`)
     # with backend=ray: workers per node (one GPU each, or CPU slots without GPUs); > 1 (or nnodes > 1)
     # on the local backend is an error: it trains in one process on one device

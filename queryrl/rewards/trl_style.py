@@ -338,7 +338,7 @@ class WeightedTRLRewards(TRLRewardFunction):
     ``normalize_then_sum`` (GDPO; TRL 1.16): each function's values are first normalised within each
     group, ``(v - nanmean) / (nanstd + 1e-4)``, and their weighted sum is the score. TRL then normalises
     that sum over the whole batch rather than per group; here the configured estimator (GRPO: per group)
-    does, which is the one difference (documented in README's TRL table).
+    does, which is the one difference (documented in docs/rewards.md's TRL table).
 
     An exception in one function, or a return that is not one number or None per completion, stops the
     run with one error naming that function (TRL raises).

@@ -296,7 +296,7 @@ def _gpu_stack(cfg: DictConfig, plan: Plan, command: str) -> None:
     if not cuda:
         plan.problems.append(
             f"torch {torch.__version__} is a CPU build and this run asks for GPUs: install the GPU stack "
-            "(pip install 'queryrl[gpu]' in a fresh environment; README, GPU set-up)"
+            "(pip install 'queryrl[gpu]' in a fresh environment; docs/gpus.md, GPU set-up)"
         )
     if command == "train" and cfg.trainer.backend == "ray":
         found = importlib.util.find_spec("ray") is not None

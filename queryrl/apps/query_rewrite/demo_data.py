@@ -26,7 +26,7 @@ from queryrl.apps.query_rewrite.demo_dialogues import make_dialogue, products_of
 from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
 
 CATALOGUE_SEED = 0
-SPLITS = {"train": 2000, "val": 60, "test": 60}  # dialogues per split (train: see docs/rewriter_learning.md)
+SPLITS = {"train": 2000, "val": 60, "test": 60}  # dialogues per split (train: see benchmarks/logs/rewriter_learning.md)
 DATA_SOURCE = "sales_demo"
 
 # line id -> (Chinese name, price range in yuan, battery unit, spec templates)
