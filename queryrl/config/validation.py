@@ -85,13 +85,20 @@ def check_ranges(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Cross-field checks the types alone cannot express."""
-    from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
-    from queryrl.rewards.manager import registered_managers
-    from queryrl.rollout import ROLLOUT_BACKENDS
-
-    REWARD_MANAGERS = registered_managers()
+    """Cross-field checks the types alone cannot express (the first problem found is raised)."""
     check_ranges(cfg)
+    _check_algorithm_choices(cfg)
+    _check_reward_functions(cfg)
+    _check_placement(cfg)
+    _check_sizes(cfg)
+    _check_stop_rules(cfg)
+    _check_applications(cfg)
+
+
+def _check_algorithm_choices(cfg: DictConfig) -> None:
+    """The registered names: estimator, losses, KL, schedules, precision, rollout backend."""
+    from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
+    from queryrl.rollout import ROLLOUT_BACKENDS
 
     choice(cfg.algo.adv_estimator, ADVANTAGE_ESTIMATORS.names(), "algo.adv_estimator")
     choice(cfg.actor.policy_loss, POLICY_LOSSES.names(), "actor.policy_loss")
@@ -105,10 +112,15 @@ def validate(cfg: DictConfig) -> None:
     check_precision(cfg.model.dtype, cfg.model.compute_dtype)
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
-    choice(cfg.reward.manager, ["auto", *REWARD_MANAGERS.names()], "reward.manager")
-    choice(cfg.reward.function.style, ["auto", "verl", "trl"], "reward.function.style")
+
+
+def _check_reward_functions(cfg: DictConfig) -> None:
+    """The reward manager, the functions' styles and paths, and one of reward.function / reward.functions."""
+    from queryrl.rewards.manager import registered_managers
     from queryrl.rewards.trl_style import AGGREGATIONS
 
+    choice(cfg.reward.manager, ["auto", *registered_managers().names()], "reward.manager")
+    choice(cfg.reward.function.style, ["auto", "verl", "trl"], "reward.function.style")
     choice(cfg.reward.multi_objective_aggregation, list(AGGREGATIONS), "reward.multi_objective_aggregation")
     for i, entry in enumerate(cfg.reward.functions):
         choice(entry.style, ["auto", "verl", "trl"], f"reward.functions[{i}].style")
@@ -119,6 +131,10 @@ def validate(cfg: DictConfig) -> None:
             "reward.function.path and reward.functions are both set: use reward.function for one function, "
             "reward.functions for several (each with a weight)"
         )
+
+
+def _check_placement(cfg: DictConfig) -> None:
+    """Backend, GPUs and nodes, Ray's resources and pools, the trackers."""
     choice(cfg.trainer.backend, ["local", "ray"], "trainer.backend")
     choice(cfg.ray.placement_strategy, ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"], "ray.placement_strategy")
     choice(str(cfg.ray.use_gpu).lower(), ["auto", "true", "false"], "ray.use_gpu")
@@ -145,6 +161,10 @@ def validate(cfg: DictConfig) -> None:
             )
     for name in cfg.trainer.logger:
         choice(name, TRACKERS.names(), "trainer.logger")
+
+
+def _check_sizes(cfg: DictConfig) -> None:
+    """Batch sizes and lengths, train-file weights, sampling temperature, multi-turn limits, SFT schedule."""
     positive = {
         "data.train_batch_size": cfg.data.train_batch_size,
         "data.max_prompt_length": cfg.data.max_prompt_length,
@@ -177,6 +197,12 @@ def validate(cfg: DictConfig) -> None:
             f"{mt.max_tool_response_length})"
         )
     choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
+
+
+def _check_stop_rules(cfg: DictConfig) -> None:
+    """When a run stops: failed rewards, skipped and no-signal steps; dynamic sampling's estimator."""
+    from queryrl.algos import ADVANTAGE_ESTIMATORS
+
     if not 0.0 <= cfg.reward.max_failed_frac <= 1.0:
         raise ConfigError(f"reward.max_failed_frac must be in [0, 1], got {cfg.reward.max_failed_frac}")
     if cfg.reward.max_skipped_steps < 0:
@@ -187,6 +213,10 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.algo.filter_groups.enable and "greedy_baseline" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):
         raise ConfigError(f"algo.filter_groups is not supported with algo.adv_estimator={cfg.algo.adv_estimator}")
+
+
+def _check_applications(cfg: DictConfig) -> None:
+    """At most one application enabled; each application's own checks."""
     enabled = [app.name for app in load_apps() if cfg.app[app.name].enable]
     if len(enabled) > 1:
         raise ConfigError(f"one application at a time: {', '.join(f'app.{n}.enable' for n in enabled)} are all true")

@@ -83,62 +83,62 @@ class RayWorkers:
         world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         workers = world + (rc.ref_workers if own_ref else 0) + (rc.critic_workers if own_critic else 0)
         if not ray.is_initialized():
-            # the workers import queryrl from where the driver does (a source tree works without installing)
-            package_root = str(Path(__file__).resolve().parents[2])
-            path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
-            runtime_env = {"env_vars": {"PYTHONPATH": path}}
-            if rc.address:
-                ray.init(address=rc.address, include_dashboard=False, runtime_env=runtime_env)
-            else:
-                ray.init(
-                    address="local",  # a new cluster, even where `ray start` left one behind (or RAY_ADDRESS is set)
-                    num_cpus=rc.num_cpus or max(round(workers * rc.num_cpus_per_worker), 1),
-                    include_dashboard=False,
-                    runtime_env=runtime_env,
-                )
-            self._started_ray = True
+            self._start_ray(workers)
         self.groups: dict[str, RayWorkerGroup] = {}
         try:
             use_gpu = _use_gpu(cfg, ray.cluster_resources())
-            cpus = float(rc.num_cpus_per_worker)
-            pools = [
-                (
-                    ResourcePool(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, use_gpu, cpus, rc.placement_strategy),
-                    actor_roles,
-                )
-            ]
+            cpus, strategy = float(rc.num_cpus_per_worker), rc.placement_strategy
+            nodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+            pools = [(ResourcePool(nodes, per_node, use_gpu, cpus, strategy), actor_roles)]
             if own_ref:
-                pools.append(
-                    (
-                        ResourcePool(1, rc.ref_workers, use_gpu, cpus, rc.placement_strategy, "ref", "ray.ref_workers"),
-                        ("ref",),
-                    )
-                )
+                ref_pool = ResourcePool(1, rc.ref_workers, use_gpu, cpus, strategy, "ref", "ray.ref_workers")
+                pools.append((ref_pool, ("ref",)))
             if own_critic:
-                pools.append(
-                    (
-                        ResourcePool(
-                            1, rc.critic_workers, use_gpu, cpus, rc.placement_strategy, "critic", "ray.critic_workers"
-                        ),
-                        ("critic",),
-                    )
+                critic_pool = ResourcePool(
+                    1, rc.critic_workers, use_gpu, cpus, strategy, "critic", "ray.critic_workers"
                 )
-            available = dict(ray.cluster_resources())
-            for pool, _ in pools:  # all pools must fit before any starts: a clear error, not a wait
-                pool.check(available)
-                available = pool.take(available)
-            for pool, roles in pools:
-                init: dict[str, dict[str, Any]] = {}
-                if "actor" in roles:
-                    init["actor"] = {"weights": trainable_state(policy)}
-                if "critic" in roles and critic is not None:
-                    init["critic"] = {"weights": trainable_state(critic)}
-                group = RayWorkerGroup(cfg, pool, init, roles)
-                for role in roles:
-                    self.groups[role] = group
+                pools.append((critic_pool, ("critic",)))
+            self._start_groups(pools, policy, critic)
         except BaseException:
             self.close()
             raise
+
+    def _start_ray(self, workers: int) -> None:
+        """Join the cluster at ``ray.address``, or start a local one sized for `workers` workers."""
+        rc = self.cfg.ray
+        # the workers import queryrl from where the driver does (a source tree works without installing)
+        package_root = str(Path(__file__).resolve().parents[2])
+        path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+        runtime_env = {"env_vars": {"PYTHONPATH": path}}
+        if rc.address:
+            self._ray.init(address=rc.address, include_dashboard=False, runtime_env=runtime_env)
+        else:
+            self._ray.init(
+                address="local",  # a new cluster, even where `ray start` left one behind (or RAY_ADDRESS is set)
+                num_cpus=rc.num_cpus or max(round(workers * rc.num_cpus_per_worker), 1),
+                include_dashboard=False,
+                runtime_env=runtime_env,
+            )
+        self._started_ray = True
+
+    def _start_groups(
+        self, pools: list[tuple[ResourcePool, tuple[str, ...]]], policy: nn.Module, critic: nn.Module | None
+    ) -> None:
+        """Check that every pool fits the cluster (a clear error, not a wait), then start a worker group on
+        each, the actor and critic workers initialised with the driver's trainable weights."""
+        available = dict(self._ray.cluster_resources())
+        for pool, _ in pools:  # all pools must fit before any starts
+            pool.check(available)
+            available = pool.take(available)
+        for pool, roles in pools:
+            init: dict[str, dict[str, Any]] = {}
+            if "actor" in roles:
+                init["actor"] = {"weights": trainable_state(policy)}
+            if "critic" in roles and critic is not None:
+                init["critic"] = {"weights": trainable_state(critic)}
+            group = RayWorkerGroup(self.cfg, pool, init, roles)
+            for role in roles:
+                self.groups[role] = group
 
     @property
     def group(self) -> RayWorkerGroup | None:

@@ -259,26 +259,26 @@ async def _complete(
         content = GARBAGE_REPLY
     elif fault == "truncated":
         content = content[: max(1, len(content) // 2)]
+    return _completion(body, messages, content, model_name)
+
+
+def _completion(body: dict[str, Any], messages: list[dict[str, Any]], content: str, model_name: str) -> JSONResponse:
+    """The chat.completion reply carrying `content`, cut at the request's token limit (finish_reason
+    ``length``), with approximate token usage."""
     finish_reason = "stop"
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(limit, int) and approx_tokens(content) > limit:
         content, finish_reason = content[: 4 * limit], "length"
     prompt_tokens = sum(approx_tokens(message_text(m)) for m in messages)
     completion_tokens = approx_tokens(content)
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
     return JSONResponse(
         {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model") or model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": finish_reason,
-                    "logprobs": None,
-                }
-            ],
+            "choices": [{**choice, "logprobs": None}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

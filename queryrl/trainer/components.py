@@ -138,8 +138,8 @@ def _critic(
     return critic, optimizer, scheduler
 
 
-def build_components(cfg: DictConfig) -> Components:
-    """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers."""
+def _prepare_process(cfg: DictConfig) -> None:
+    """Torch's threads; refuse a run without training data; warn that GPU counts need the Ray backend."""
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
     if not cfg.data.train_files:
@@ -148,8 +148,13 @@ def build_components(cfg: DictConfig) -> Components:
         warnings.warn(
             f"trainer.n_gpus_per_node={cfg.trainer.n_gpus_per_node}, trainer.nnodes={cfg.trainer.nnodes} take effect "
             "with trainer.backend=ray; the local backend trains on one device (trainer.device)",
-            stacklevel=2,
+            stacklevel=3,
         )
+
+
+def build_components(cfg: DictConfig) -> Components:
+    """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers."""
+    _prepare_process(cfg)
     device = resolve_device(cfg.trainer.device)
     ref_device = resolve_device(cfg.trainer.ref_device, device)
     need_ref = bool(cfg.actor.use_kl_loss or cfg.algo.use_kl_in_reward)
@@ -177,13 +182,9 @@ def build_components(cfg: DictConfig) -> Components:
     rollout: Any = None  # ray.rollout=workers: built with the workers below
     if not (on_ray and cfg.ray.rollout == "workers"):
         rollout = make_rollout(
-            cfg.rollout.backend,
-            policy.model,
-            policy.tokenizer,
-            cfg.rollout.micro_batch_size,
-            device,
+            cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device,
             fast_decode=cfg.rollout.fast_decode,
-        )
+        )  # fmt: skip
     reward, select = _reward(cfg)
     components = Components(
         policy=policy,

@@ -429,48 +429,60 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     # written in a temporary folder; an existing `out` is replaced only once the new one is complete
     with atomic_dir(out, replace=True) as tmp:
         save_config(cfg, tmp / CONFIG_NAME)
-        from queryrl.tracking import Tracker
-
-        t = cfg.trainer
-        with Tracker(
-            tmp,
-            list(t.logger),
-            t.project_name,
-            t.experiment_name,
-            redacted(cfg),
-            total_steps,
-            console_keys=CONSOLE_KEYS,
-        ) as tracker:
-            model.train()
-            step = 0
-            for step, epoch, indices in batch_schedule(
-                len(train.examples), s.batch_size, total_steps, t.seed, cfg.data.shuffle
-            ):
-                batch = [train.examples[i] for i in indices]
-                optimizer.zero_grad(set_to_none=True)
-                stats: dict[str, float] = {}
-                loss, tokens = accumulate_gradients(
-                    model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats
-                )
-                metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
-                metrics |= stats | clip_and_step(optimizer, params, s.grad_clip, "sft")  # as the RL update steps
-                scheduler.step()
-                metrics |= {"sft/epoch": float(epoch)} | data_stats
-                result.losses.append(loss)
-                last = step == total_steps
-                if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):
-                    result.val_loss = evaluate_loss(model, val.examples, s.micro_batch_size, pad_id, device)
-                    metrics["sft/val_loss"] = result.val_loss
-                if step % max(t.log_every, 1) == 0 or last:
-                    tracker.log(metrics, step=step)
+        optim = (optimizer, scheduler, params)
+        step = _run_steps(cfg, tmp, model, (pad_id, device), (train, val), optim, total_steps, data_stats, result)
         result.steps, result.final_loss = step, result.losses[-1]
-        if t.plot and "jsonl" in t.logger:  # plots/sft.png from the metrics just written
+        if cfg.trainer.plot and "jsonl" in cfg.trainer.logger:  # plots/sft.png from the metrics just written
             from queryrl.trainer.plot import plot_run
 
             plot_run(tmp)
         model.eval()
         _save_model(model, tokenizer, bundle.lora, tmp)
     return result
+
+
+def _run_steps(
+    cfg: DictConfig,
+    folder: Path,
+    model: torch.nn.Module,
+    where: tuple[int, torch.device],
+    data: tuple[Any, Any],
+    optim: tuple[Any, Any, list[torch.nn.Parameter]],
+    total_steps: int,
+    data_stats: dict[str, float],
+    result: SFTResult,
+) -> int:
+    """The optimizer steps over `data` (train, val) with `where` (the pad id, the device), logged to `folder`'s
+    trackers; the losses go into `result`. Returns the last step."""
+    from queryrl.tracking import Tracker
+
+    s, t = cfg.sft, cfg.trainer
+    (pad_id, device), (train, val), (optimizer, scheduler, params) = where, data, optim
+    tracker_args = (t.project_name, t.experiment_name, redacted(cfg), total_steps)
+    with Tracker(folder, list(t.logger), *tracker_args, console_keys=CONSOLE_KEYS) as tracker:
+        model.train()
+        step = 0
+        for step, epoch, indices in batch_schedule(
+            len(train.examples), s.batch_size, total_steps, t.seed, cfg.data.shuffle
+        ):
+            batch = [train.examples[i] for i in indices]
+            optimizer.zero_grad(set_to_none=True)
+            stats: dict[str, float] = {}
+            loss, tokens = accumulate_gradients(
+                model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats
+            )
+            metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
+            metrics |= stats | clip_and_step(optimizer, params, s.grad_clip, "sft")  # as the RL update steps
+            scheduler.step()
+            metrics |= {"sft/epoch": float(epoch)} | data_stats
+            result.losses.append(loss)
+            last = step == total_steps
+            if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):
+                result.val_loss = evaluate_loss(model, val.examples, s.micro_batch_size, pad_id, device)
+                metrics["sft/val_loss"] = result.val_loss
+            if step % max(t.log_every, 1) == 0 or last:
+                tracker.log(metrics, step=step)
+    return step
 
 
 def run_sft(cfg: DictConfig) -> Path:

@@ -287,18 +287,10 @@ async def compute_score(
     kwargs = default_kwargs() | kwargs  # what the caller leaves out: the app's config defaults
     info = dict(extra_info or {})
     weights = _weights(kwargs)
-    top_k = int(kwargs["top_k"])
     max_query_chars = int(kwargs["max_query_chars"])
     gold = _gold(ground_truth)
-
     answer_format = info.get("answer_format") or "json"
-    parsed = parse_answer(solution_str, max(max_query_chars, MAX_QUERY_CHARS), answer_format)
-    salvaged = False
-    # read as plain text: retrieved with, format 0
-    if parsed is None and answer_format == "json" and kwargs.get("unparsed") == "retrieve":
-        text_query = plain_text_query(solution_str, max_query_chars)
-        if text_query:
-            parsed, salvaged = ParsedRewrite(text_query), True
+    parsed, salvaged = _parse_reply(solution_str, answer_format, max_query_chars, kwargs)
     if parsed is None:  # the policy's fault: every component at its floor, no service call
         return with_intent(_unparsed_score(kwargs, info, weights), rewrite_intent(None, info, False), kwargs, weights)
 
@@ -327,15 +319,42 @@ async def compute_score(
     candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
     ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
     if kwargs.get("rank_depth"):
+        top_k = int(kwargs["top_k"])
         candidate, reference = first_documents(candidate, top_k), first_documents(reference, top_k)
-
     out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
     if kwargs.get("unparsed") == "retrieve" and answer_format == "json":
         out["format/plain_text"] = float(salvaged)
     if salvaged:
         out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
-    out |= {  # for the samples files and the run page (non-numbers: not metrics)
+    out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights)
+    return await _judged_score(out, kwargs, info, contexts, (candidate, reference), gold, intent, weights)
+
+
+def _parse_reply(
+    solution_str: str, answer_format: str, max_query_chars: int, kwargs: dict[str, Any]
+) -> tuple[ParsedRewrite | None, bool]:
+    """The policy's reply parsed in `answer_format`, and whether it was salvaged: with ``unparsed=retrieve``, a
+    JSON reply that does not parse is read as plain text (its first line the query; retrieved with, format 0)."""
+    parsed = parse_answer(solution_str, max(max_query_chars, MAX_QUERY_CHARS), answer_format)
+    if parsed is None and answer_format == "json" and kwargs.get("unparsed") == "retrieve":
+        text_query = plain_text_query(solution_str, max_query_chars)
+        if text_query:
+            return ParsedRewrite(text_query), True
+    return parsed, False
+
+
+def _retrieval_components(
+    query: str,
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    ranked_ids: list[str],
+    gold: list[str],
+    weights: dict[str, float],
+) -> dict[str, Any]:
+    """What the samples files show (the two queries and their documents, gold marked) and, with gold, the rank
+    reward and recall@5 of both; without gold the rank's weight is dropped from `weights`."""
+    out: dict[str, Any] = {  # for the samples files and the run page (non-numbers: not metrics)
         "candidate_query": query,
         "reference_query": str(reference.get("rewritten_query") or ""),
         "candidate_documents": shown_documents(candidate, gold),
@@ -350,6 +369,22 @@ async def compute_score(
         out["retrieval_rank"] = rank
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
+    return out
+
+
+async def _judged_score(
+    out: dict[str, Any],
+    kwargs: dict[str, Any],
+    info: dict[str, Any],
+    contexts: list[dict[str, str]],
+    results: tuple[dict[str, Any], dict[str, Any]],
+    gold: list[str],
+    intent: Any,
+    weights: dict[str, float],
+) -> dict[str, Any]:
+    """`out` completed with the judge's verdict (when weighted, or seed 000's hybrid mode) and the score."""
+    candidate, reference = results
+    top_k = int(kwargs["top_k"])
     if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
         quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
         z = float(info.get("seed_hybrid_z", 0.0))

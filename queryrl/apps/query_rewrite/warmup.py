@@ -167,11 +167,6 @@ def build_warmup(
 ) -> WarmupData:
     """The warm-up data of `rows` (a prepared training split, with ``extra_info.sft_target``) from the model
     folder `model`, retrieving through `client` (see the module doc)."""
-    import torch
-
-    from queryrl.apps.query_rewrite.eval_generation import generate_replies
-    from queryrl.rollout.base import SamplingParams
-
     rows = [dict(r) for r in rows]
     for r in rows:
         r["extra_info"] = dict(r.get("extra_info") or {})
@@ -180,6 +175,33 @@ def build_warmup(
     abstain = {i for i, s in enumerate(samples) if not s.gold and no_retrieval_turn(s.gold, s.kind)}
     clock = time.perf_counter()
     # the reference answers first: which turns make good examples, and the reference candidates
+    references, ref_reward = _reference_rewards(rows, samples, retrieval, client, rag_url)
+    good = [ref_reward.get(i) == 2.0 for i in range(len(rows))]
+    examples = pick_examples(rows, good, settings.shots, settings.seed) if settings.samples else []
+    shown = [i for i, _ in examples]
+    say(f"[warmup] {len(retrieval)} retrieval turns, {len(abstain)} no-retrieval turns; example rows {shown}")
+    taken = {i for i, _ in examples}
+    todo = [i for i in retrieval if i not in taken]
+    data = WarmupData(rows=[], considered=len(rows), no_retrieval=len(abstain), dropped=0)
+    candidates = _model_candidates(model, rows, samples, todo, examples, settings, client, rag_url, data, say)
+    for i, row in enumerate(rows):
+        if i in abstain:
+            data.rows.append({**row, "extra_info": {**row["extra_info"], WARMUP_KEY: {"source": "no_retrieval"}}})
+        elif i in candidates:  # not an example turn, and labelled
+            pool = list(candidates[i])
+            data.found_by_model += any((c.reward or 0.0) > 0 for c in pool)
+            ref = references[i]
+            if settings.reference and ref is not None:
+                pool.insert(0, Candidate("reference", ref.rewritten_query, ref_reward.get(i)))
+            _keep_best(row, samples[i], pool, data)
+    data.seconds["total"] = time.perf_counter() - clock
+    return data
+
+
+def _reference_rewards(
+    rows: list[dict[str, Any]], samples: list[Any], retrieval: list[int], client: RAGClient, rag_url: str | None
+) -> tuple[list[Any], dict[int, float | None]]:
+    """Each row's parsed reference answer (its SFT target), and the rank reward of the retrieval rows' ones."""
     references = [
         parse_answer(r["extra_info"].get(SFT_TARGET_KEY), answer_format=s.answer_format)
         for r, s in zip(rows, samples, strict=True)
@@ -197,12 +219,28 @@ def build_warmup(
         i: retrieval_rank_reward(doc_ids(res), samples[i].gold)
         for i, res in zip(retrieval, ref_results["reference"], strict=True)
     }
-    good = [ref_reward.get(i) == 2.0 for i in range(len(rows))]
-    examples = pick_examples(rows, good, settings.shots, settings.seed) if settings.samples else []
-    shown = [i for i, _ in examples]
-    say(f"[warmup] {len(retrieval)} retrieval turns, {len(abstain)} no-retrieval turns; example rows {shown}")
-    taken = {i for i, _ in examples}
-    todo = [i for i in retrieval if i not in taken]
+    return references, ref_reward
+
+
+def _model_candidates(
+    model: Path,
+    rows: list[dict[str, Any]],
+    samples: list[Any],
+    todo: list[int],
+    examples: list[Any],
+    settings: WarmupSettings,
+    client: RAGClient,
+    rag_url: str | None,
+    data: WarmupData,
+    say: Callable[[str], None],
+) -> dict[int, list[Candidate]]:
+    """The model's `settings.samples` rewrites of each row of `todo` (few-shot on `examples`), each retrieved
+    with and given its rank reward; counts what parsed in `data`."""
+    import torch
+
+    from queryrl.apps.query_rewrite.eval_generation import generate_replies
+    from queryrl.rollout.base import SamplingParams
+
     prompts = [few_shot_messages(rows[i]["prompt"], [e for _, e in examples]) for i in todo]
     torch.manual_seed(settings.seed)
     start = time.perf_counter()
@@ -215,7 +253,6 @@ def build_warmup(
             max_new_tokens=settings.max_new_tokens,
         )
         replies = generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype)
-    data = WarmupData(rows=[], considered=len(rows), no_retrieval=len(abstain), dropped=0)
     data.seconds["generate"] = time.perf_counter() - start
     say(f"[warmup] sampled {settings.samples} x {len(todo)} rewrites in {data.seconds['generate']:.0f} s")
     candidates: dict[int, list[Candidate]] = {i: [] for i in todo}
@@ -241,47 +278,32 @@ def build_warmup(
             result = results[f"sample_{k}"][n]
             if result is not None:
                 candidates[i][k].reward = retrieval_rank_reward(doc_ids(result), samples[i].gold)
-    for i in range(len(rows)):
-        row = rows[i]
-        if i in abstain:
-            data.rows.append({**row, "extra_info": {**row["extra_info"], WARMUP_KEY: {"source": "no_retrieval"}}})
-            continue
-        if i not in candidates:
-            continue  # an example turn, or unlabelled
-        pool = list(candidates[i])
-        data.found_by_model += any((c.reward or 0.0) > 0 for c in pool)
-        ref = references[i]
-        if settings.reference and ref is not None:
-            pool.insert(0, Candidate("reference", ref.rewritten_query, ref_reward.get(i)))
-        for c in pool:  # a rewrite that changes the question (answers it, invents facts) is no target
-            if (
-                c.query is not None
-                and not check_intent(samples[i].contexts, c.query, intent_sources(row["extra_info"])).kept
-            ):
-                c.reward = None
-                data.intent_changed[c.source] += 1
-        best = max(pool, key=lambda c: c.reward if c.reward is not None else -1.0)  # first of ties: reference
-        if best.query is None or not (best.reward or 0.0) > 0:
-            data.dropped += 1
-            continue
-        target = render_answer(
-            {
-                "rewritten_query": best.query,
-                "user_profile": samples[i].user_profile,
-                "history_summary": samples[i].history_summary,
-            },
-            row["extra_info"],
-        )
-        info = {
-            **row["extra_info"],
-            SFT_TARGET_KEY: target,
-            WARMUP_KEY: {"source": best.source, "rank_reward": best.reward},
-        }
-        data.rows.append({**row, "extra_info": info})
-        data.sources[best.source] += 1
-        data.best_rewards.append(float(best.reward or 0.0))
-    data.seconds["total"] = time.perf_counter() - clock
-    return data
+    return candidates
+
+
+def _keep_best(row: dict[str, Any], sample: Any, pool: list[Candidate], data: WarmupData) -> None:
+    """Append `row` with the best candidate of `pool` as its SFT target to `data` (the first of ties: the
+    reference), or count it dropped when none retrieves gold; a candidate that changes the question is out."""
+    for c in pool:  # a rewrite that changes the question (answers it, invents facts) is no target
+        if c.query is not None and not check_intent(sample.contexts, c.query, intent_sources(row["extra_info"])).kept:
+            c.reward = None
+            data.intent_changed[c.source] += 1
+    best = max(pool, key=lambda c: c.reward if c.reward is not None else -1.0)  # first of ties: reference
+    if best.query is None or not (best.reward or 0.0) > 0:
+        data.dropped += 1
+        return
+    target = render_answer(
+        {"rewritten_query": best.query, "user_profile": sample.user_profile, "history_summary": sample.history_summary},
+        row["extra_info"],
+    )
+    info = {
+        **row["extra_info"],
+        SFT_TARGET_KEY: target,
+        WARMUP_KEY: {"source": best.source, "rank_reward": best.reward},
+    }
+    data.rows.append({**row, "extra_info": info})
+    data.sources[best.source] += 1
+    data.best_rewards.append(float(best.reward or 0.0))
 
 
 def write_warmup(data: WarmupData, out: Path, settings: WarmupSettings, source: str) -> tuple[Path, Path]:
