@@ -6,11 +6,16 @@ registry (the registry is typed by it); an unknown name is an error that lists t
 registering a name twice with different code is refused. An entry may declare what it needs from
 its caller (``needs={"values"}``) so that the caller asks instead of testing names.
 
+A registry that lives beside a base class its implementations import names them lazily
+(:meth:`Registry.register_lazy`, ``"module:attribute"``): the name is valid at once, its module is imported
+the first time it is asked for, and the registry's module imports none of them (no import cycle).
+
 Only the standard library is imported here: every layer may use it.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
@@ -57,6 +62,7 @@ class Registry(Generic[F]):
         self.kind = kind
         self._fns: dict[str, F] = {}
         self._needs: dict[str, frozenset[str]] = {}
+        self._lazy: dict[str, str] = {}  # name -> "module:attribute", imported on first use
 
     def register(self, name: str | Enum, *, needs: Iterable[str] = ()) -> Callable[[F], F]:
         """Decorator that registers a function under `name`.
@@ -70,6 +76,9 @@ class Registry(Generic[F]):
         name = _key(name)
 
         def decorator(fn: F) -> F:
+            lazy = self._lazy.get(name)
+            if lazy is not None and lazy != f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}":
+                raise RegistryError(f"{self.kind} {name!r} is already registered to {lazy}; pick another name")
             existing = self._fns.get(name)
             if existing is not None and not _same_code(existing, fn):
                 raise RegistryError(
@@ -83,13 +92,32 @@ class Registry(Generic[F]):
 
         return decorator
 
+    def register_lazy(self, name: str | Enum, target: str, *, needs: Iterable[str] = ()) -> None:
+        """Register `name` as ``"module:attribute"``, imported when :meth:`get` first asks for it.
+
+        Args:
+            name: the config value that chooses it.
+            target: where the entry is, e.g. ``"queryrl.rollout.hf:make_hf_rollout"``.
+            needs: as :meth:`register`'s.
+        """
+        name = _key(name)
+        if ":" not in target:
+            raise RegistryError(f"{self.kind} {name!r}: the lazy target {target!r} is not 'module:attribute'")
+        if name in self._fns or self._lazy.get(name, target) != target:
+            raise RegistryError(f"{self.kind} {name!r} is already registered; pick another name")
+        self._lazy[name] = target
+        self._needs[name] = frozenset(needs)
+
     def get(self, name: str | Enum) -> F:
         """The function registered under `name` (an Enum member: its value); an unknown name lists the valid ones."""
         name = _key(name)
+        if name not in self._fns and name in self._lazy:
+            module, attribute = self._lazy[name].split(":", 1)
+            self._fns[name] = getattr(importlib.import_module(module), attribute)
         try:
             return self._fns[name]
         except KeyError:
-            raise RegistryError(f"unknown {self.kind} {name!r}; valid names: {', '.join(sorted(self._fns))}") from None
+            raise RegistryError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}") from None
 
     def needs(self, name: str | Enum) -> frozenset[str]:
         """What the entry `name` declared it needs (empty when nothing); an unknown name raises."""
@@ -100,16 +128,18 @@ class Registry(Generic[F]):
         """Remove `name` (a plugin unloading, a test cleaning up); an unknown name is ignored."""
         self._fns.pop(_key(name), None)
         self._needs.pop(_key(name), None)
+        self._lazy.pop(_key(name), None)
 
     def names(self) -> list[str]:
-        """The registered names, sorted."""
-        return sorted(self._fns)
+        """The registered names (the lazy ones too), sorted."""
+        return sorted(self._fns.keys() | self._lazy.keys())
 
     def __contains__(self, name: object) -> bool:
-        return (_key(name) if isinstance(name, Enum | str) else name) in self._fns
+        key = _key(name) if isinstance(name, Enum | str) else name
+        return key in self._fns or key in self._lazy
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._fns)
+        return len(self.names())

@@ -98,3 +98,94 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     bad.write_text("def f():\n    from queryrl.apps.query_rewrite import plugin\n", encoding="utf-8")
     assert _imports(bad) == [("apps", 2)]
     assert RANK["apps"] > RANK["trainer"]  # so this line in queryrl/trainer would fail the test above
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of package `root` it imports, at any depth (a lazy import inside a function is an
+    edge too: it is the same dependency, paid later). ``from a import b`` is an edge to ``a.b`` where that is a
+    module, else to ``a``; relative imports are resolved."""
+    paths = {_module_name(p, root): p for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts}
+    graph: dict[str, set[str]] = {name: set() for name in paths}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            for target in targets:
+                while target and target not in paths:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph(PACKAGE))
+    assert not found, "modules that import each other (directly or through others): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "queryrl"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "sub" / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "sub" / "a.py").write_text("from queryrl.sub.b import g\n", encoding="utf-8")
+    (pkg / "sub" / "b.py").write_text("def g():\n    from . import a\n", encoding="utf-8")
+    (pkg / "c.py").write_text("from queryrl.sub import a\n", encoding="utf-8")
+    assert cycles(import_graph(pkg)) == [["queryrl.sub.a", "queryrl.sub.b"]]

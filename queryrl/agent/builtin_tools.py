@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from queryrl.agent.tools import ToolError
+from queryrl.agent.errors import ToolError
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from queryrl.agent.errors import ToolConfigError, ToolError
 from queryrl.agent.parsing import ToolCall
 from queryrl.plugins import PluginError, load_callable
 from queryrl.rewards.json_extract import validate
@@ -44,14 +45,6 @@ from queryrl.rewards.json_extract import validate
 ToolFn = Callable[..., Any]
 
 TRUNCATE_SIDES = ("left", "right", "middle")
-
-
-class ToolError(Exception):
-    """Raised by a tool for a bad input; its message is what the model reads."""
-
-
-class ToolConfigError(ValueError):
-    """A tools file that cannot be loaded."""
 
 
 @dataclass

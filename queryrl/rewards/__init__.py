@@ -18,7 +18,6 @@ from queryrl.rewards.functions import (
     RewardError,
     RewardFn,
     default_compute_score,
-    load_reward_function,
 )
 from queryrl.rewards.json_extract import extract_json, json_objects, validate
 from queryrl.rewards.judge import (
@@ -28,6 +27,7 @@ from queryrl.rewards.judge import (
     JudgeResult,
     collect_judge_metrics,
 )
+from queryrl.rewards.loading import load_reward_function, load_weighted_functions
 from queryrl.rewards.manager import (
     MANAGER_OPTIONS,
     REWARD_MANAGERS,
@@ -75,6 +75,7 @@ __all__ = [
     "is_trl_style",
     "json_objects",
     "load_reward_function",
+    "load_weighted_functions",
     "make_reward_manager",
     "overlong_penalty",
     "run_code",

@@ -38,7 +38,6 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from queryrl.rewards.functions import RewardError, RewardFn
 from queryrl.rewards.manager import (
-    REWARD_MANAGERS,
     PendingRewards,
     RewardInput,
     RewardResult,
@@ -154,7 +153,6 @@ def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> Non
         loop.close()
 
 
-@REWARD_MANAGERS.register("async")
 class AsyncRewardManager:
     """Scores samples concurrently on a background event loop, for API-bound reward functions.
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 
 from queryrl.rewards.manager import (
-    REWARD_MANAGERS,
     BatchScorer,
     InProcessManager,
     RewardInput,
@@ -15,7 +14,6 @@ from queryrl.rewards.manager import (
 )
 
 
-@REWARD_MANAGERS.register("batch")
 class BatchRewardManager(InProcessManager):
     """Calls the batch form of the function once per call (verl's ``BatchRewardManager``). Uses no options.
 

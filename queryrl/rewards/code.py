@@ -53,7 +53,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from queryrl.rewards import sandbox
-from queryrl.rewards.code_rpc import SERVE
+from queryrl.rewards.code_rpc import SERVE, run_asserts
+from queryrl.rewards.sandbox import SandboxError
 from queryrl.rewards.sandbox_cgroups import processes_without_memory_cgroup, run_cgroups
 
 logger = logging.getLogger(__name__)
@@ -157,10 +158,6 @@ class ExecResult:
     returncode: int | None
     elapsed_s: float
     isolation: str
-
-
-class SandboxError(RuntimeError):
-    """The sandbox refused or failed to start (no isolation here, or its set-up failed): not a wrong answer."""
 
 
 @functools.cache
@@ -437,9 +434,7 @@ def run_tests(
             if stop_on_failure and not results[-1]:
                 break
         return results + [False] * (len(tests) - len(results))
-    from queryrl.rewards.code_rpc import run_asserts
-
-    return run_asserts(code, [t for t in tests if isinstance(t, tuple)], **run_kwargs)
+    return run_asserts(code, [t for t in tests if isinstance(t, tuple)], run_code, **run_kwargs)
 
 
 def compute_score(

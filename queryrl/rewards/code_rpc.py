@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MAX_REPLY_BYTES = 16 << 20  # one reply line; longer: that call fails
@@ -272,15 +272,17 @@ _main()
 )
 
 
-def run_asserts(code: str, tests: Sequence[tuple[str, bool]], **run_kwargs: Any) -> list[bool]:
+def run_asserts(
+    code: str, tests: Sequence[tuple[str, bool]], run_code: Callable[..., Any], **run_kwargs: Any
+) -> list[bool]:
     """Pass/fail of each counted assert test of `tests` (``(source, counts)``, :func:`~.code.parse_tests`)
-    against the solution `code`: the solution in the sandbox (:func:`~.code.run_code`, `run_kwargs`), the
-    tests in an evaluator process (see the module doc).
+    against the solution `code`: the solution in the sandbox (`run_code`, :func:`~.code.run_code`, with
+    `run_kwargs`), the tests in an evaluator process (see the module doc).
 
     Raises:
         SandboxError: the sandbox refused to run or failed to start.
     """
-    from queryrl.rewards.code import SandboxError, run_code
+    from queryrl.rewards.sandbox import SandboxError
 
     python = run_kwargs.get("python") or sys.executable
     timeout_s = float(run_kwargs.get("timeout_s", 5.0))

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from queryrl.rewards.functions import RewardError, RewardFn
-from queryrl.rewards.manager import REWARD_MANAGERS, InProcessManager, RewardInput, RewardResult, score_each
+from queryrl.rewards.manager import InProcessManager, RewardInput, RewardResult, score_each
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ def overlong_penalty(
     return min(-exceed / overlong_buffer_len * penalty_factor, 0.0)
 
 
-@REWARD_MANAGERS.register("dapo")
 class DAPORewardManager(InProcessManager):
     """verl's ``dapo``: the ``naive`` score plus :func:`overlong_penalty` of the response length.
 

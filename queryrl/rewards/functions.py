@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from queryrl.plugins import PluginError, load_callable
 from queryrl.rewards import arithmetic, gsm8k, math_dapo, toy
 from queryrl.rewards import code as code_reward
 from queryrl.rewards import math as math_reward
@@ -108,34 +107,3 @@ def default_compute_score(
             f"+-1 'Answer:' scorer; the boxed MATH scorer is {', '.join(MATH_SOURCES)}); {CUSTOM_REWARD_HINT}"
         )
     return scorer(solution_str, ground_truth, extra_info, **kwargs)
-
-
-def load_reward_function(path: str | None, name: str = "compute_score", style: str = "auto") -> RewardFn:
-    """The reward function: the built-ins when `path` is None, else `name` from the ``.py`` file at `path`,
-    or from the importable module `path` (a dotted name such as ``queryrl.apps.query_rewrite.reward``:
-    used when `path` is not an existing file and does not end in ``.py``).
-
-    `style` (``reward.function.style``): ``verl``, ``trl`` or ``auto`` (detect by the signature,
-    :func:`queryrl.rewards.trl_style.is_trl_style`). A TRL-style function comes back wrapped in a
-    :class:`queryrl.rewards.trl_style.TRLRewardFunction`, which the managers call once per batch.
-
-    Loaded as :func:`queryrl.plugins.load_callable` loads ``path:name``: a file is imported as a module
-    of its own (registered in ``sys.modules`` under a name unique to its absolute path, so dataclasses
-    and pickling by reference work inside it); a module path is imported normally.
-
-    Raises:
-        RewardError: the file is missing or not a ``.py`` file, the module is not found, either fails
-            to import (the message carries the original error), has no attribute `name`, or that
-            attribute is not callable; `style` is unknown, or ``trl`` for the built-ins.
-    """
-    from queryrl.rewards.trl_style import with_style  # here: it imports manager, which imports this module
-
-    if path is None or path == "":
-        if style == "trl":
-            raise RewardError(f"reward.function.style=trl needs a function of yours; {CUSTOM_REWARD_HINT}")
-        return with_style(default_compute_score, "verl")
-    try:
-        fn = load_callable(f"{path}:{name}", what="reward function", hint="set reward.function.name")
-    except PluginError as e:
-        raise RewardError(str(e)) from e
-    return with_style(fn, style)

@@ -425,10 +425,15 @@ class NaiveRewardManager(InProcessManager):
         return score_each(self.fn, inputs, self.kwargs, self._loop)
 
 
-def registered_managers() -> Registry[Callable[..., RewardManager]]:
-    """:data:`REWARD_MANAGERS`, complete: the managers in other modules register themselves on import."""
-    from queryrl.rewards import async_manager, batch_manager, dapo_manager, parallel  # noqa: F401
+# the managers of other modules (each imports this one), imported when chosen
+REWARD_MANAGERS.register_lazy("batch", "queryrl.rewards.batch_manager:BatchRewardManager")
+REWARD_MANAGERS.register_lazy("dapo", "queryrl.rewards.dapo_manager:DAPORewardManager")
+REWARD_MANAGERS.register_lazy("parallel", "queryrl.rewards.parallel:ParallelRewardManager")
+REWARD_MANAGERS.register_lazy("async", "queryrl.rewards.async_manager:AsyncRewardManager")
 
+
+def registered_managers() -> Registry[Callable[..., RewardManager]]:
+    """:data:`REWARD_MANAGERS` (every manager's name; the other modules' are imported when chosen)."""
     return REWARD_MANAGERS
 
 

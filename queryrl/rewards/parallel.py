@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.plugins import file_module_name
-from queryrl.rewards.functions import RewardError, RewardFn, load_reward_function
+from queryrl.rewards.functions import RewardError, RewardFn
+from queryrl.rewards.loading import load_reward_function
 from queryrl.rewards.manager import (
-    REWARD_MANAGERS,
     BatchScorer,
     LoopRunner,
     PendingRewards,
@@ -366,7 +366,6 @@ class _Pool:
         self.workers.clear()
 
 
-@REWARD_MANAGERS.register("parallel")
 class ParallelRewardManager:
     """Scores samples in a pool of worker processes (verl's ``prime``-style parallel manager).
 

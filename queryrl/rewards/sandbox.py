@@ -53,6 +53,11 @@ from typing import Literal
 
 from queryrl.rewards.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, cgroup_parent, run_cgroups
 
+
+class SandboxError(RuntimeError):
+    """The sandbox refused or failed to start (no isolation here, or its set-up failed): not a wrong answer."""
+
+
 logger = logging.getLogger(__name__)
 
 MAX_PROCESSES = 64  # per run: processes and threads (the pids cgroup counts threads)

@@ -441,37 +441,3 @@ def group_normalized(values: Sequence[float | None], inputs: Sequence[RewardInpu
             if v is not None and math.isfinite(v):
                 out[i] = (v - mean) / (std + 1e-4)
     return out
-
-
-def load_weighted_functions(
-    entries: Sequence[Mapping[str, Any]], aggregation: str = "sum_then_normalize"
-) -> WeightedTRLRewards:
-    """``reward.functions``: each entry ``{path, name, style, weight}`` loaded like ``reward.function``
-    (:func:`queryrl.rewards.load_reward_function`); each must be TRL-style (called once per batch).
-    `aggregation`: ``reward.multi_objective_aggregation`` (:class:`WeightedTRLRewards`).
-
-    Raises:
-        RewardError: an entry without ``path``, a function that does not load, or one that is verl-style
-            (the message names the entry).
-    """
-    from queryrl.rewards.functions import load_reward_function
-
-    members: list[tuple[TRLRewardFunction, float, str]] = []
-    for i, entry in enumerate(entries):
-        where = f"reward.functions[{i}]"
-        if not entry.get("path"):
-            raise RewardError(f"{where}: needs a path (a .py file or a module) and a name")
-        fn = load_reward_function(
-            str(entry["path"]), str(entry.get("name") or "compute_score"), entry.get("style") or "auto"
-        )
-        if not isinstance(fn, TRLRewardFunction):
-            raise RewardError(
-                f"{where} ({entry['path']}:{entry.get('name')}) is verl-style (one sample per call); several "
-                "functions are combined the TRL way, each called once per batch: write it as "
-                "f(prompts, completions, **kwargs), set its style: trl, or use reward.function alone"
-            )
-        label = getattr(fn.fn, "__name__", None) or f"function_{i}"
-        if any(label == other for _, _, other in members):
-            label = f"{label}_{i}"
-        members.append((fn, float(entry.get("weight", 1.0)), label))
-    return WeightedTRLRewards(members, aggregation)

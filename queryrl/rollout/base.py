@@ -277,32 +277,9 @@ class RolloutFactory(Protocol):
 ROLLOUT_BACKENDS: Registry[RolloutFactory] = Registry("rollout backend")
 
 
-@ROLLOUT_BACKENDS.register("hf")
-def _hf(
-    model: nn.Module,
-    tokenizer: Any,
-    micro_batch_size: int,
-    device: torch.device | None,
-    fast_decode: str,
-    dtype: torch.dtype | None,
-) -> RolloutBackend:
-    from queryrl.rollout.hf import HFRollout
-
-    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode)
-
-
-@ROLLOUT_BACKENDS.register("vllm")
-def _vllm(
-    model: nn.Module,
-    tokenizer: Any,
-    micro_batch_size: int,
-    device: torch.device | None,
-    fast_decode: str,
-    dtype: torch.dtype | None,
-) -> RolloutBackend:
-    from queryrl.rollout.vllm import VLLMRollout  # imports vllm itself only when built
-
-    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, dtype=dtype)
+# each backend's module imports this one; it is imported only when the backend is chosen
+ROLLOUT_BACKENDS.register_lazy("hf", "queryrl.rollout.hf:make_hf_rollout")
+ROLLOUT_BACKENDS.register_lazy("vllm", "queryrl.rollout.vllm:make_vllm_rollout")  # imports vllm only when built
 
 
 def make_rollout(

@@ -242,3 +242,15 @@ class HFRollout:
         if source is self.model:
             return
         self.model.load_state_dict(source.state_dict(), strict=True)
+
+
+def make_hf_rollout(
+    model: nn.Module,
+    tokenizer: Any,
+    micro_batch_size: int,
+    device: torch.device | None,
+    fast_decode: str,
+    dtype: torch.dtype | None,
+) -> HFRollout:
+    """``rollout.backend=hf`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`)."""
+    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode)

@@ -263,3 +263,15 @@ class VLLMRollout:
                 f"folder's values): {', '.join(missed[:5])}",
                 stacklevel=2,
             )
+
+
+def make_vllm_rollout(
+    model: nn.Module,
+    tokenizer: Any,
+    micro_batch_size: int,
+    device: torch.device | None,
+    fast_decode: str,
+    dtype: torch.dtype | None,
+) -> VLLMRollout:
+    """``rollout.backend=vllm`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`)."""
+    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, dtype=dtype)

@@ -32,8 +32,9 @@ from queryrl.data import line_byte_limit, load_records
 from queryrl.data.builtin import resolve_data_path
 from queryrl.rewards import RewardInput, RewardResult, load_reward_function
 from queryrl.rewards.functions import RewardFn
+from queryrl.rewards.loading import load_weighted_functions
 from queryrl.rewards.manager import LoopRunner, score_sample
-from queryrl.rewards.trl_style import TRLRewardFunction, describe_weighted, load_weighted_functions
+from queryrl.rewards.trl_style import TRLRewardFunction, describe_weighted
 
 Check = Callable[[], str]  # returns the line to print; raises PreflightError
 
@@ -58,7 +59,7 @@ class RewardSpec:
 
         Raises:
             RewardError: as :func:`~queryrl.rewards.load_reward_function` and
-                :func:`~queryrl.rewards.trl_style.load_weighted_functions`.
+                :func:`~queryrl.rewards.loading.load_weighted_functions`.
         """
         if self.functions:
             return load_weighted_functions(self.functions, self.aggregation)

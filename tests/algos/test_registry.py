@@ -82,3 +82,39 @@ def test_an_enum_member_registers_and_looks_up_by_its_value() -> None:
         reg.register("triple")(double)
     reg.unregister(Plain.TRIPLE)
     assert "triple" not in reg
+
+
+def test_a_lazy_entry_is_named_at_once_and_imported_when_asked_for() -> None:
+    import sys
+
+    reg: Registry[object] = Registry("widget")
+    reg.register_lazy("json_dumps", "json:dumps", needs={"text"})
+    reg.register("double")(double)
+    assert reg.names() == ["double", "json_dumps"]
+    assert "json_dumps" in reg
+    assert len(reg) == 2
+    assert reg.needs("json_dumps") == frozenset({"text"})
+    assert reg.get("json_dumps") is sys.modules["json"].dumps
+    with pytest.raises(RegistryError, match=r"unknown widget 'dumps'; valid names: double, json_dumps"):
+        reg.get("dumps")
+
+
+def test_a_lazy_name_is_not_taken_twice() -> None:
+    reg: Registry[object] = Registry("widget")
+    reg.register_lazy("w", "json:dumps")
+    reg.register_lazy("w", "json:dumps")  # the same place again: fine
+    with pytest.raises(RegistryError, match="already registered"):
+        reg.register_lazy("w", "json:loads")
+    with pytest.raises(RegistryError, match="already registered to json:dumps"):
+        reg.register("w")(double)
+    with pytest.raises(RegistryError, match="not 'module:attribute'"):
+        reg.register_lazy("v", "json.dumps")
+
+
+def test_the_backends_and_managers_are_named_before_their_modules_load() -> None:
+    from queryrl.rewards.manager import REWARD_MANAGERS
+    from queryrl.rollout.base import ROLLOUT_BACKENDS
+
+    assert {"hf", "vllm"} <= set(ROLLOUT_BACKENDS.names())
+    assert {"naive", "batch", "dapo", "parallel", "async"} <= set(REWARD_MANAGERS.names())
+    assert REWARD_MANAGERS.get("async").__name__ == "AsyncRewardManager"

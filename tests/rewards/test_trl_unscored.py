@@ -17,7 +17,7 @@ from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.config import ConfigError, load_config
 from queryrl.engine.batch import outcome_to_tokens
 from queryrl.rewards import RewardInput, make_reward_manager
-from queryrl.rewards.trl_style import load_weighted_functions
+from queryrl.rewards.loading import load_weighted_functions
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.metrics import zero_std_group_fraction
 from queryrl.trainer.scoring import estimate_advantages

@@ -13,7 +13,8 @@ import pytest
 
 from queryrl.config import ConfigError, load_config
 from queryrl.rewards import RewardError, RewardInput, make_reward_manager
-from queryrl.rewards.trl_style import WeightedTRLRewards, load_weighted_functions
+from queryrl.rewards.loading import load_weighted_functions
+from queryrl.rewards.trl_style import WeightedTRLRewards
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.plan import build_plan
 from queryrl.trainer.preflight import check_reward, config_reward_spec
