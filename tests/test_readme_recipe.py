@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.config import load_config
 from queryrl.models import resolve_model_path
 from tests.loopback import Services, rag_and_judge

@@ -18,7 +18,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from queryrl import redaction
-from queryrl.apps.query_rewrite.reward_rag import rag_client
+from queryrl.apps.query_rewrite.reward.rag import rag_client
 from queryrl.apps.query_rewrite.training import reward_kwargs
 from queryrl.cli import app as cli_app
 from queryrl.config import load_config

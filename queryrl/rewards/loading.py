@@ -15,7 +15,7 @@ from queryrl.rewards.trl_style import TRLRewardFunction, WeightedTRLRewards, wit
 
 def load_reward_function(path: str | None, name: str = "compute_score", style: str = "auto") -> RewardFn:
     """The reward function: the built-ins when `path` is None, else `name` from the ``.py`` file at `path`,
-    or from the importable module `path` (a dotted name such as ``queryrl.apps.query_rewrite.reward``:
+    or from the importable module `path` (a dotted name such as ``queryrl.apps.query_rewrite.reward.score``:
     used when `path` is not an existing file and does not end in ``.py``).
 
     `style` (``reward.function.style``): ``verl``, ``trl`` or ``auto`` (detect by the signature,

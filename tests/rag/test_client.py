@@ -177,7 +177,7 @@ def test_a_field_mapping_reads_documents_under_other_names() -> None:
 
 
 def test_the_preflight_probe_finds_a_broken_contract_before_training() -> None:
-    from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_rag_contract
+    from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_rag_contract
 
     app = FastAPI()
     doc = {"knowledge_id": "k1", "question": "颐和园门票多少钱", "answer": "30元"}

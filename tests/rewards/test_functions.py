@@ -134,6 +134,7 @@ def test_importable_module_path() -> None:
     from queryrl.apps.query_rewrite import reward
 
     assert load_reward_function("queryrl.apps.query_rewrite.reward", "compute_score") is reward.compute_score
+    assert load_reward_function("queryrl.apps.query_rewrite.reward.score", "compute_score") is reward.compute_score
     assert load_reward_function("queryrl.rewards.functions", "default_compute_score") is default_compute_score
 
 

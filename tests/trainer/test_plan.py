@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.apps.query_rewrite.plugin import demo_fallback_problem
 from queryrl.config import load_config
 from queryrl.trainer.plan import (

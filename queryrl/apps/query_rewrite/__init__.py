@@ -1,4 +1,7 @@
-"""The query rewriter: conversation data, prompts, the KdConv benchmark and the sales demo data.
+"""The query rewriter, in folders by job: ``data/`` (your conversations, KdConv, the splits, the warm-up set),
+``demo/`` (the synthetic sales chat), ``reward/`` (the reward and the judge), ``intent/`` (whether a rewrite
+keeps the question), ``eval/`` (``queryrl eval``); beside them the prompts, the config node, the plugin,
+its commands, training and preflight wiring.
 
 The names below are imported on first use (PEP 562), so that finding the plugin
 (:mod:`.plugin`, read by every ``queryrl`` command) does not import torch.
@@ -10,23 +13,23 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    "Conversation": "conversations",
-    "Message": "conversations",
-    "conversation_rows": "conversations",
-    "conversations_to_rows": "conversations",
-    "load_conversations": "conversations",
-    "normalise_role": "conversations",
-    "parse_doc_ids": "conversations",
-    "prepare_conversations": "conversation_splits",
-    "split_conversations": "conversation_splits",
-    "make_catalogue": "demo_data",
-    "make_dialogues": "demo_data",
-    "sales_demo_corpus": "demo_data",
-    "sales_demo_rows": "demo_data",
-    "doc_id": "kdconv",
-    "kdconv_corpus": "kdconv",
-    "kdconv_rows": "kdconv",
-    "load_kdconv_conversations": "kdconv",
+    "Conversation": "data.conversations",
+    "Message": "data.conversations",
+    "conversation_rows": "data.conversations",
+    "conversations_to_rows": "data.conversations",
+    "load_conversations": "data.conversations",
+    "normalise_role": "data.conversations",
+    "parse_doc_ids": "data.conversations",
+    "prepare_conversations": "data.splits",
+    "split_conversations": "data.splits",
+    "make_catalogue": "demo.data",
+    "make_dialogues": "demo.data",
+    "sales_demo_corpus": "demo.data",
+    "sales_demo_rows": "demo.data",
+    "doc_id": "data.kdconv",
+    "kdconv_corpus": "data.kdconv",
+    "kdconv_rows": "data.kdconv",
+    "load_kdconv_conversations": "data.kdconv",
     "SYSTEM_PROMPTS": "prompts",
     "ParsedRewrite": "prompts",
     "build_messages": "prompts",

@@ -28,7 +28,7 @@ class _ConversationsCommand(typer.core.TyperCommand):
     """Appends the mappable fields and roles to ``--help``, generated from the code's field list when shown."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        from queryrl.apps.query_rewrite.log_import import fields_help
+        from queryrl.apps.query_rewrite.data.log_import import fields_help
 
         self.epilog = fields_help()  # imported here: the app pulls in torch, too slow for every command
         super().format_help(ctx, formatter)
@@ -93,8 +93,8 @@ def prepare_conversations(
     ] = None,
 ) -> None:
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
-    from queryrl.apps.query_rewrite.conversation_splits import prepare_conversation_data
-    from queryrl.apps.query_rewrite.log_import import check_columns, parse_json_option, role_table
+    from queryrl.apps.query_rewrite.data.log_import import check_columns, parse_json_option, role_table
+    from queryrl.apps.query_rewrite.data.splits import prepare_conversation_data
     from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
     from queryrl.data import DataError
 
@@ -142,10 +142,10 @@ def prepare_kdconv(
     """KdConv -> query-rewrite rows (gold = the (entity, attribute) pairs the reply used) and the corpus."""
     import json
 
-    from queryrl.apps.query_rewrite.conversations import write_parquet
-    from queryrl.apps.query_rewrite.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
+    from queryrl.apps.query_rewrite.data.conversations import write_parquet
+    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
+    from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets
     from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
-    from queryrl.apps.query_rewrite.sft_targets import add_sft_targets
     from queryrl.atomic import atomic_write_text
     from queryrl.data import DataError
 
@@ -238,9 +238,9 @@ def eval_(
     --rag-url, --corpus, --top-k, --judge and --judge-* are shorthands for those keys. Without --config,
     nothing is judged unless --judge or app.query_rewrite.judge.backend=... asks for it.
     """
-    from queryrl.apps.query_rewrite.eval_run import evaluate
-    from queryrl.apps.query_rewrite.eval_samples import EvalError
-    from queryrl.apps.query_rewrite.eval_settings import load_eval_config
+    from queryrl.apps.query_rewrite.eval.run import evaluate
+    from queryrl.apps.query_rewrite.eval.samples import EvalError
+    from queryrl.apps.query_rewrite.eval.settings import load_eval_config
 
     shorthands = {
         "rag_url": rag_url,
@@ -312,11 +312,11 @@ def warmup(
     retrieves with each, keeps the one (or the reference rewriter's answer) whose result ranks a gold
     document highest, and writes the rows with that target: train on it with queryrl sft.
     """
-    from queryrl.apps.query_rewrite.eval_generation import check_dtype
-    from queryrl.apps.query_rewrite.eval_run import config_rag_client
-    from queryrl.apps.query_rewrite.eval_samples import EvalError
-    from queryrl.apps.query_rewrite.eval_settings import load_eval_config
-    from queryrl.apps.query_rewrite.warmup import WarmupSettings, build_warmup, write_warmup
+    from queryrl.apps.query_rewrite.data.warmup import WarmupSettings, build_warmup, write_warmup
+    from queryrl.apps.query_rewrite.eval.generation import check_dtype
+    from queryrl.apps.query_rewrite.eval.run import config_rag_client
+    from queryrl.apps.query_rewrite.eval.samples import EvalError
+    from queryrl.apps.query_rewrite.eval.settings import load_eval_config
     from queryrl.data.builtin import resolve_data_path
     from queryrl.data.records import DataError, load_records
 

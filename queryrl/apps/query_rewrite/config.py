@@ -123,7 +123,7 @@ class QueryRewriteConfig:
     # follow the format yet then still gets rewards that differ within a group
     unparsed: str = "floor"
     # subtracted from the reward of a rewrite that changes the customer's intent (the offline check of
-    # apps/query_rewrite/intent.py: another question, an answer, invented facts, garbled text); 0 = off
+    # apps/query_rewrite/intent/check.py: another question, an answer, invented facts, garbled text); 0 = off
     intent_penalty: float = 1.0
     judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
     rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)

@@ -63,7 +63,7 @@ class QueryRewriteApp(Application):
         validate_settings(cfg)
 
     def reward(self, cfg: DictConfig) -> AppReward:
-        from queryrl.apps.query_rewrite.reward import QueryRewriteReward
+        from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
         from queryrl.apps.query_rewrite.training import REWARD_FUNCTION, reward_kwargs
 
         function = cfg.reward.function.path
@@ -142,7 +142,7 @@ class QueryRewriteApp(Application):
 
 # imported when used: finding the plugin (every queryrl command) must not import torch
 def _sales_demo_rows(split: str) -> list[dict[str, Any]]:
-    from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+    from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 
     return sales_demo_rows(split)
 

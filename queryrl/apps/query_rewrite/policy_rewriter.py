@@ -3,7 +3,7 @@
 Seed 000's reference is a 32B pipeline; without one, the natural reference for "did training help"
 is the policy as it was before RL: the same prompt (:func:`~queryrl.apps.query_rewrite.prompts.build_messages`
 with the data's domain line and answer fields: pass the ones the rows were prepared with), greedy
-decoding, and the reward's parser (:func:`~queryrl.apps.query_rewrite.reward_modes.parse_answer`): a reply
+decoding, and the reward's parser (:func:`~queryrl.apps.query_rewrite.reward.modes.parse_answer`): a reply
 cut off after a complete query is used, and an empty query ("no retrieval needed") is returned as is, so
 the reference retrieves nothing on small talk, as the heuristic reference does. Registered as
 ``"policy"`` in :data:`queryrl.rag.rewriters.REWRITERS` when :mod:`queryrl.apps` is imported, so
@@ -32,7 +32,7 @@ from queryrl.apps.query_rewrite.prompts import (
     check_answer_fields,
     check_answer_format,
 )
-from queryrl.apps.query_rewrite.reward_modes import parse_answer
+from queryrl.apps.query_rewrite.reward.modes import parse_answer
 from queryrl.rag.rewriters import last_user_turn
 
 

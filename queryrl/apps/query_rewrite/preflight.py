@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from queryrl.apps.query_rewrite.eval_checks import ServiceCheckFailed, check_judge, check_rag, check_rag_contract
+from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_judge, check_rag, check_rag_contract
 from queryrl.trainer.preflight import Check, PreflightError, RewardSpec
 
 
@@ -42,7 +42,7 @@ def reward_spec(cfg: DictConfig) -> RewardSpec:
 
 def service_checks(cfg: DictConfig) -> list[Check]:
     """The judge (if the reward uses it) and the external RAG service (if ``rag.url``), in that order."""
-    from queryrl.apps.query_rewrite.reward_judge import judge_client, judge_request_options
+    from queryrl.apps.query_rewrite.reward.judge import judge_client, judge_request_options
 
     kwargs = dict(reward_spec(cfg).kwargs)
     checks: list[Check] = []

@@ -2,7 +2,7 @@
 
 The trainer stays generic; this module turns the ``app.query_rewrite`` config section into
 
-- the reward: :func:`queryrl.apps.query_rewrite.reward.compute_score` on the ``async`` manager, with
+- the reward: :func:`queryrl.apps.query_rewrite.reward.score.compute_score` on the ``async`` manager, with
   its keyword arguments (:func:`reward_kwargs`) derived from the mode, the weights, the judge and
   the RAG settings;
 - for ``seed_hybrid``, the candidate selector (:func:`make_selector`): seed 000 v4.0 picks one
@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from queryrl.apps.query_rewrite.reward_modes import select_candidate
+from queryrl.apps.query_rewrite.reward.modes import select_candidate
 from queryrl.rollout import RolloutOutput
 
 REWARD_FUNCTION = "queryrl.apps.query_rewrite.reward"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus
+from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG
 from queryrl.rewards.judge_server import running_server
 

@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from queryrl.apps.query_rewrite.conversations import Conversation, Message
-from queryrl.apps.query_rewrite.demo_data import make_catalogue, sales_demo_rows
+from queryrl.apps.query_rewrite.data.conversations import Conversation, Message
+from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
 
 KDCONV = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "kdconv" / "travel"
 needs_kdconv = pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv travel data not at {KDCONV}")

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
-from queryrl.apps.query_rewrite.eval_run import evaluate
-from queryrl.apps.query_rewrite.eval_samples import load_samples
-from queryrl.apps.query_rewrite.evaluation import abstained_result, no_retrieval_turn, system_metrics
-from queryrl.apps.query_rewrite.judging import OfflineJudge, quality_from_verdict
-from queryrl.apps.query_rewrite.reward import compute_score, default_kwargs
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
+from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, system_metrics
+from queryrl.apps.query_rewrite.eval.run import evaluate
+from queryrl.apps.query_rewrite.eval.samples import load_samples
+from queryrl.apps.query_rewrite.reward.judging import OfflineJudge, quality_from_verdict
+from queryrl.apps.query_rewrite.reward.score import compute_score, default_kwargs
 from queryrl.config import load_config
 
 WEIGHTS = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2}  # the demo's
@@ -88,7 +88,7 @@ def test_retrieval_turn_gives_the_empty_query_the_lowest_well_formed_reward() ->
 
 @cache
 def _catalogue() -> list[dict[str, Any]]:
-    from queryrl.apps.query_rewrite.demo_data import make_catalogue
+    from queryrl.apps.query_rewrite.demo.data import make_catalogue
 
     return make_catalogue()
 

@@ -12,13 +12,13 @@ import pytest
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.conversations import conversations_to_rows
-from queryrl.apps.query_rewrite.demo_data import DOMAIN, sales_demo_rows
-from queryrl.apps.query_rewrite.kdconv import kdconv_domain, kdconv_rows
+from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_domain, kdconv_rows
+from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, add_sft_targets
+from queryrl.apps.query_rewrite.demo.data import DOMAIN, sales_demo_rows
 from queryrl.apps.query_rewrite.prompts import ANSWER_FIELDS, ParsedRewrite
-from queryrl.apps.query_rewrite.reward import compute_score
-from queryrl.apps.query_rewrite.reward_modes import format_reward, parse_answer
-from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, add_sft_targets
+from queryrl.apps.query_rewrite.reward.modes import format_reward, parse_answer
+from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.cli import app
 from queryrl.data.records import load_records
 from queryrl.rewards import RewardInput, make_reward_manager
@@ -171,8 +171,8 @@ def test_eval_model_answers_fall_back_to_the_samples_profile_and_summary(
     tiny_cfg: DictConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import queryrl.trainer.scoring
-    from queryrl.apps.query_rewrite.eval_generation import model_answers
-    from queryrl.apps.query_rewrite.eval_samples import load_samples
+    from queryrl.apps.query_rewrite.eval.generation import model_answers
+    from queryrl.apps.query_rewrite.eval.samples import load_samples
     from queryrl.models.loading import resolve_model_path
 
     samples = [s for s in load_samples("builtin://sales_demo/val") if s.user_profile and s.history_summary][:3]

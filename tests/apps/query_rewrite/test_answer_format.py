@@ -12,7 +12,8 @@ import pytest
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.conversations import conversations_to_rows
+from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows
+from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, add_sft_targets
 from queryrl.apps.query_rewrite.prompts import (
     NO_QUERY,
     ParsedRewrite,
@@ -21,9 +22,8 @@ from queryrl.apps.query_rewrite.prompts import (
     parse_text_answer,
     system_prompt,
 )
-from queryrl.apps.query_rewrite.reward import compute_score
-from queryrl.apps.query_rewrite.reward_modes import parse_answer
-from queryrl.apps.query_rewrite.sft_targets import SFT_TARGET_KEY, add_sft_targets
+from queryrl.apps.query_rewrite.reward.modes import parse_answer
+from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.cli import app
 from queryrl.data.records import load_records
 from tests.apps.query_rewrite.helpers import (
@@ -129,7 +129,7 @@ def test_text_rows_carry_the_format_and_plain_sft_targets() -> None:
 
 
 def test_a_turn_that_needs_no_retrieval_has_the_no_query_marker_as_its_target() -> None:
-    from queryrl.apps.query_rewrite.conversations import Conversation, Message
+    from queryrl.apps.query_rewrite.data.conversations import Conversation, Message
 
     chat = Conversation("c2", [Message("user", "谢谢", 0, kind="chitchat")])
     (row,) = add_sft_targets(conversations_to_rows([chat], "logs", answer_format="text"))
@@ -183,8 +183,8 @@ def test_eval_parses_each_row_as_its_prompt_asked_and_text_after_the_line_is_not
     import dataclasses
 
     import queryrl.trainer.scoring
-    from queryrl.apps.query_rewrite.eval_generation import model_answers
-    from queryrl.apps.query_rewrite.eval_samples import load_samples
+    from queryrl.apps.query_rewrite.eval.generation import model_answers
+    from queryrl.apps.query_rewrite.eval.samples import load_samples
     from queryrl.models.loading import resolve_model_path
 
     samples = [dataclasses.replace(s, answer_format="text") for s in load_samples("builtin://sales_demo/val")[:3]]

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.apps.query_rewrite.plugin import QueryRewriteApp
-from queryrl.apps.query_rewrite.reward import compute_score
+from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.config import load_config
 from queryrl.errors import user_error
 from queryrl.trainer.loop import Trainer

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.cli import app as cli
 from queryrl.config import load_config
 from queryrl.trainer.sft import run_sft

@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from queryrl.apps.query_rewrite.demo_data import sales_demo_corpus, sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus, sales_demo_rows
 from queryrl.apps.query_rewrite.training import make_selector, reward_kwargs
 from queryrl.config import ConfigError, load_config
 from queryrl.rag import BM25Index, Document, HeuristicRewriter

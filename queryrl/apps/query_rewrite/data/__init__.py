@@ -1,0 +1,1 @@
+"""Preparing the data: conversations from your logs, KdConv, the splits and the warm-up set."""

@@ -1,0 +1,1 @@
+"""The demo's synthetic sales chat (builtin://sales_demo)."""

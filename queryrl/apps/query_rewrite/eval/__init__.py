@@ -1,0 +1,1 @@
+"""``queryrl eval``: generating with each system, retrieving, judging, paired comparisons and the outputs."""

@@ -1,0 +1,105 @@
+"""``queryrl eval``'s model systems: greedy replies of a Hugging Face model folder, parsed into queries.
+
+A model answers each row's chat-templated prompt greedily; the reply goes through
+:func:`~queryrl.apps.query_rewrite.reward.modes.parse_answer`. A reply that does not parse is a format
+failure (:class:`~queryrl.apps.query_rewrite.eval.samples.Answer` with ``query`` None); an empty query is
+an abstention. Where the reply carries no profile or summary, the row's own go to ``/rag/chat_8b``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from queryrl.apps.query_rewrite.eval.samples import Answer, EvalError, Sample
+from queryrl.apps.query_rewrite.reward.modes import parse_answer
+
+if TYPE_CHECKING:
+    from queryrl.rollout.base import SamplingParams
+
+EVAL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(dtype: str | None) -> None:
+    """Raises :class:`EvalError` unless `dtype` is None or one of :data:`EVAL_DTYPES`."""
+    if dtype is not None and dtype not in EVAL_DTYPES:
+        raise EvalError(f"--dtype {dtype!r} is not one of: {', '.join(EVAL_DTYPES)}")
+
+
+def model_dtype(path: Path, dtype: str | None = None) -> str:
+    """`dtype` (``--dtype``), else the dtype the folder's config.json names (``torch_dtype``), else float32."""
+    if dtype is not None:
+        check_dtype(dtype)
+        return dtype
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "float32"
+    saved = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
+    return saved if saved in EVAL_DTYPES else "float32"
+
+
+def generate_replies(
+    path: Path,
+    prompts: Sequence[list[dict[str, Any]]],
+    params: SamplingParams,
+    batch_size: int,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> list[list[str]]:
+    """The replies of the model in `path` to each chat prompt: ``params.n`` per prompt, decoded.
+
+    The model is loaded in :func:`model_dtype` (`dtype`, else its folder's own dtype, else float32) and
+    decodes through :class:`~queryrl.rollout.hf.HFRollout` (its fast path where the architecture has one).
+    """
+    import torch
+    from omegaconf import OmegaConf
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    from queryrl.config import ModelConfig
+    from queryrl.data.prompts import encode_prompt
+    from queryrl.models.loading import DTYPES, load_tokenizer
+    from queryrl.rollout.hf import HFRollout
+    from queryrl.trainer.scoring import decode_responses
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tokenizer = load_tokenizer(OmegaConf.structured(ModelConfig(path=str(path))))
+    loaded: nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype)])
+    model = loaded.to(dev)
+    rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
+    encoded = [encode_prompt(tokenizer, list(p)) for p in prompts]
+    texts: list[str] = []
+    for chunk in rollout.generate_chunks(encoded, params):
+        texts += decode_responses(tokenizer, chunk)
+    del model, rollout
+    n = params.n
+    return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+def model_answers(
+    path: Path,
+    samples: Sequence[Sample],
+    batch_size: int,
+    max_new_tokens: int,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> list[Answer]:
+    """Greedy replies of the model in `path` to each sample's prompt (:func:`generate_replies`), parsed
+    (:func:`parse_answer`, as the sample's prompt asked: ``Sample.answer_format``)."""
+    from queryrl.rollout.base import SamplingParams
+
+    params = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
+    replies = generate_replies(path, [s.prompt for s in samples], params, batch_size, device, dtype)
+    answers = []
+    for sample, (text,) in zip(samples, replies, strict=True):
+        parsed = parse_answer(text, answer_format=sample.answer_format)
+        if parsed is None:
+            answers.append(Answer(None, raw=text))
+        else:  # a query-only answer (the default prompt): the row's own profile and summary go to /rag/chat_8b
+            profile = parsed.user_profile or sample.user_profile
+            summary = parsed.history_summary or sample.history_summary
+            answers.append(Answer(parsed.rewritten_query, profile, summary, raw=text, trailing=parsed.trailing))
+    return answers

