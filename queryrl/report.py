@@ -29,18 +29,26 @@ from queryrl.report_page import CSS, JS, PAGE
 MAX_STEPS = 200  # steps whose samples are embedded
 MAX_TEXT = 4000  # characters kept of one text field
 
-# chart title -> key patterns; one chart per group, one quantity per axis for validation
+# chart title -> key pattern: one quantity (or one family on one scale) per chart. A chart that would draw more
+# than MAX_SERIES curves becomes small multiples, one chart per key under the title (the reward's parts, the
+# timing phases, the validation metrics of several data sources)
 CHARTS: tuple[tuple[str, str], ...] = (
-    ("Reward", r"^(critic/score/mean|critic/rewards/mean|reward/(?!failed|retries|timeouts|zero_std).*/mean)$"),
-    ("KL and losses", r"^(actor/(pg_loss|kl_loss|entropy_loss|ppo_kl)|critic/(vf_loss|kl))$"),
+    ("Score", r"^(critic/score/mean|critic/rewards/mean)$"),
+    ("Reward parts", r"^reward/(?!failed|retries|timeouts|zero_std).*/mean$"),
+    ("Policy loss", r"^actor/pg_loss$"),
+    ("KL", r"^(actor/(kl_loss|ppo_kl)|critic/kl)$"),
+    ("Value loss", r"^critic/vf_loss$"),
     ("Entropy", r"^actor/entropy$"),
     ("Response length", r"^response_length/(mean|max|min)$"),
     ("Validation: score", r"^val/.*(score|reward)s?/mean$"),
     ("Validation: retrieval / accuracy", r"^val/.*(recall|mrr|ndcg|acc)"),
     ("Validation: response length", r"^val/response_length/"),
-    ("Timing (s)", r"^timing_s/"),
+    ("Step time (s)", r"^timing_s/step$"),
+    ("Phase times (s)", r"^timing_s/(?!step$)"),
     ("SFT loss", r"^sft/(loss|val_loss|prompt_loss)$"),
 )
+MAX_SERIES = 4  # curves on one chart at most; more become small multiples
+OWN_CHARTS = {"Reward parts"}  # families on different scales (judge in [-1, 1], rank in [0, 2], ...): always split
 
 _TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>|$)", re.S)
 # an agent transcript's tool parts: hermes calls, wrapped results, ChatML tool turns
@@ -65,7 +73,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _curves(run_dir: Path) -> list[dict[str, Any]]:
-    """[{title, series: {key: [[step, value], ...]}}] for each chart with data."""
+    """[{title, series: {key: [[step, value], ...]}, group?}] for each chart with data (``group``: the family
+    title of a small multiple)."""
     path = run_dir / "metrics.jsonl"
     points: dict[str, dict[int, float]] = {}
     for record in _read_jsonl(path) if path.is_file() else []:
@@ -86,7 +95,10 @@ def _curves(run_dir: Path) -> list[dict[str, Any]]:
             series[f"{same} = {key}" if same else key] = curve
             if same:
                 del series[same]
-        if series:
+        # small multiples: one chart per curve, under the family's title
+        if len(series) > MAX_SERIES or (title in OWN_CHARTS and len(series) > 1):
+            charts += [{"title": key, "group": title, "series": {key: curve}} for key, curve in series.items()]
+        elif series:
             charts.append({"title": title, "series": series})
     return charts
 

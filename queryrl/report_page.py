@@ -7,7 +7,12 @@ PAGE = """<!DOCTYPE html>
 <body><h1 id="title">@TITLE@</h1>
 <nav><a href="#curves">Curves</a> · <a href="#evalsec">Evaluation</a>@EXAMPLES_NAV@
  · <a href="#inspector">Rollouts</a></nav>
-<section id="curves"><h2>Training curves</h2><div id="charts"></div></section>
+<section id="curves"><h2>Training curves</h2>
+<div class="controls"><label>Smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01"
+value="0.6"> <span id="smoothingvalue">0.60</span></label>
+<span class="hint">an exponential moving average (debiased, as TensorBoard's); the raw values are drawn faint
+behind. Click a legend entry to hide or show its curve; drag across a plot to zoom.</span></div>
+<div id="charts"></div></section>
 <section id="evalsec"><h2>Evaluation</h2><div id="evaltable"></div></section>
 @EXAMPLES@
 <section id="inspector"><h2>Rollout inspector</h2>
@@ -25,11 +30,16 @@ PAGE = """<!DOCTYPE html>
 """
 
 CSS = """
-body{font-family:system-ui,"Noto Sans CJK SC",sans-serif;margin:1em 2em;color:#222;max-width:1200px}
+body{font-family:system-ui,"Noto Sans CJK SC",sans-serif;margin:1em 2em;color:#222}
 nav{margin-bottom:1em}section{margin-bottom:2em}
-#charts{display:flex;flex-wrap:wrap;gap:1em}.chart{border:1px solid #ddd;padding:.5em;width:530px}
+#charts,.multiples{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:1em}
+.multiples{grid-template-columns:repeat(auto-fill,minmax(360px,1fr));grid-column:1/-1;gap:.6em}
+.family{grid-column:1/-1}.family h3{margin:.3em 0}
+.chart{border:1px solid #ddd;padding:.5em;min-width:0}.chart svg{width:100%;height:auto;display:block}
 .legend{display:flex;flex-wrap:wrap}
-.chart h3{margin:.2em 0;font-size:1em}.legend span{margin-right:1em;font-size:.8em;white-space:nowrap}
+.chart h3{margin:.2em 0;font-size:1em;overflow-wrap:anywhere}
+.legend span{margin-right:1em;font-size:.8em;overflow-wrap:anywhere;cursor:pointer}
+.legend span.off{opacity:.35;text-decoration:line-through}
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top}
 .controls label{margin-right:1em}.group{border:1px solid #bbb;margin:.8em 0;padding:.5em}
 .sample{border-top:1px dashed #ccc;padding:.4em 0}.turn{margin:.2em 0;padding:.3em;background:#f6f6f6}
@@ -66,37 +76,86 @@ function fmt(v) {
   if (typeof v !== "number") return String(v);
   return Math.abs(v) >= 1000 || Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(4)));
 }
-// a chart; `range` ([x0, x1]) zooms it: drag across the plot to zoom, double-click to go back
+// ticks at 1, 2 or 5 times a power of ten, about `n` of them over [lo, hi]; `integer`: steps. At most 50
+// (counted by index, so that a range at the edge of float precision cannot loop)
+function niceTicks(lo, hi, n, integer) {
+  const raw = (hi - lo) / Math.max(n, 1);
+  if (!(raw > 0) || !isFinite(raw)) return [lo];
+  const mag = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / mag;
+  let step = (f >= 7.5 ? 10 : f >= 3.5 ? 5 : f >= 1.5 ? 2 : 1) * mag;
+  if (integer) step = Math.max(1, Math.round(step));
+  const out = [];
+  for (let i = Math.ceil(lo / step); i * step <= hi + step * 1e-9 && out.length < 50; i++)
+    out.push(Number((i * step).toPrecision(12)));
+  return out;
+}
+// TensorBoard's smoothing: an exponential moving average, debiased for its zero start
+function smooth(pts, w) {
+  if (!(w > 0)) return pts;
+  let last = 0, n = 0;
+  return pts.map(p => { last = last * w + (1 - w) * p[1]; n += 1; return [p[0], last / (1 - Math.pow(w, n))]; });
+}
+function smoothing() { return parseFloat(document.getElementById("smoothing").value) || 0; }
+// a chart; `range` ([x0, x1]) zooms it: drag across the plot to zoom, double-click to go back. A legend
+// entry hides or shows its curve (chart.hidden).
 function drawChart(chart, range) {
-  const W = 520, H = 240, L = 55, R = 10, T = 10, B = 25;
+  // a small multiple is narrower: drawn near its own size on screen, its labels keep their size
+  const W = chart.group ? 380 : 520, H = chart.group ? 210 : 240, L = 52, R = 14, T = 10, B = 30;
+  chart.hidden = chart.hidden || new Set();
   const box = el("div", null, "chart"); box.appendChild(el("h3", chart.title));
+  const redraw = r => box.replaceWith(drawChart(chart, r));
   const inRange = p => !range || (p[0] >= range[0] && p[0] <= range[1]);
   const series = Object.entries(chart.series).map(([k, pts]) => [k, pts.filter(inRange)]);
-  const all = series.map(([, pts]) => pts).flat();
-  if (!all.length) return drawChart(chart, null);
+  const shown = series.filter(([k]) => !chart.hidden.has(k));
+  const w = smoothing();
+  const all = shown.map(([, pts]) => pts.concat(smooth(pts, w))).flat();
+  if (!all.length && range) return drawChart(chart, null);
   let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
   let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
+  if (!all.length) { x0 = 0; x1 = 1; y0 = 0; y1 = 1; }
   if (range) { x0 = range[0]; x1 = range[1]; }
-  if (x1 === x0) { x0 -= 1; x1 += 1; } if (y1 === y0) { y0 -= 1; y1 += 1; }
+  if (x1 === x0) { x0 -= 1; x1 += 1; }
+  if (y1 - y0 <= 1e-9 * Math.max(Math.abs(y0), Math.abs(y1))) {  // flat, to float precision
+    const m = (y0 + y1) / 2; y0 = m - (Math.abs(m) * 0.1 || 1); y1 = m + (Math.abs(m) * 0.1 || 1);
+  }
+  const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
   const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R), sy = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
-  const s = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "plot"});
+  const s = svg("svg", {viewBox: `0 0 ${W} ${H}`, class: "plot", preserveAspectRatio: "xMidYMid meet",
+                        "data-x0": fmt(x0), "data-x1": fmt(x1)});  // the step range shown
+  for (const v of niceTicks(y0, y1, 5, false)) {  // y ticks with light grid lines
+    s.appendChild(svg("line", {x1: L, x2: W - R, y1: sy(v), y2: sy(v), stroke: "#eee", class: "grid"}));
+    const t = svg("text", {x: L - 4, y: sy(v) + 3, "font-size": 10, "text-anchor": "end", class: "ytick"});
+    t.textContent = fmt(v); s.appendChild(t);
+  }
+  const xt = niceTicks(x0, x1, 6, true).filter(v => v >= x0 && v <= x1);
+  const last = Math.floor(x1);  // the last step is labelled too, unless a tick is already close to it
+  if (last >= x0 && (!xt.length || sx(last) - sx(xt[xt.length - 1]) > 40)) xt.push(last);
+  xt.forEach((v, i) => {  // x ticks: the step, whole; the first and last anchored inside the plot
+    s.appendChild(svg("line", {x1: sx(v), x2: sx(v), y1: T, y2: H - B, stroke: "#f3f3f3", class: "grid"}));
+    const anchor = sx(v) - L < 15 ? "start" : W - R - sx(v) < 15 ? "end" : "middle";
+    const t = svg("text", {x: sx(v), y: H - B + 13, "font-size": 10, "text-anchor": anchor, class: "xtick"});
+    t.textContent = fmt(v); s.appendChild(t);
+  });
+  const label = svg("text", {x: (L + W - R) / 2, y: H - 3, "font-size": 10, "text-anchor": "middle", class: "xlabel"});
+  label.textContent = "step"; s.appendChild(label);
   s.appendChild(svg("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "none", stroke: "#999"}));
-  for (const [v, y] of [[y0, H - B], [y1, T + 10]]) {
-    const t = svg("text", {x: 2, y: y, "font-size": 10}); t.textContent = fmt(v); s.appendChild(t);
-  }
-  for (const [v, x, cls] of [[x0, L, "xmin"], [x1, W - R - 30, "xmax"]]) {
-    const t = svg("text", {x: x, y: H - 8, "font-size": 10, class: cls}); t.textContent = "step " + fmt(v);
-    s.appendChild(t);
-  }
   const legend = el("div", null, "legend");
   series.forEach(([key, pts], i) => {
-    const c = COLORS[i % COLORS.length];
-    const d = pts.map((p, j) => (j ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join(" ");
-    const path = svg("path", {d: d, fill: "none", stroke: c, "stroke-width": 1.5, "data-key": key});
-    const title = svg("title", {}); title.textContent = key; path.appendChild(title); s.appendChild(path);
-    if (pts.length < 20)
-      for (const p of pts) s.appendChild(svg("circle", {cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: c}));
-    const item = el("span", "\u25A0 " + key); item.style.color = c; legend.appendChild(item);
+    const c = COLORS[i % COLORS.length], off = chart.hidden.has(key);
+    const line = ps => ps.map((p, j) => (j ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join(" ");
+    if (!off && pts.length) {
+      if (w > 0) s.appendChild(svg("path", {d: line(pts), fill: "none", stroke: c, "stroke-width": 1, opacity: 0.25,
+                                            "data-raw": key}));
+      const path = svg("path", {d: line(smooth(pts, w)), fill: "none", stroke: c, "stroke-width": 1.6,
+                                "data-key": key});
+      const title = svg("title", {}); title.textContent = key; path.appendChild(title); s.appendChild(path);
+      if (pts.length < 20)
+        for (const p of pts) s.appendChild(svg("circle", {cx: sx(p[0]), cy: sy(p[1]), r: 2.5, fill: c}));
+    }
+    const item = el("span", "\u25A0 " + key, off ? "off" : ""); item.style.color = c;
+    item.title = off ? "click to show" : "click to hide";
+    item.addEventListener("click", () => { off ? chart.hidden.delete(key) : chart.hidden.add(key); redraw(range); });
+    legend.appendChild(item);
   });
   // zoom: the step range under a drag; the SVG's own coordinates, whatever its size on screen
   const band = svg("rect", {y: T, height: H - T - B, width: 0, fill: "#1f77b4", opacity: 0.15});
@@ -114,13 +173,27 @@ function drawChart(chart, range) {
   s.addEventListener("mouseup", ev => {
     if (!start) return; const end = stepAt(ev), a = Math.min(start.step, end.step), b = Math.max(start.step, end.step);
     start = null;
-    if (b - a > (x1 - x0) / 100) box.replaceWith(drawChart(chart, [a, b]));
+    if (b - a > (x1 - x0) / 100) redraw([a, b]);
     else band.setAttribute("width", 0);
   });
-  s.addEventListener("dblclick", () => box.replaceWith(drawChart(chart, null)));
+  s.addEventListener("dblclick", () => redraw(null));
   box.appendChild(s); box.appendChild(legend);
   box.appendChild(el("div", range ? "zoomed: double-click to see all steps" : "drag across to zoom", "hint"));
   return box;
+}
+// every chart, small multiples under their family's title
+function drawCharts() {
+  const host = document.getElementById("charts"); host.replaceChildren();
+  if (!CURVES.length) { host.appendChild(el("p", "No metrics.jsonl in this run folder.")); return; }
+  const families = new Map();
+  for (const c of CURVES) {
+    if (!c.group) { host.appendChild(drawChart(c)); continue; }
+    if (!families.has(c.group)) {
+      const f = el("div", null, "family"); f.appendChild(el("h3", c.group));
+      const grid = el("div", null, "multiples"); f.appendChild(grid); host.appendChild(f); families.set(c.group, grid);
+    }
+    families.get(c.group).appendChild(drawChart(c));
+  }
 }
 function kvTable(obj) {
   const t = el("table");
@@ -311,9 +384,11 @@ function render() {
   document.getElementById("count").textContent = `${shown} of ${rows.length} samples shown`;
 }
 function init() {
-  const charts = document.getElementById("charts");
-  if (!CURVES.length) charts.appendChild(el("p", "No metrics.jsonl in this run folder."));
-  for (const c of CURVES) charts.appendChild(drawChart(c));
+  drawCharts();
+  document.getElementById("smoothing").addEventListener("input", ev => {
+    document.getElementById("smoothingvalue").textContent = Number(ev.target.value).toFixed(2);
+    drawCharts();
+  });
   evalTable();
   const sel = document.getElementById("step");
   for (const st of INFO.embedded) { const o = el("option", "step " + st); o.value = String(st); sel.appendChild(o); }

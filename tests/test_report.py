@@ -31,7 +31,7 @@ def test_one_file_without_urls(tmp_path: Path) -> None:
     assert path == tmp_path / "run" / "report.html"
     assert not re.search(r"https?://", page)
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=", page)  # nothing loaded from anywhere
-    assert [c["title"] for c in embedded(page, "curves")] == ["Reward", "Entropy", "Response length", "Timing (s)"]
+    assert [c["title"] for c in embedded(page, "curves")] == ["Score", "Entropy", "Response length", "Step time (s)"]
     assert embedded(page, "eval")["systems"]["sft"]["recall@5"] == 0.5
     assert list(embedded(page, "curves")[0]["series"]) == ["critic/rewards/mean = critic/score/mean"]
     samples = embedded(page, "samples")["steps"]
@@ -135,4 +135,26 @@ def test_trainer_writes_the_page(tmp_path: Path, model_cache: Path) -> None:
     Trainer(make_cfg(tmp_path, model_cache, "trainer.plot=true")).fit()
     page = (tmp_path / "toy_grpo" / "report.html").read_text(encoding="utf-8")
     assert sorted(embedded(page, "samples")["steps"], key=int) == ["1", "2"]
-    assert any(c["title"] == "Reward" for c in embedded(page, "curves"))
+    assert any(c["title"] == "Score" for c in embedded(page, "curves"))
+
+
+def test_a_family_of_many_curves_becomes_small_multiples(tmp_path: Path) -> None:
+    """No chart draws more than MAX_SERIES curves; the reward's parts (different scales) are always apart."""
+    from queryrl.report import MAX_SERIES
+
+    run = tmp_path / "run"
+    run.mkdir()
+    phases = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]
+    with (run / "metrics.jsonl").open("w", encoding="utf-8") as f:
+        for step in (1, 2, 3):
+            row = {"step": step, "critic/score/mean": 0.1 * step, "reward/judge/mean": 0.5, "reward/format/mean": 1.0}
+            row |= {f"timing_s/{name}": 0.1 * step + i for i, name in enumerate(phases)} | {"timing_s/step": 1.0}
+            f.write(json.dumps(row) + "\n")
+    curves = embedded(write_report(run).read_text(encoding="utf-8"), "curves")
+    assert all(len(c["series"]) <= MAX_SERIES for c in curves)
+    parts = [c for c in curves if c.get("group") == "Reward parts"]
+    assert [c["title"] for c in parts] == ["reward/format/mean", "reward/judge/mean"]
+    assert sorted(c["title"] for c in curves if c.get("group") == "Phase times (s)") == sorted(
+        f"timing_s/{name}" for name in phases
+    )
+    assert [c["title"] for c in curves if "group" not in c] == ["Score", "Step time (s)"]

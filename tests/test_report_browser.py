@@ -77,9 +77,12 @@ def test_trained_run_page(browser: Any, tmp_path: Path, model_cache: Path) -> No
     paths = page.eval_on_selector_all("svg.plot path[data-key]", "ps => ps.map(p => p.getAttribute('d'))")
     assert paths
     assert all(d.startswith("M") for d in paths)
-    # a line of positive length in every chart (a key logged once, timing_s/save_checkpoint, is a lone point)
+    # a line of positive length in every chart, or a dot where a key was logged once (timing_s/save_checkpoint,
+    # a small multiple of its own)
     longest = page.eval_on_selector_all(
-        "svg.plot", "ss => ss.map(s => Math.max(...[...s.querySelectorAll('path')].map(p => p.getTotalLength())))"
+        "svg.plot",
+        "ss => ss.map(s => Math.max(...[...s.querySelectorAll('path')].map(p => p.getTotalLength()))"
+        " + s.querySelectorAll('circle').length)",
     )
     assert all(n > 0 for n in longest)
     # the last step is shown first; picking step 1 shows step 1's samples
@@ -152,7 +155,7 @@ def test_documents_verdict_failure_and_zoom(browser: Any, tmp_path: Path) -> Non
     assert failed.locator(".error").text_content() == "reward failed: RAG /rag/chat_8b failed: timed out"
     # zoom: drag across the first chart's middle half, its step axis narrows; double-click restores it
     chart = page.locator("svg.plot").first
-    assert chart.locator("text.xmin").text_content() == "step 1"
+    assert chart.get_attribute("data-x0") == "1"  # the step range shown (its ticks are at round steps)
     box = chart.bounding_box()
     y = box["y"] + box["height"] / 2
     page.mouse.move(box["x"] + box["width"] * 0.35, y)
@@ -160,12 +163,11 @@ def test_documents_verdict_failure_and_zoom(browser: Any, tmp_path: Path) -> Non
     page.mouse.move(box["x"] + box["width"] * 0.7, y, steps=5)
     page.mouse.up()
     chart = page.locator("svg.plot").first
-    low = float(chart.locator("text.xmin").text_content().removeprefix("step "))
-    high = float(chart.locator("text.xmax").text_content().removeprefix("step "))
+    low, high = float(chart.get_attribute("data-x0")), float(chart.get_attribute("data-x1"))
     assert 5 < low < high < 35, (low, high)
     assert page.locator(".chart .hint").first.text_content().startswith("zoomed")
     chart.dblclick()
-    assert page.locator("svg.plot").first.locator("text.xmin").text_content() == "step 1"
+    assert page.locator("svg.plot").first.get_attribute("data-x0") == "1"
     page.screenshot(path=str(tmp_path / "inspector.png"), full_page=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "inspector.png", ARTIFACTS / "inspector.png")
@@ -224,4 +226,53 @@ def test_an_unscored_sample_is_shown_as_such_not_as_failed(browser: Any, tmp_pat
     page.uncheck("#failed")
     page.fill("#minscore", "0")  # a score filter shows scored samples only
     assert page.locator("#samplelist .sample").count() == 2
+    assert errors == []
+
+
+def test_charts_read_at_a_glance(browser: Any, tmp_path: Path) -> None:
+    """Ticks and grid lines, every label inside its plot (none cut), at most MAX_SERIES curves per chart, the
+    reward's parts as small multiples, smoothing with the raw values faint behind, legend entries that toggle."""
+    from queryrl.report import MAX_SERIES
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with (run / "metrics.jsonl").open("w", encoding="utf-8") as f:
+        for step in range(1, 481):  # the demo's 480 steps: labels such as "step 480" must not be cut
+            row = {"step": step, "critic/score/mean": (step % 7) / 7, "reward/judge/mean": -0.5 + (step % 5) / 5}
+            row |= {"reward/format/mean": 1.0 - (step % 3) / 10, "reward/retrieval_rank/mean": (step % 11) / 5}
+            row |= {f"timing_s/{k}": 0.1 * (step % (i + 3)) for i, k in enumerate(["gen", "reward", "adv", "ref", "x"])}
+            f.write(json.dumps(row | {"timing_s/step": 2.0 + (step % 13 == 0) * 5, "actor/entropy": 1 / step}) + "\n")
+    page, errors = open_page(browser, write_report(run))
+    curves = page.eval_on_selector_all(".chart", "cs => cs.map(c => c.querySelectorAll('path[data-key]').length)")
+    assert curves
+    assert max(curves) <= MAX_SERIES
+    assert page.locator(".family h3", has_text="Reward parts").count() == 1
+    assert page.locator(".family .chart").count() >= 3 + 5  # 3 reward parts, 5 phase times
+    # ticks and grid lines on every chart; every text inside its SVG's box (its viewBox)
+    assert min(page.eval_on_selector_all("svg.plot", "ss => ss.map(s => s.querySelectorAll('.ytick').length)")) >= 3
+    assert min(page.eval_on_selector_all("svg.plot", "ss => ss.map(s => s.querySelectorAll('.xtick').length)")) >= 3
+    outside = page.eval_on_selector_all(
+        "svg.plot text",
+        "ts => ts.filter(t => { const b = t.getBBox(), v = t.ownerSVGElement.viewBox.baseVal; return b.x < 0 "
+        "|| b.y < 0 || b.x + b.width > v.width || b.y + b.height > v.height; }).map(t => t.textContent)",
+    )
+    assert outside == []
+    assert "480" in page.eval_on_selector_all("svg.plot .xtick", "ts => ts.map(t => t.textContent)")
+    # smoothing: the raw curve faint behind the smoothed one; 0 draws the raw values alone
+    assert page.locator("svg.plot path[data-raw]").count() > 0
+    smoothed = page.eval_on_selector("svg.plot path[data-key]", "p => p.getAttribute('d')")
+    page.fill("#smoothing", "0")
+    page.dispatch_event("#smoothing", "input")
+    assert page.locator("svg.plot path[data-raw]").count() == 0
+    assert page.eval_on_selector("svg.plot path[data-key]", "p => p.getAttribute('d')") != smoothed
+    # a legend entry hides its curve and shows it again
+    first = page.locator(".chart").first
+    before = first.locator("path[data-key]").count()
+    first.locator(".legend span").first.click()
+    assert page.locator(".chart").first.locator("path[data-key]").count() == before - 1
+    page.locator(".chart").first.locator(".legend span").first.click()
+    assert page.locator(".chart").first.locator("path[data-key]").count() == before
+    page.screenshot(path=str(tmp_path / "charts.png"), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "charts.png", ARTIFACTS / "charts.png")
     assert errors == []
