@@ -285,12 +285,25 @@ def plot(run_dir: Annotated[Path, typer.Argument(help="A run folder with metrics
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run folder (metrics.jsonl, samples/).")]) -> None:
-    """Write report.html, one self-contained page of a run: curves, eval table, rollout inspector."""
-    from queryrl.report import write_report
+def report(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="A run folder (metrics.jsonl, samples/); two or more: a comparison.")
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="The comparison page (default: compare.html in the first run).")
+    ] = None,
+) -> None:
+    """Write report.html, one self-contained page of a run: curves, eval table, rollout inspector; with
+    several runs, one page that compares them (their curves on shared charts, their eval tables side by side)."""
+    from queryrl.report import write_comparison, write_report
 
     try:
-        path = write_report(run_dir)
+        if len(run_dirs) == 1:
+            if out is not None:
+                _fail("--out is for a comparison of two or more runs; a run's page is its report.html")
+            path = write_report(run_dirs[0])
+        else:
+            path = write_comparison(run_dirs, out)
     except FileNotFoundError as exc:
         _fail(str(exc))
         return

@@ -72,9 +72,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _curves(run_dir: Path) -> list[dict[str, Any]]:
-    """[{title, series: {key: [[step, value], ...]}, group?}] for each chart with data (``group``: the family
-    title of a small multiple)."""
+def _points(run_dir: Path) -> dict[str, dict[int, float]]:
+    """Every finite number of ``metrics.jsonl``: key -> {step: value}."""
     path = run_dir / "metrics.jsonl"
     points: dict[str, dict[int, float]] = {}
     for record in _read_jsonl(path) if path.is_file() else []:
@@ -84,6 +83,13 @@ def _curves(run_dir: Path) -> list[dict[str, Any]]:
         for key, value in record.items():
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 points.setdefault(key, {})[step] = float(value)
+    return points
+
+
+def _curves(run_dir: Path) -> list[dict[str, Any]]:
+    """[{title, series: {key: [[step, value], ...]}, group?}] for each chart with data (``group``: the family
+    title of a small multiple)."""
+    points = _points(run_dir)
     charts = []
     for title, pattern in CHARTS:
         regex = re.compile(pattern)
@@ -235,5 +241,65 @@ def write_report(run_dir: Path) -> Path:
     page = page.replace("@CSS@", CSS + EXAMPLES_CSS).replace("@JS@", JS + EXAMPLES_JS)
     page = page.replace("@EXAMPLES@", SECTION_HTML).replace("@EXAMPLES_NAV@", NAV_HTML)
     out = run_dir / "report.html"
+    atomic_write_text(out, page)
+    return out
+
+
+def run_names(run_dirs: list[Path]) -> list[str]:
+    """Short distinct names of `run_dirs`: each folder's name, with its parent's where two names are equal."""
+    names = [p.resolve().name for p in run_dirs]
+    return [f"{p.resolve().parent.name}/{n}" if names.count(n) > 1 else n for p, n in zip(run_dirs, names, strict=True)]
+
+
+def comparison_curves(run_dirs: list[Path], names: list[str]) -> list[dict[str, Any]]:
+    """One chart per metric of each :data:`CHARTS` family that any run logged, a curve per run on it (so at most
+    as many curves as runs), grouped under the family's title."""
+    points = [_points(d) for d in run_dirs]
+    charts = []
+    for title, pattern in CHARTS:
+        regex = re.compile(pattern)
+        keys = sorted({k for run in points for k in run if k != "step" and regex.search(k)})
+        for key in keys:
+            series = {name: sorted(run[key].items()) for name, run in zip(names, points, strict=True) if key in run}
+            charts.append({"title": key, "group": title, "series": series})
+    return charts
+
+
+def write_comparison(run_dirs: list[Path], out: Path | None = None) -> Path:
+    """Write one page that compares runs, as wandb's run comparison does: each metric's curves of every run on
+    one chart (smoothing, ticks and zoom as on a run's page), and the runs' eval tables with their paired
+    differences side by side.
+
+    Args:
+        run_dirs: two or more run folders.
+        out: the page; default ``compare.html`` in the first run's folder.
+
+    Returns:
+        The page's path.
+
+    Raises:
+        FileNotFoundError: a run folder is missing.
+        ValueError: fewer than two runs.
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    if len(run_dirs) < 2:
+        raise ValueError("a comparison needs two or more run folders")
+    for d in run_dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"no run folder at {d}")
+    names = run_names(run_dirs)
+    info = {"run": " vs ".join(names), "compare": names, "sample_steps": 0, "embedded": [], "every": 1,
+            "every_ordinal": ordinal(1), "max_text": MAX_TEXT}  # fmt: skip
+    body = "\n".join(
+        [
+            _json_tag("info", info),
+            _json_tag("curves", comparison_curves(run_dirs, names)),
+            _json_tag("eval", [{"run": n, "eval": _eval(d)} for n, d in zip(names, run_dirs, strict=True)]),
+            _json_tag("samples", {"steps": {}, "conversations": []}),
+        ]
+    )
+    page = PAGE.replace("@TITLE@", html.escape(f"queryrl runs: {info['run']}")).replace("@DATA@", body)
+    page = page.replace("@CSS@", CSS).replace("@JS@", JS).replace("@EXAMPLES@", "").replace("@EXAMPLES_NAV@", "")
+    out = Path(out) if out is not None else run_dirs[0] / "compare.html"
     atomic_write_text(out, page)
     return out

@@ -222,29 +222,40 @@ function matrixOrKv(obj) {
   }
   box.appendChild(t); return box;
 }
+// the eval table and its paired differences; a comparison page (EVAL a list of {run, eval}) puts one column
+// per run side by side
 function evalTable() {
   const host = document.getElementById("evaltable");
-  if (!EVAL || !EVAL.systems) { host.appendChild(el("p", "No eval.json in this run folder.")); return; }
+  if (!Array.isArray(EVAL)) { oneEval(host, EVAL, "No eval.json in this run folder."); return; }
+  const sides = el("div", null, "sides");
+  for (const r of EVAL) {
+    const col = el("div", null, "evalrun"); col.appendChild(el("h3", r.run));
+    oneEval(col, r.eval, "No eval.json in this run folder."); sides.appendChild(col);
+  }
+  host.appendChild(sides);
+}
+function oneEval(host, E, none) {
+  if (!E || !E.systems) { host.appendChild(el("p", none)); return; }
   const metrics = [];
-  for (const m of Object.values(EVAL.systems))
+  for (const m of Object.values(E.systems))
     for (const k in m) if (k + "_low" in m && !metrics.includes(k)) metrics.push(k);
   const t = el("table"), head = el("tr"); head.appendChild(el("th", "system"));
   for (const k of metrics) head.appendChild(el("th", k + " [95% interval]"));
   t.appendChild(head);
-  for (const [name, m] of Object.entries(EVAL.systems)) {
+  for (const [name, m] of Object.entries(E.systems)) {
     const tr = el("tr"); tr.appendChild(el("td", name));
     for (const k of metrics)
       tr.appendChild(el("td", k in m ? `${fmt(m[k])} [${fmt(m[k + "_low"])}, ${fmt(m[k + "_high"])}]` : ""));
     t.appendChild(tr);
   }
   host.appendChild(t);
-  if (EVAL.comparisons) {
+  if (E.comparisons) {
     host.appendChild(el("h3", "Paired differences (a - b)"));
     const c = el("table"), h = el("tr");
     for (const k of ["a", "b", "metric", "diff [95% interval]", "a better", "b better", "tie"])
       h.appendChild(el("th", k));
     c.appendChild(h);
-    for (const cmp of Object.values(EVAL.comparisons))
+    for (const cmp of Object.values(E.comparisons))
       for (const [metric, r] of Object.entries(cmp)) {
         if (r === null || typeof r !== "object") continue;
         const tr = el("tr");
@@ -390,6 +401,11 @@ function init() {
     drawCharts();
   });
   evalTable();
+  if (INFO.compare) {  // runs side by side: no rollout inspector
+    document.getElementById("inspector").hidden = true;
+    document.querySelector('nav a[href="#inspector"]').hidden = true;
+    return;
+  }
   const sel = document.getElementById("step");
   for (const st of INFO.embedded) { const o = el("option", "step " + st); o.value = String(st); sel.appendChild(o); }
   sel.value = String(INFO.embedded[INFO.embedded.length - 1] ?? "");

@@ -158,3 +158,25 @@ def test_a_family_of_many_curves_becomes_small_multiples(tmp_path: Path) -> None
         f"timing_s/{name}" for name in phases
     )
     assert [c["title"] for c in curves if "group" not in c] == ["Score", "Step time (s)"]
+
+
+def test_two_runs_side_by_side(tmp_path: Path) -> None:
+    """queryrl report A B: each metric's curves of both runs on one chart, both eval tables; --out names the page."""
+    a, b = fake_run(tmp_path / "a" / "grpo", steps=3), fake_run(tmp_path / "b" / "grpo", steps=4)
+    result = CliRunner().invoke(app, ["report", str(a), str(b), "--out", str(tmp_path / "ab.html")])
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "ab.html").read_text(encoding="utf-8")
+    assert not re.search(r"https?://", page)
+    curves = embedded(page, "curves")
+    entropy = next(c for c in curves if c["title"] == "actor/entropy")
+    assert entropy["group"] == "Entropy"
+    assert list(entropy["series"]) == ["a/grpo", "b/grpo"]  # same folder names: told apart by their parents
+    assert [len(entropy["series"][k]) for k in entropy["series"]] == [3, 4]
+    assert [r["run"] for r in embedded(page, "eval")] == ["a/grpo", "b/grpo"]
+    assert embedded(page, "info")["compare"] == ["a/grpo", "b/grpo"]
+    default = CliRunner().invoke(app, ["report", str(a), str(b)])
+    assert default.exit_code == 0
+    assert (a / "compare.html").is_file()
+    missing = CliRunner().invoke(app, ["report", str(a), str(tmp_path / "nowhere")])
+    assert missing.exit_code != 0
+    assert "nowhere" in missing.output

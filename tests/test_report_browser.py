@@ -276,3 +276,24 @@ def test_charts_read_at_a_glance(browser: Any, tmp_path: Path) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(tmp_path / "charts.png", ARTIFACTS / "charts.png")
     assert errors == []
+
+
+def test_two_runs_compared(browser: Any, tmp_path: Path) -> None:
+    """The comparison page: one curve per run on each metric's chart, the eval tables side by side, no inspector."""
+    from queryrl.report import write_comparison
+    from tests.report_helpers import fake_run
+
+    a, b = fake_run(tmp_path / "sft_then_grpo", steps=5), fake_run(tmp_path / "grpo_only", steps=8)
+    page, errors = open_page(browser, write_comparison([a, b], tmp_path / "compare.html"))
+    keys = page.eval_on_selector_all(
+        ".chart", "cs => cs.map(c => [...c.querySelectorAll('path[data-key]')].map(p => p.dataset.key))"
+    )
+    assert keys
+    assert all(k == ["sft_then_grpo", "grpo_only"] for k in keys)
+    assert page.locator("#evaltable .evalrun > h3:first-child").all_text_contents() == ["sft_then_grpo", "grpo_only"]
+    assert page.locator("#evaltable .evalrun table").count() >= 2
+    assert not page.locator("#inspector").is_visible()
+    page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "compare.png", ARTIFACTS / "compare.png")
+    assert errors == []
