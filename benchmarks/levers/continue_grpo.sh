@@ -7,11 +7,14 @@
 # BENCH_WORK: the --work folder of a finished bench run (its data/, warmup/, grpo_run/ and grpo/);
 # OUT: a new folder (grpo_run/ is copied there and resumed, so BENCH_WORK is left as it was);
 # STEPS: the new trainer.total_steps; EVERY: save (and evaluate) every EVERY steps (default 20);
-# EVAL_ROWS: the first N held-out rows (default 64, as the levers in benchmarks/logs/real_model.md).
+# EVAL_ROWS: the first N held-out rows (default 64, as the levers in benchmarks/logs/real_model.md); 0: export the
+# saved steps but evaluate nothing (then benchmarks/levers/eval_all_rows.sh evaluates the ones wanted).
+# BASE_WORK (environment): where data/ and warmup/ are, when BENCH_WORK is itself a continuation (default BENCH_WORK).
 # The continuation uses the saved run's config (trainer.resume=auto refuses any change that alters a step);
 # the systems evaluated are the bench's baselines, the warm-up model and grpo_<step> for each saved step.
 set -euo pipefail
 work=$(realpath "$1"); out=$(realpath -m "$2"); steps=$3; every=${4:-20}; rows=${5:-64}
+base=$(realpath "${BASE_WORK:-$1}")
 here=$(cd "$(dirname "$0")/../.." && pwd)
 queryrl="$here/.venv/bin/queryrl"
 config="$here/configs/query_rewrite_kdconv.yaml"
@@ -25,7 +28,7 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
 "$queryrl" train --config "$out/grpo_run/config.yaml" "trainer.output_dir=$out" trainer.experiment_name=grpo_run \
   trainer.resume=auto "trainer.total_steps=$steps" "trainer.save_every=$every" trainer.keep_last=100 \
   > "$out/logs/grpo.log" 2>&1
-systems="raw_turn,concat_last3,reference,warmup=$work/warmup"
+systems="raw_turn,concat_last3,reference,warmup=$base/warmup"
 compare=""
 for ckpt in "$out"/grpo_run/checkpoints/step_*; do
   s=${ckpt##*_}
@@ -33,7 +36,8 @@ for ckpt in "$out"/grpo_run/checkpoints/step_*; do
   systems="$systems,grpo_$s=$out/grpo_$s"
   compare="$compare,grpo_$s:warmup,grpo_$s:reference,grpo_$s:concat_last3"
 done
-"$queryrl" eval --config "$config" --data "$work/data/test.parquet" --corpus "kdconv:$kb" --max-new-tokens 48 \
+[ "$rows" = 0 ] && { echo "exported the saved steps to $out/grpo_<step>; evaluated nothing (EVAL_ROWS=0)"; exit 0; }
+"$queryrl" eval --config "$config" --data "$base/data/test.parquet" --corpus "kdconv:$kb" --max-new-tokens 48 \
   --dtype float32 --batch-size 8 --max-samples "$rows" --systems "$systems" --compare "${compare#,}" \
   --out "$out/eval/eval.json" > "$out/logs/eval.log" 2>&1
 echo "wrote $out/eval/eval.json"
