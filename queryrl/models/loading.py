@@ -205,33 +205,6 @@ def load_policy(
     return PolicyBundle(model=model, tokenizer=tokenizer, ref_model=ref_model, lora=lora, path=path)
 
 
-def load_model_weights(model: nn.Module, folder: Path) -> None:
-    """Load weights saved by :func:`queryrl.trainer.checkpoint.save_model` (a ``save_pretrained`` folder, or a
-    peft adapter folder) into `model` in place."""
-    from safetensors.torch import load_file
-
-    adapter = folder / "adapter_model.safetensors"
-    if adapter.is_file():
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, load_file(adapter))
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise RuntimeError(f"{adapter}: unexpected adapter keys {unexpected[:5]}")
-        return
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no weights (*.safetensors) in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {"lm_head.weight"} if getattr(getattr(model, "config", None), "tie_word_embeddings", False) else set()
-    really_missing = [k for k in missing if k not in tied]
-    if really_missing or unexpected:
-        raise RuntimeError(f"{folder}: missing weights {really_missing[:5]}, unexpected {unexpected[:5]}")
-
-
 class ValueModel(nn.Module):
     """A critic: a causal-LM backbone and a linear value head, one value per position.
 
@@ -270,12 +243,3 @@ class ValueModel(nn.Module):
     def save_pretrained(self, out: Path) -> None:
         self.backbone.save_pretrained(out)  # type: ignore[operator]
         torch.save(self.value_head.state_dict(), out / "value_head.pt")
-
-    def load_saved(self, folder: Path) -> None:
-        """Load, in place, what :meth:`save_pretrained` wrote to `folder` (a checkpoint's ``critic/``): the
-        backbone's weights under its own names and the value head."""
-        head = folder / "value_head.pt"
-        if not head.is_file():
-            raise FileNotFoundError(f"{folder}: no value_head.pt (the critic's value head)")
-        load_model_weights(self.backbone, folder)
-        self.value_head.load_state_dict(torch.load(head, map_location="cpu", weights_only=True))

@@ -45,7 +45,6 @@ import torch
 from torch import nn
 
 from queryrl.atomic import readable_as_umask
-from queryrl.models.loading import load_model_weights  # re-exported: a checkpoint's actor/ and critic/
 
 
 class CheckpointError(Exception):
@@ -125,6 +124,42 @@ def save_model(model: nn.Module, out: Path, tokenizer: Any = None) -> None:
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     readable_as_umask(out)  # safetensors writes 0600
+
+
+def load_model_weights(model: nn.Module, folder: Path) -> None:
+    """Load weights saved by :func:`save_model` into `model` in place."""
+    from safetensors.torch import load_file
+
+    adapter = folder / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(adapter))
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise RuntimeError(f"{adapter}: unexpected adapter keys {unexpected[:5]}")
+        return
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no weights (*.safetensors) in {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(getattr(model, "config", None), "tie_word_embeddings", False) else set()
+    really_missing = [k for k in missing if k not in tied]
+    if really_missing or unexpected:
+        raise RuntimeError(f"{folder}: missing weights {really_missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def load_critic_weights(critic: Any, folder: Path) -> None:
+    """Load a checkpoint's ``critic/`` (what :meth:`ValueModel.save_pretrained` wrote: the backbone's weights
+    under its own names and ``value_head.pt``) into `critic` in place."""
+    head = folder / "value_head.pt"
+    if not head.is_file():
+        raise FileNotFoundError(f"{folder}: no value_head.pt (the critic's value head)")
+    load_model_weights(critic.backbone, folder)
+    critic.value_head.load_state_dict(torch.load(head, map_location="cpu", weights_only=True))
 
 
 def safe_load(path: Path) -> Any:
@@ -416,7 +451,7 @@ def restore_components(c: Any, folder: Path) -> dict[str, Any]:
     c.optimizer.load_state_dict(optim_state["actor"])
     c.scheduler.load_state_dict(optim_state["actor_scheduler"])
     if c.critic is not None:
-        c.critic.load_saved(folder / "critic")
+        load_critic_weights(c.critic, folder / "critic")
         c.critic_optimizer.load_state_dict(optim_state["critic"])
         c.critic_scheduler.load_state_dict(optim_state["critic_scheduler"])
     c.loader.load_state_dict(state["loader"])
