@@ -1,0 +1,37 @@
+"""Paired differences between two systems of one ``queryrl eval`` run that its ``--compare`` did not pair.
+
+    python benchmarks/levers/pair_systems.py runs/levers/allrows100_s0/eval_samples.jsonl grpo_100 grpo_60
+
+Reads the per-turn metrics of ``eval_samples.jsonl`` (the turns with gold documents) and prints, for
+Recall@5 and MRR, ``A - B`` with its paired bootstrap 95 % interval (the eval's own
+:func:`~queryrl.apps.query_rewrite.eval.metrics.paired_bootstrap`, 1,000 resamples, seed 0) and the shares of
+turns where A or B is better, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("samples", type=Path, help="an eval_samples.jsonl")
+    parser.add_argument("a")
+    parser.add_argument("b")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("gold")]
+    out: dict[str, object] = {"samples": str(args.samples), "a": args.a, "b": args.b, "n": len(rows)}
+    for metric in ("recall@5", "mrr"):
+        a = [float(r["systems"][args.a][metric]) for r in rows]
+        b = [float(r["systems"][args.b][metric]) for r in rows]
+        out[metric] = {k: round(v, 4) for k, v in paired_bootstrap(a, b).items()}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
