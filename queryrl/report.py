@@ -19,6 +19,7 @@ import html
 import json
 import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +87,22 @@ def _points(run_dir: Path) -> dict[str, dict[int, float]]:
     return points
 
 
+def _families(keys: Iterable[str]) -> list[tuple[str, list[str]]]:
+    """Each :data:`CHARTS` family's title and the sorted `keys` (metric names) it draws, families with none left out."""
+    out = []
+    for title, pattern in CHARTS:
+        regex = re.compile(pattern)
+        if chosen := sorted({k for k in keys if k != "step" and regex.search(k)}):
+            out.append((title, chosen))
+    return out
+
+
 def _curves(run_dir: Path) -> list[dict[str, Any]]:
     """[{title, series: {key: [[step, value], ...]}, group?}] for each chart with data (``group``: the family
     title of a small multiple)."""
     points = _points(run_dir)
     charts = []
-    for title, pattern in CHARTS:
-        regex = re.compile(pattern)
-        keys = sorted(k for k in points if k != "step" and regex.search(k))
+    for title, keys in _families(points):
         series: dict[str, list[tuple[int, float]]] = {}
         for key in keys:  # a curve equal to an earlier one joins its label instead of hiding under it
             curve = sorted(points[key].items())
@@ -237,12 +246,20 @@ def write_report(run_dir: Path) -> Path:
             _json_tag("samples", _samples(run_dir, chosen)),
         ]
     )
-    page = PAGE.replace("@TITLE@", html.escape(f"queryrl run: {info['run']}")).replace("@DATA@", body)
-    page = page.replace("@CSS@", CSS + EXAMPLES_CSS).replace("@JS@", JS + EXAMPLES_JS)
-    page = page.replace("@EXAMPLES@", SECTION_HTML).replace("@EXAMPLES_NAV@", NAV_HTML)
     out = run_dir / "report.html"
-    atomic_write_text(out, page)
+    atomic_write_text(out, _page(f"queryrl run: {info['run']}", body, examples=True))
     return out
+
+
+def _page(title: str, body: str, examples: bool) -> str:
+    """The page skeleton filled: `title`, the data tags `body`, and the eval-examples section when `examples`."""
+    page = PAGE.replace("@TITLE@", html.escape(title)).replace("@DATA@", body)
+    page = page.replace("@CSS@", CSS + (EXAMPLES_CSS if examples else "")).replace(
+        "@JS@", JS + (EXAMPLES_JS if examples else "")
+    )
+    return page.replace("@EXAMPLES@", SECTION_HTML if examples else "").replace(
+        "@EXAMPLES_NAV@", NAV_HTML if examples else ""
+    )
 
 
 def run_names(run_dirs: list[Path]) -> list[str]:
@@ -256,9 +273,7 @@ def comparison_curves(run_dirs: list[Path], names: list[str]) -> list[dict[str, 
     as many curves as runs), grouped under the family's title."""
     points = [_points(d) for d in run_dirs]
     charts = []
-    for title, pattern in CHARTS:
-        regex = re.compile(pattern)
-        keys = sorted({k for run in points for k in run if k != "step" and regex.search(k)})
+    for title, keys in _families({k for run in points for k in run}):
         for key in keys:
             series = {name: sorted(run[key].items()) for name, run in zip(names, points, strict=True) if key in run}
             charts.append({"title": key, "group": title, "series": series})
@@ -298,8 +313,6 @@ def write_comparison(run_dirs: list[Path], out: Path | None = None) -> Path:
             _json_tag("samples", {"steps": {}, "conversations": []}),
         ]
     )
-    page = PAGE.replace("@TITLE@", html.escape(f"queryrl runs: {info['run']}")).replace("@DATA@", body)
-    page = page.replace("@CSS@", CSS).replace("@JS@", JS).replace("@EXAMPLES@", "").replace("@EXAMPLES_NAV@", "")
     out = Path(out) if out is not None else run_dirs[0] / "compare.html"
-    atomic_write_text(out, page)
+    atomic_write_text(out, _page(f"queryrl runs: {info['run']}", body, examples=False))
     return out

@@ -106,9 +106,8 @@ function drawChart(chart, range) {
   const redraw = r => box.replaceWith(drawChart(chart, r));
   const inRange = p => !range || (p[0] >= range[0] && p[0] <= range[1]);
   const series = Object.entries(chart.series).map(([k, pts]) => [k, pts.filter(inRange)]);
-  const shown = series.filter(([k]) => !chart.hidden.has(k));
-  const w = smoothing();
-  const all = shown.map(([, pts]) => pts.concat(smooth(pts, w))).flat();
+  const w = smoothing(), smoothed = new Map(series.map(([k, pts]) => [k, smooth(pts, w)]));
+  const all = series.filter(([k]) => !chart.hidden.has(k)).map(([k, pts]) => pts.concat(smoothed.get(k))).flat();
   if (!all.length && range) return drawChart(chart, null);
   let x0 = Math.min(...all.map(p => p[0])), x1 = Math.max(...all.map(p => p[0]));
   let y0 = Math.min(...all.map(p => p[1])), y1 = Math.max(...all.map(p => p[1]));
@@ -146,7 +145,7 @@ function drawChart(chart, range) {
     if (!off && pts.length) {
       if (w > 0) s.appendChild(svg("path", {d: line(pts), fill: "none", stroke: c, "stroke-width": 1, opacity: 0.25,
                                             "data-raw": key}));
-      const path = svg("path", {d: line(smooth(pts, w)), fill: "none", stroke: c, "stroke-width": 1.6,
+      const path = svg("path", {d: line(smoothed.get(key)), fill: "none", stroke: c, "stroke-width": 1.6,
                                 "data-key": key});
       const title = svg("title", {}); title.textContent = key; path.appendChild(title); s.appendChild(path);
       if (pts.length < 20)
