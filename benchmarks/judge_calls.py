@@ -6,7 +6,7 @@
 
 Trains the query-rewrite preset (``configs/query_rewrite_demo.yaml``) for ``--steps`` steps from
 `--model` on the KdConv rows, with the embedded RAG service over the KdConv corpus and the
-``openai`` judge pointed at a loopback judge server (``queryrl.rewards.judge_server``, a constant
+``openai`` judge pointed at a loopback judge server (``queryrl.testing.judge_server``, a constant
 rubric verdict, "same" at 20 of 40 for both) that records every request. Per step it reports: the samples, the judge
 requests the reward made (``made``: one per parseable sample, what queryrl does today), the distinct
 request bodies among them (``dedupe``: identical rewrites of a prompt give identical judge
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     one_thread()
     from queryrl.config import load_config
-    from queryrl.rewards.judge_server import make_app, running_server
+    from queryrl.testing.judge_server import make_app, running_server
     from queryrl.trainer.loop import Trainer
 
     bodies: list[str] = []

@@ -3,7 +3,7 @@
     python benchmarks/judge_overlap.py                    # writes results/judge_overlap.json
     python benchmarks/judge_overlap.py --latency-ms 500 --repeats 1
 
-A judge server (:mod:`queryrl.rewards.judge_server`, the toy similarity as its verdict) runs on
+A judge server (:mod:`queryrl.testing.judge_server`, the toy similarity as its verdict) runs on
 loopback in this process with a fixed latency per request; each mode trains the toy preset in a
 fresh one-thread process whose reward function (``benchmarks/judge_reward.py``) makes one judge
 call per response. Modes:
@@ -129,7 +129,7 @@ def main() -> None:
 
     from judge_reward import judge
 
-    from queryrl.rewards.judge_server import make_app, running_server
+    from queryrl.testing.judge_server import make_app, running_server
 
     settings = {k: v for k, v in vars(args).items() if k not in {"worker", "out"}}
     latency_s = args.latency_ms / 1000

@@ -1,7 +1,7 @@
 """The reward function of the judge benchmark: one chat-completion call per sample to a judge server.
 
 ``compute_score`` posts the response and the target to ``{url}/chat/completions`` (an
-OpenAI-compatible server, here :mod:`queryrl.rewards.judge_server` on loopback with a fixed
+OpenAI-compatible server, here :mod:`queryrl.testing.judge_server` on loopback with a fixed
 latency) and returns the ``score`` of the JSON reply. :func:`judge` is the server side: the toy
 preset's string similarity, so the rewards equal the toy preset's.
 """

@@ -314,10 +314,10 @@ class _ServeJudgeCommand(typer.core.TyperCommand):
     """Appends the built-in judges to ``--help``, generated from the code's list when shown."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        from queryrl.rewards.judge_server import BUILTIN_JUDGES  # imported here: it pulls in the web server
+        from queryrl.testing.judge_server import BUILTIN_JUDGES  # imported here: it pulls in the web server
 
         width = max(map(len, BUILTIN_JUDGES)) + 2
-        lines = ["Built-in judges (--judge NAME; the module doc of queryrl.rewards.judge_server has the details):", ""]
+        lines = ["Built-in judges (--judge NAME; the module doc of queryrl.testing.judge_server has the details):", ""]
         for name, fn in BUILTIN_JUDGES.items():
             doc = (fn.__doc__ or "").strip().splitlines()
             lines.append(f"  {name.ljust(width)}{doc[0] if doc else ''}")
@@ -357,7 +357,7 @@ def serve_judge(
     ] = None,
 ) -> None:
     """Serve an OpenAI-compatible judge (POST /v1/chat/completions, GET /v1/models) from a local function."""
-    from queryrl.rewards.judge_server import serve
+    from queryrl.testing.judge_server import serve
 
     try:
         serve(

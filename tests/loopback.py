@@ -12,8 +12,8 @@ from typing import Any
 from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import running_server
 
 SIDE = {"quality": 10, "relevance": 5, "completeness": 5, "retrieval": 5, "sum": 25}
 

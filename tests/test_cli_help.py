@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from queryrl.cli import _warnings_as_lines, app
 from queryrl.redaction import add_secret, clear_secrets
-from queryrl.rewards.judge_server import BUILTIN_JUDGES
+from queryrl.testing.judge_server import BUILTIN_JUDGES
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

@@ -36,6 +36,7 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"rollout"},
     {"rewards"},
+    {"testing"},  # stand-ins of outside services: only the CLI's serve-judge imports it (see below)
     {"rag"},
     {"agent"},
     {"config"},
@@ -91,6 +92,18 @@ def test_imports_follow_the_layers(path: Path) -> None:
         if target in RANK and target != unit and RANK[target] > RANK[unit]
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_cli_imports_the_stand_ins() -> None:
+    """``queryrl.testing`` (a fake OpenAI server) serves tests and ``queryrl serve-judge``; no run depends on it."""
+    users = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in _modules()
+        if _unit(path) not in ("testing", "cli")
+        for target, line in _imports(path)
+        if target == "testing"
+    ]
+    assert not users, "the library imports queryrl.testing: " + ", ".join(users)
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

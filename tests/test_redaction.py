@@ -74,7 +74,7 @@ def test_log_records_warnings_and_streams_are_redacted(caplog: pytest.LogCapture
 
 def test_the_judge_client_redacts_an_echoed_key_before_cutting_the_reply(monkeypatch: pytest.MonkeyPatch) -> None:
     from queryrl.rewards.judge import JudgeClient
-    from queryrl.rewards.judge_server import make_app, running_server
+    from queryrl.testing.judge_server import make_app, running_server
 
     monkeypatch.setenv("QUERYRL_ECHO_KEY", SECRET)
     # the key straddles character 120, where the error text is cut: its first characters must not show

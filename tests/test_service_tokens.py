@@ -18,15 +18,15 @@ import uvicorn
 from typer.testing import CliRunner
 
 from queryrl import redaction
+from queryrl.apps.query_rewrite.config import settings_of
 from queryrl.apps.query_rewrite.reward.rag import rag_client
-from queryrl.apps.query_rewrite.training import reward_kwargs
 from queryrl.cli import app as cli_app
 from queryrl.config import load_config
 from queryrl.rag import BM25Index, Document, RAGClient, make_app
 from queryrl.rag.client import RAGError
-from queryrl.rewards import judge_server
-from queryrl.rewards.judge_server import constant_judge, running_server
 from queryrl.service_auth import TokenError, bearer_matches, check_bind, resolve_token
+from queryrl.testing import judge_server
+from queryrl.testing.judge_server import constant_judge, running_server
 
 TOKEN_ENV = "QUERYRL_TEST_SERVICE_TOKEN"
 FIELDS: dict[str, Any] = {
@@ -188,12 +188,12 @@ def test_the_config_key_reaches_the_query_rewrite_reward_client(rag_service: str
             f"app.query_rewrite.rag.token_env={TOKEN_ENV}",
         ],
     )
-    kwargs = reward_kwargs(cfg)
-    assert kwargs["rag_token_env"] == TOKEN_ENV
+    settings = settings_of(cfg)
+    assert settings.rag.token_env == TOKEN_ENV
     redaction.clear_secrets()
     assert TOKEN_ENV in redaction.register_config_secrets(cfg)  # the run's logs redact its value
     assert redaction.redact(token) == redaction.PLACEHOLDER
-    client = rag_client(rag_service, "sales_demo", 5, 10.0, 0, kwargs["rag_token_env"])
+    client = rag_client(settings.rag)
     assert asyncio.run(client.chat_8b(**FIELDS))["status"] == "success"
 
 

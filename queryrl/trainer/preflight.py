@@ -53,6 +53,7 @@ class RewardSpec:
     style: str = "auto"  # reward.function.style
     functions: tuple[Mapping[str, Any], ...] = ()  # reward.functions: several TRL-style ones, weighted
     aggregation: str = "sum_then_normalize"  # reward.multi_objective_aggregation
+    fn: RewardFn | None = None  # an application's reward object, called as it is (path and name describe it)
 
     def load(self) -> RewardFn:
         """The function the managers call (a weighted combination for ``reward.functions``).
@@ -61,6 +62,8 @@ class RewardSpec:
             RewardError: as :func:`~queryrl.rewards.load_reward_function` and
                 :func:`~queryrl.rewards.loading.load_weighted_functions`.
         """
+        if self.fn is not None:
+            return self.fn
         if self.functions:
             return load_weighted_functions(self.functions, self.aggregation)
         return load_reward_function(self.path, self.name, self.style)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, make_app
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import running_server
 
 PHONES = [  # (key, name, price, colours, warranty years)
     ("huawei", "华为 Mate 60", 5999, "雅丹黑、白沙银、南糯紫", 1),

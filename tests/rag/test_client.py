@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from queryrl.rag import BM25Index, HeuristicRewriter, InProcessRAG, RAGClient, RAGError, RAGFailure, make_app
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import running_server
 from tests.rag.helpers import chat_8b_body
 
 OK_BODY = {"status": "success", "response": [], "answer": "", "rewritten_query": "q", "cost_time": 0.0}

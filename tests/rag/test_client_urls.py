@@ -8,7 +8,7 @@ from typing import Any
 
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, RAGClient, RAGFailure, make_app
 from queryrl.rag.client import endpoint_url
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import running_server
 
 
 def _under(prefix: str, app: Any) -> Any:

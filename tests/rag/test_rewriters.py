@@ -16,8 +16,8 @@ from queryrl.rag import (
     register_rewriter,
 )
 from queryrl.rag.rewriters import OpenAICompatibleRewriter
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import running_server
 from tests.rag.helpers import PRONOUN_CONTEXTS
 
 

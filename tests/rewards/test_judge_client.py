@@ -23,7 +23,7 @@ from queryrl.rewards.judge import (
     JudgeResult,
     collect_judge_metrics,
 )
-from queryrl.rewards.judge_server import (
+from queryrl.testing.judge_server import (
     CONSTANT_VERDICT,
     GARBAGE_REPLY,
     Chaos,

@@ -21,7 +21,7 @@ from queryrl.rewards.judge import (
     JudgeResult,
     JudgeUnavailable,
 )
-from queryrl.rewards.judge_server import CONSTANT_VERDICT, constant_judge, make_app, running_server
+from queryrl.testing.judge_server import CONSTANT_VERDICT, constant_judge, make_app, running_server
 
 KEY = "sk-gpt5-judge-secret-0123456789"
 MESSAGES = [{"role": "system", "content": "Compare and answer in JSON."}, {"role": "user", "content": "8b: a\n32b: b"}]

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
 from queryrl.cli import app
 from queryrl.config import load_config
-from queryrl.rewards.judge_server import load_judge_function, running_server
-from queryrl.rewards.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import load_judge_function, running_server
+from queryrl.testing.judge_server import make_app as make_judge_app
 from queryrl.trainer.preflight import PreflightError, run_preflight
 from tests.loopback import rag_and_judge
 

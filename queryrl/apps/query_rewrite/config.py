@@ -9,6 +9,7 @@ and the CLI read them from here. :class:`SeedHybridConfig` carries seed 000's la
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +116,7 @@ class QueryRewriteConfig:
     enable: bool = False  # the application's reward replaces reward.function
     # group_judge | retrieval_rank | seed_hybrid | mix (weights below decide the components)
     reward_mode: str = "group_judge"
-    # weights of the reward components; null = the mode's default (apps/query_rewrite/training.py)
+    # weights of the reward components; null = the mode's default (MODE_WEIGHTS below)
     weights: QueryRewriteWeights = field(default_factory=lambda: QueryRewriteWeights())
     max_query_chars: int = 256  # a longer query does not parse (format 0)
     # a reply that is not the JSON answer: floor (every reward component at its floor, no service call) |
@@ -181,13 +182,31 @@ def resolve_seed_keys(cfg: DictConfig) -> None:
 
 
 def validate_settings(cfg: DictConfig) -> None:
-    """The checks of ``app.query_rewrite`` (and of the rest of the config seed_hybrid relies on)."""
+    """The checks of ``app.query_rewrite`` (:func:`check_settings`) and of the rest of the config seed_hybrid
+    relies on."""
+    qr = cfg.app.query_rewrite
+    check_settings(qr)
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.filter_groups.enable:
+        raise ConfigError("algo.filter_groups needs whole groups; seed_hybrid trains on one candidate per group")
+    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.adv_estimator != "grpo":
+        raise ConfigError(
+            f"app.query_rewrite.reward_mode=seed_hybrid is defined for algo.adv_estimator=grpo, "
+            f"not {cfg.algo.adv_estimator!r}"
+        )
+    if qr.enable and qr.reward_mode == "seed_hybrid" and qr.seed_hybrid.group_size != cfg.rollout.n:
+        raise ConfigError(
+            f"app.query_rewrite.seed_hybrid.group_size={qr.seed_hybrid.group_size} must equal "
+            f"rollout.n={cfg.rollout.n} (the candidates per prompt the selector picks from)"
+        )
+
+
+def check_settings(qr: DictConfig) -> None:
+    """The checks of the ``app.query_rewrite`` node on its own (the reward's settings)."""
     _choice(
-        cfg.app.query_rewrite.seed_hybrid.selection_method,
+        qr.seed_hybrid.selection_method,
         ["max_log_prob", "weighted_sample"],
         "app.query_rewrite.seed_hybrid.selection_method",
     )
-    qr = cfg.app.query_rewrite
     _choice(qr.reward_mode, ["group_judge", "retrieval_rank", "seed_hybrid", "mix"], "app.query_rewrite.reward_mode")
     _choice(qr.judge.backend, ["offline", "openai"], "app.query_rewrite.judge.backend")
     _choice(qr.unparsed, ["floor", "retrieve"], "app.query_rewrite.unparsed")
@@ -222,20 +241,108 @@ def validate_settings(cfg: DictConfig) -> None:
     if qr.enable and qr.judge.backend == "openai" and not qr.judge.base_url:
         raise ConfigError("app.query_rewrite.judge.backend=openai needs app.query_rewrite.judge.base_url")
     hybrid = qr.seed_hybrid
-    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.filter_groups.enable:
-        raise ConfigError("algo.filter_groups needs whole groups; seed_hybrid trains on one candidate per group")
-    if qr.enable and qr.reward_mode == "seed_hybrid" and cfg.algo.adv_estimator != "grpo":
-        raise ConfigError(
-            f"app.query_rewrite.reward_mode=seed_hybrid is defined for algo.adv_estimator=grpo, "
-            f"not {cfg.algo.adv_estimator!r}"
-        )
-    if qr.enable and qr.reward_mode == "seed_hybrid" and hybrid.group_size != cfg.rollout.n:
-        raise ConfigError(
-            f"app.query_rewrite.seed_hybrid.group_size={hybrid.group_size} must equal rollout.n={cfg.rollout.n} "
-            "(the candidates per prompt the selector picks from)"
-        )
     if abs(hybrid.gpt5_weight + hybrid.grpo_weight - 1.0) > 1e-6:
         raise ConfigError(
             f"app.query_rewrite.seed_hybrid: gpt5_weight + grpo_weight must be 1 "
             f"(got {hybrid.gpt5_weight} + {hybrid.grpo_weight})"
         )
+
+
+# --- the reward's weights, and the flat (verl-style) names of the settings ---------------------------
+
+# reward_mode -> the default weights over the reward components; app.query_rewrite.weights overrides any
+MODE_WEIGHTS: dict[str, dict[str, float]] = {
+    "group_judge": {"judge": 1.0, "retrieval_rank": 0.0, "format": 0.2},
+    "retrieval_rank": {"judge": 0.0, "retrieval_rank": 1.0, "format": 0.2},
+    "mix": {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2},
+    "seed_hybrid": {"judge": 1.0, "retrieval_rank": 0.0, "format": 0.0},
+}
+
+# A flat keyword (``reward.kwargs.<name>``, ``compute_score(<name>=...)``, ``queryrl eval --<name>``) -> the
+# key of ``app.query_rewrite`` it sets. The node is the settings; these names only lead into it.
+FLAT_KEYS: dict[str, str] = {
+    "mode": "reward_mode",
+    "weights": "weights",
+    "max_query_chars": "max_query_chars",
+    "unparsed": "unparsed",
+    "intent_penalty": "intent_penalty",
+    "judge": "judge.backend",
+    **{f"judge_{k}": f"judge.{k}" for k in ("base_url", "model", "api_key_env", "lang", "timeout_s", "max_retries")},
+    **{f"judge_{k}": f"judge.{k}" for k in ("temperature", "max_tokens", "token_limit_param", "reasoning_effort")},
+    "judge_extra_body": "judge.extra_body",
+    "position_swap": "judge.position_swap",
+    "rag_url": "rag.url",
+    "rag_token_env": "rag.token_env",
+    "rag_document_fields": "rag.document_fields",
+    "rag_timeout_s": "rag.timeout_s",
+    "rag_max_retries": "rag.max_retries",
+    **{k: f"rag.{k}" for k in ("corpus", "top_k", "rank_depth", "retriever", "embedder", "reference_rewriter")},
+    **{k: f"rag.{k}" for k in ("reference_model", "reference_base_url", "reference_api_key_env")},
+    "gpt5_weight": "seed_hybrid.gpt5_weight",
+    "grpo_weight": "seed_hybrid.grpo_weight",
+}
+
+
+def settings_of(cfg: DictConfig) -> QueryRewriteConfig:
+    """``app.query_rewrite`` as its dataclass, what the reward reads; with ``rag.reference_rewriter=policy``
+    and no ``rag.reference_model``, the reference model is the initial policy (``model.path``)."""
+    settings = OmegaConf.to_object(cfg.app.query_rewrite)
+    assert isinstance(settings, QueryRewriteConfig)
+    if settings.rag.reference_rewriter == "policy" and not settings.rag.reference_model:  # the frozen initial policy
+        from queryrl.models import resolve_model_path
+
+        settings.rag.reference_model = str(resolve_model_path(cfg.model))
+    return settings
+
+
+def reward_weights(settings: QueryRewriteConfig) -> dict[str, float]:
+    """The weights of the reward components: the mode's defaults (:data:`MODE_WEIGHTS`) with those set in
+    ``weights`` over them."""
+    chosen = {name: float(v) for name, v in vars(settings.weights).items() if v is not None}
+    return MODE_WEIGHTS[settings.reward_mode] | chosen
+
+
+def apply_flat(node: DictConfig, flat: Mapping[str, Any], where: str) -> None:
+    """Set the ``app.query_rewrite`` `node`'s keys named by the flat keywords `flat` (:data:`FLAT_KEYS`);
+    ``weights`` is merged (a partial dict overrides those components). `where` names them in errors.
+
+    Raises:
+        ConfigError: an unknown name, or a value of the wrong type.
+    """
+    unknown = sorted(set(flat) - set(FLAT_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: the query-rewrite reward takes no setting {', '.join(map(repr, unknown))} "
+            f"(its settings: {', '.join(FLAT_KEYS)}; or set app.query_rewrite.* itself)"
+        )
+    for name, value in flat.items():
+        try:
+            if name == "weights":
+                node.weights = OmegaConf.merge(node.weights, dict(value or {}))
+            else:
+                OmegaConf.update(node, FLAT_KEYS[name], value, merge=False)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # omegaconf's errors derive from these
+            raise ConfigError(f"{where}.{name}={value!r}: {str(exc).splitlines()[0]}") from None
+
+
+def settings_from_flat(flat: Mapping[str, Any]) -> QueryRewriteConfig:
+    """The settings of a reward called by its flat keywords alone (verl's ``reward.kwargs`` on
+    ``compute_score``): the defaults of :class:`QueryRewriteConfig` in ``mix`` mode, with `flat` over them."""
+    node = OmegaConf.structured(QueryRewriteConfig(reward_mode="mix"))
+    apply_flat(node, flat, "reward.kwargs")
+    check_settings(node)
+    settings = OmegaConf.to_object(node)
+    assert isinstance(settings, QueryRewriteConfig)
+    return settings
+
+
+def move_reward_kwargs(cfg: DictConfig) -> None:
+    """With the application on, ``reward.kwargs.<flat name>`` entries (the flat names of
+    :data:`FLAT_KEYS`) are written to ``app.query_rewrite`` and removed from ``reward.kwargs``: the node is
+    the one place the reward reads its settings from."""
+    if not cfg.app.query_rewrite.enable or not cfg.reward.kwargs:
+        return
+    flat = OmegaConf.to_container(cfg.reward.kwargs, resolve=True)
+    assert isinstance(flat, dict)
+    apply_flat(cfg.app.query_rewrite, {str(k): v for k, v in flat.items()}, "reward.kwargs")
+    cfg.reward.kwargs = {}

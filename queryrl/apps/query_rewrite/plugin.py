@@ -17,7 +17,13 @@ from typing import Any, ClassVar
 from omegaconf import DictConfig
 
 from queryrl.application import Application, AppReward, CommandLine
-from queryrl.apps.query_rewrite.config import QueryRewriteConfig, resolve_seed_keys, validate_settings
+from queryrl.apps.query_rewrite.config import (
+    QueryRewriteConfig,
+    move_reward_kwargs,
+    resolve_seed_keys,
+    settings_of,
+    validate_settings,
+)
 
 DEMO_PREFIX = "builtin://sales_demo"
 DEMO_DATA_SOURCE = "query_rewrite/sales_demo"
@@ -58,13 +64,14 @@ class QueryRewriteApp(Application):
             qr.enable = True
             qr.reward_mode = "seed_hybrid"
         resolve_seed_keys(cfg)
+        move_reward_kwargs(cfg)
 
     def validate(self, cfg: DictConfig) -> None:
         validate_settings(cfg)
 
     def reward(self, cfg: DictConfig) -> AppReward:
         from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
-        from queryrl.apps.query_rewrite.training import REWARD_FUNCTION, reward_kwargs
+        from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
 
         function = cfg.reward.function.path
         if function and function != REWARD_FUNCTION:
@@ -73,7 +80,7 @@ class QueryRewriteApp(Application):
                 "would replace it: remove one of the two"
             )
         label, manager = self.reward_plan(cfg)
-        return AppReward(QueryRewriteReward(), reward_kwargs(cfg), manager=manager, label=label)
+        return AppReward(QueryRewriteReward(settings_of(cfg)), manager=manager, label=label)
 
     def reward_plan(self, cfg: DictConfig) -> tuple[str, str]:
         # RAG and judge calls are I/O: concurrently under the async manager

@@ -4,16 +4,16 @@ The same checks as ``queryrl eval`` (:mod:`.eval_checks`): an OpenAI-compatible 
 uses one, answers with these settings (key variable, ``GET /models``, one tiny request); an external
 RAG service answers ``GET /health`` and one ``POST /rag/chat`` whose documents keep the response contract
 (:func:`~.eval_checks.check_rag_contract`). The reward checked is the application's own
-(:data:`~queryrl.apps.query_rewrite.training.REWARD_FUNCTION` with :func:`~.training.reward_kwargs`).
+(:class:`~.reward.score.QueryRewriteReward` with :func:`~.training.settings_of`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from omegaconf import DictConfig
 
+from queryrl.apps.query_rewrite.config import QueryRewriteConfig, reward_weights, settings_of
 from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_judge, check_rag, check_rag_contract
 from queryrl.trainer.preflight import Check, PreflightError, RewardSpec
 
@@ -28,33 +28,28 @@ def _one_message(check: Callable[[], str]) -> Check:
     return run
 
 
-def uses_judge(kwargs: dict[str, Any]) -> bool:
+def uses_judge(settings: QueryRewriteConfig) -> bool:
     """The reward calls the OpenAI-compatible judge (seed_hybrid always judges; other modes when weighted)."""
-    weighted = kwargs["mode"] == "seed_hybrid" or float(kwargs["weights"].get("judge") or 0.0) != 0.0
-    return kwargs["judge"] == "openai" and weighted
+    weighted = settings.reward_mode == "seed_hybrid" or reward_weights(settings).get("judge", 0.0) != 0.0
+    return settings.judge.backend == "openai" and weighted
 
 
 def reward_spec(cfg: DictConfig) -> RewardSpec:
-    from queryrl.apps.query_rewrite.training import REWARD_FUNCTION, reward_kwargs
+    """The application's reward as the run will call it, to score the first row with."""
+    from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
+    from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
 
-    return RewardSpec(REWARD_FUNCTION, "compute_score", reward_kwargs(cfg))
+    return RewardSpec(REWARD_FUNCTION, "compute_score", {}, fn=QueryRewriteReward(settings_of(cfg)))
 
 
 def service_checks(cfg: DictConfig) -> list[Check]:
     """The judge (if the reward uses it) and the external RAG service (if ``rag.url``), in that order."""
-    from queryrl.apps.query_rewrite.reward.judge import judge_client, judge_request_options
+    from queryrl.apps.query_rewrite.reward.judge import judge_client
 
-    kwargs = dict(reward_spec(cfg).kwargs)
+    settings = settings_of(cfg)
     checks: list[Check] = []
-    if uses_judge(kwargs):
-        client = judge_client(
-            str(kwargs["judge_base_url"]),
-            str(kwargs["judge_model"]),
-            kwargs["judge_api_key_env"],
-            float(kwargs["judge_timeout_s"]),
-            int(kwargs["judge_max_retries"]),
-            **judge_request_options(kwargs),
-        )
+    if uses_judge(settings):
+        client = judge_client(settings.judge)
         checks.append(_one_message(lambda: check_judge(client)))
     rag = cfg.app.query_rewrite.rag
     if rag.url:

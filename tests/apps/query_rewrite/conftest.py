@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 
 from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import running_server
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.config import QueryRewriteConfig
 from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, system_metrics
 from queryrl.apps.query_rewrite.eval.run import evaluate
 from queryrl.apps.query_rewrite.eval.samples import load_samples
 from queryrl.apps.query_rewrite.reward.judging import OfflineJudge, quality_from_verdict
-from queryrl.apps.query_rewrite.reward.score import compute_score, default_kwargs
+from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.config import load_config
 
 WEIGHTS = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2}  # the demo's
@@ -72,7 +73,7 @@ def test_retrieval_turn_gives_the_empty_query_the_lowest_well_formed_reward() ->
     down = _closed_url()
     empty = _score(row, _answer(""), rag_url=down, rag_max_retries=0)  # no call for it either
     # ... and it drops the customer's question: the intent penalty too (reward_intent.py)
-    assert empty["score"] == pytest.approx(-0.5 + 0.0 + 0.2 - default_kwargs()["intent_penalty"])
+    assert empty["score"] == pytest.approx(-0.5 + 0.0 + 0.2 - QueryRewriteConfig().intent_penalty)
     assert empty["intent_check"]["code"] == "empty"
     assert empty["recall_at_5"] == 0.0
     assert empty["abstained"] == 1.0

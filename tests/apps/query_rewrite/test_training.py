@@ -14,14 +14,15 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
+from queryrl.apps.query_rewrite.config import settings_of
 from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus, sales_demo_rows
-from queryrl.apps.query_rewrite.training import make_selector, reward_kwargs
+from queryrl.apps.query_rewrite.training import make_selector
 from queryrl.config import ConfigError, load_config
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
 from queryrl.rollout import RolloutOutput
+from queryrl.testing.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import running_server
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.sft import run_sft
 from tests.helpers import small_run
@@ -213,9 +214,9 @@ def test_seed_launch_keys_select_seed_hybrid() -> None:
     qr = cfg.app.query_rewrite
     assert qr.enable
     assert qr.reward_mode == "seed_hybrid"
-    kwargs = reward_kwargs(cfg)
-    assert kwargs["mode"] == "seed_hybrid"
-    assert (kwargs["gpt5_weight"], kwargs["grpo_weight"]) == (0.85, 0.15)
+    settings = settings_of(cfg)
+    assert settings.reward_mode == "seed_hybrid"
+    assert (settings.seed_hybrid.gpt5_weight, settings.seed_hybrid.grpo_weight) == (0.85, 0.15)
     with pytest.raises(ConfigError, match=r"group_size=5 must equal rollout\.n=4"):
         load_config(DEMO, [*overrides[:-1], "rollout.n=4"])
     with pytest.raises(ConfigError, match=r"sum to 1|must be 1"):

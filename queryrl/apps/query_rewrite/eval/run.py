@@ -68,6 +68,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from queryrl.apps.query_rewrite.config import QueryRewriteJudgeConfig, QueryRewriteRAGConfig, settings_of
 from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_services
 from queryrl.apps.query_rewrite.eval.compare import compare_systems, parse_compare, per_sample_values
 from queryrl.apps.query_rewrite.eval.generation import check_dtype, model_answers, model_dtype
@@ -98,9 +99,8 @@ from queryrl.apps.query_rewrite.eval.scoring import (
     judge_call_summary,
     retrieve,
 )
-from queryrl.apps.query_rewrite.reward.judge import JUDGE_REQUEST_KWARGS, judge_client, judge_request_options
-from queryrl.apps.query_rewrite.reward.rag import EMBEDDED_OPTIONS
-from queryrl.apps.query_rewrite.reward.rag import rag_client as shared_rag_client
+from queryrl.apps.query_rewrite.reward.judge import judge_client
+from queryrl.apps.query_rewrite.reward.rag import rag_client
 from queryrl.rag import RAGClient
 from queryrl.rewards.judge import JudgeClient
 
@@ -273,30 +273,21 @@ def _check_arguments(
 
 def _judge_client(judge: Any) -> JudgeClient:
     """The reward's shared judge client for the ``app.query_rewrite.judge`` node `judge` (backend openai)."""
-    given = {key: judge[name] for key, name in JUDGE_REQUEST_KWARGS.items()}
-    given["judge_extra_body"] = OmegaConf.to_container(judge.extra_body, resolve=True) or None
-    request = judge_request_options(given)
-    return judge_client(judge.base_url, judge.model, judge.api_key_env, judge.timeout_s, judge.max_retries, **request)
+    settings = OmegaConf.to_object(judge)
+    assert isinstance(settings, QueryRewriteJudgeConfig)
+    return judge_client(settings)
 
 
 def config_rag_client(cfg: DictConfig) -> RAGClient:
-    """The reward's shared RAG client for ``app.query_rewrite.rag`` (the embedded service's options as the
-    reward derives them: :func:`~queryrl.apps.query_rewrite.training.reward_kwargs`)."""
-    from queryrl.apps.query_rewrite.training import reward_kwargs
+    """The reward's shared RAG client for ``app.query_rewrite.rag`` (as the reward reads it:
+    :func:`~queryrl.apps.query_rewrite.training.settings_of`)."""
 
-    rag, options = cfg.app.query_rewrite.rag, reward_kwargs(cfg)
-    embedded = {k: options[k] for k in EMBEDDED_OPTIONS}
+    rag = OmegaConf.to_object(cfg.app.query_rewrite.rag)
+    assert isinstance(rag, QueryRewriteRAGConfig)
+    if rag.reference_rewriter == "policy":  # the initial policy where no reference model is named
+        rag = settings_of(cfg).rag
     try:
-        return shared_rag_client(
-            rag.url,
-            str(rag.corpus),
-            int(rag.top_k),
-            float(rag.timeout_s),
-            int(rag.max_retries),
-            rag.token_env,
-            dict(rag.document_fields) or None,
-            **embedded,
-        )
+        return rag_client(rag)
     except (OSError, ValueError) as exc:
         raise EvalError(f"corpus {rag.corpus!r}: {exc}") from None
 

@@ -33,27 +33,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from queryrl.apps.query_rewrite.config import FLAT_KEYS
 from queryrl.apps.query_rewrite.eval.samples import EvalError
 
 JUDGES = ("none", "offline", "openai")
 DEFAULT_MAX_NEW_TOKENS = 64
 _RAG, _JUDGE = "app.query_rewrite.rag", "app.query_rewrite.judge"
-# eval option (its parameter name) -> the dotted key it sets
-SHORTHANDS = {
-    "rag_url": f"{_RAG}.url",
-    "corpus": f"{_RAG}.corpus",
-    "top_k": f"{_RAG}.top_k",
-    "judge": f"{_JUDGE}.backend",
-    "judge_base_url": f"{_JUDGE}.base_url",
-    "judge_model": f"{_JUDGE}.model",
-    "judge_api_key_env": f"{_JUDGE}.api_key_env",
-    "position_swap": f"{_JUDGE}.position_swap",
-    "judge_temperature": f"{_JUDGE}.temperature",
-    "judge_max_tokens": f"{_JUDGE}.max_tokens",
-    "judge_token_limit_param": f"{_JUDGE}.token_limit_param",
-    "judge_reasoning_effort": f"{_JUDGE}.reasoning_effort",
-    "judge_extra_body": f"{_JUDGE}.extra_body",
-}
+# eval option (its parameter name, a flat name of the app's settings) -> the dotted key it sets
+_OPTIONS = "rag_url corpus top_k judge judge_base_url judge_model judge_api_key_env position_swap judge_temperature"
+_OPTIONS += " judge_max_tokens judge_token_limit_param judge_reasoning_effort judge_extra_body"
+SHORTHANDS = {name: f"app.query_rewrite.{FLAT_KEYS[name]}" for name in _OPTIONS.split()}
 
 
 @dataclass(frozen=True)

@@ -58,26 +58,22 @@ def rewrite_intent(query: str | None, info: Mapping[str, Any], no_retrieval: boo
 
 
 def with_intent(
-    result: dict[str, Any], verdict: IntentVerdict | None, kwargs: Mapping[str, Any], weights: Mapping[str, float]
+    result: dict[str, Any], verdict: IntentVerdict | None, penalty: float, mode: str, weights: Mapping[str, float]
 ) -> dict[str, Any]:
     """`result` (``compute_score``'s dict) with the verdict applied (see the module doc); as is for None.
 
     Args:
         result: the sample's ``score`` and components.
         verdict: :func:`rewrite_intent`'s.
-        kwargs: the reward's keyword arguments: ``intent_penalty`` (>= 0; the config's default when the
-            caller gives none, :func:`~.reward.default_kwargs`) and ``mode``.
+        penalty: ``app.query_rewrite.intent_penalty`` (>= 0; checked by the config).
+        mode: ``app.query_rewrite.reward_mode`` (seed_hybrid's score has no format term).
         weights: the component weights the score was mixed with (the format weight of garbled text).
-
-    Raises:
-        ValueError: a missing, negative or non-numeric ``intent_penalty``.
     """
     if verdict is None:
         return result
-    penalty = _penalty(kwargs.get("intent_penalty"))
     out = dict(result)
     if verdict.code == "garbled" and out.get("format"):
-        if kwargs.get("mode") != "seed_hybrid":  # seed_hybrid's score has no format term
+        if mode != "seed_hybrid":  # seed_hybrid's score has no format term
             out["score"] -= float(weights.get("format", 0.0)) * float(out["format"])
         out["format"] = 0.0
     if not verdict.kept:
@@ -85,16 +81,6 @@ def with_intent(
     out["intent/changed"] = float(not verdict.kept)
     out["intent_check"] = verdict.as_dict()
     return out
-
-
-def _penalty(value: Any) -> float:
-    try:
-        penalty = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"intent_penalty must be a number >= 0, got {value!r}") from None
-    if not penalty >= 0.0:
-        raise ValueError(f"intent_penalty must be a number >= 0, got {value!r}")
-    return penalty
 
 
 def pop_intent_metrics() -> dict[str, float]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
+from queryrl.apps.query_rewrite.config import QueryRewriteJudgeConfig
 from queryrl.apps.query_rewrite.reward.calls import JUDGED, LOCK, RewardFailure, count, share
 from queryrl.apps.query_rewrite.reward.judging import (
     OfflineJudge,
@@ -18,48 +20,42 @@ from queryrl.apps.query_rewrite.reward.judging import (
 from queryrl.rewards.judge import JudgeClient
 
 JUDGES = ("offline", "openai")
-# reward kwargs -> JudgeClient's request settings (each sent only when set: GPT-5 takes no temperature)
-JUDGE_REQUEST_KWARGS = {
-    "judge_temperature": "temperature",
-    "judge_max_tokens": "max_tokens",
-    "judge_token_limit_param": "token_limit_param",
-    "judge_reasoning_effort": "reasoning_effort",
-    "judge_extra_body": "extra_body",
-}
-JUDGE_KWARGS = ("judge", "judge_base_url", "judge_model", "judge_lang", "position_swap", *JUDGE_REQUEST_KWARGS)
 
-_JUDGE_CLIENTS: dict[tuple[Any, ...], JudgeClient] = {}
+_JUDGE_CLIENTS: dict[str, JudgeClient] = {}
 _OFFLINE_JUDGES: dict[int, OfflineJudge] = {}
 
 
-def judge_request_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """JudgeClient's request settings from the reward's ``judge_*`` kwargs (:data:`JUDGE_REQUEST_KWARGS`);
-    an unset (None) one is left out, so the client's default -- not sent -- applies."""
-    out = {name: kwargs[k] for k, name in JUDGE_REQUEST_KWARGS.items() if kwargs.get(k) is not None}
-    if "extra_body" in out:
-        out["extra_body"] = dict(out["extra_body"])
-    return out
+def judge_client(judge: QueryRewriteJudgeConfig) -> JudgeClient:
+    """The shared OpenAI-compatible judge client of the settings `judge` (``app.query_rewrite.judge``), made
+    on first use. The request settings (``temperature``, ``max_tokens``, ``reasoning_effort``, ...) are sent
+    only where set: GPT-5 takes no temperature but its default.
 
-
-def judge_client(
-    base_url: str, model: str, api_key_env: str | None, timeout_s: float, max_retries: int, **request: Any
-) -> JudgeClient:
-    """The shared OpenAI-compatible judge client of this configuration (made on first use); `request`:
-    JudgeClient's request settings (``temperature``, ``max_tokens``, ``token_limit_param``,
-    ``reasoning_effort``, ``extra_body``)."""
-    settings = json.dumps(request, sort_keys=True, default=str)
-    key = (base_url, model, api_key_env, float(timeout_s), max_retries, settings)
+    Raises:
+        ValueError: no ``base_url`` or ``model``.
+    """
+    if not judge.base_url or not judge.model:
+        raise ValueError("judge backend 'openai' needs app.query_rewrite.judge.base_url and judge.model")
+    key = json.dumps(asdict(judge), sort_keys=True, default=str)
     with LOCK:
         client = _JUDGE_CLIENTS.get(key)
         if client is None:
             client = _JUDGE_CLIENTS[key] = JudgeClient(
-                base_url, model, api_key_env=api_key_env, timeout_s=timeout_s, max_retries=max_retries, **request
+                judge.base_url,
+                judge.model,
+                api_key_env=judge.api_key_env,
+                timeout_s=judge.timeout_s,
+                max_retries=judge.max_retries,
+                temperature=judge.temperature,
+                max_tokens=judge.max_tokens,
+                token_limit_param=judge.token_limit_param,
+                reasoning_effort=judge.reasoning_effort,
+                extra_body=dict(judge.extra_body) or None,
             )
         return client
 
 
 async def judge_quality(
-    kwargs: Mapping[str, Any],
+    judge: QueryRewriteJudgeConfig,
     contexts: list[dict[str, Any]],
     candidate: dict[str, Any],
     reference: dict[str, Any],
@@ -67,11 +63,10 @@ async def judge_quality(
     top_k: int,
     sources: Sequence[str] = (),
 ) -> tuple[float, dict[str, Any]]:
-    """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`); raises
-    :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the row's summary and profile,
-    for the offline judge's intent check."""
-    judge = kwargs["judge"]
-    if judge == "offline":
+    """(quality q in [0, 1], what to show a person: the verdict, :func:`readable_verdict`) from the judge of
+    the settings `judge`; raises :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the
+    row's summary and profile, for the offline judge's intent check."""
+    if judge.backend == "offline":
         with LOCK:
             offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
         verdict = offline.judge(contexts, candidate, reference, gold, sources=sources)
@@ -79,21 +74,11 @@ async def judge_quality(
         if quality is None:
             raise RewardFailure("offline judge: no verdict (it needs gold_doc_ids)")
         return quality, {"judge_verdict": readable_verdict(verdict)}
-    if judge != "openai":
-        raise ValueError(f"unknown judge {judge!r}; use one of {JUDGES}")
-    base_url, model = kwargs.get("judge_base_url"), kwargs.get("judge_model")
-    if not base_url or not model:
-        raise ValueError("judge='openai' needs judge_base_url and judge_model")
-    client = judge_client(
-        str(base_url),
-        str(model),
-        kwargs["judge_api_key_env"],
-        float(kwargs["judge_timeout_s"]),
-        int(kwargs["judge_max_retries"]),
-        **judge_request_options(kwargs),
-    )
-    lang, swap = str(kwargs["judge_lang"]), bool(kwargs["position_swap"])
-    results = await judge_pair(client, contexts, candidate, reference, lang=lang, position_swap=swap)
+    if judge.backend != "openai":
+        raise ValueError(f"unknown judge {judge.backend!r}; use one of {JUDGES}")
+    client = judge_client(judge)
+    swap = judge.position_swap
+    results = await judge_pair(client, contexts, candidate, reference, lang=judge.lang, position_swap=swap)
     if not swap:
         quality = quality_from_verdict(results[0].verdict)
         if quality is None:
@@ -132,7 +117,7 @@ def readable_verdict(verdict: Mapping[str, Any] | None, candidate_label: str = "
 
 
 async def shared_judge(
-    kwargs: Mapping[str, Any],
+    judge: QueryRewriteJudgeConfig,
     contexts: list[dict[str, Any]],
     candidate: dict[str, Any],
     reference: dict[str, Any],
@@ -142,14 +127,13 @@ async def shared_judge(
 ) -> tuple[float, dict[str, Any]]:
     """:func:`judge_quality`, one call per distinct (judge settings, conversation, both RAG answers but
     their timing, gold) on this loop: identical rewrites of a prompt share one verdict."""
-    settings = {k: kwargs.get(k) for k in JUDGE_KWARGS}
     sides = [{k: v for k, v in side.items() if k != "cost_time"} for side in (candidate, reference)]
-    scope = [settings, contexts, sides, list(gold), top_k, list(sources)]
+    scope = [asdict(judge), contexts, sides, list(gold), top_k, list(sources)]
     key = json.dumps(scope, sort_keys=True, ensure_ascii=False, default=str)
     verdict: tuple[float, dict[str, Any]] = await share(
         JUDGED,
         key,
-        lambda: judge_quality(kwargs, contexts, candidate, reference, gold, top_k, sources),
+        lambda: judge_quality(judge, contexts, candidate, reference, gold, top_k, sources),
         "judge/distinct_calls",
     )
     return verdict

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
 from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, build_rewriter, load_corpus
 from queryrl.rag.index import title_entities
@@ -95,41 +96,33 @@ EMBEDDED_OPTIONS = (
 )
 
 
-def rag_client(
-    rag_url: str | None,
-    corpus: str,
-    top_k: int,
-    timeout_s: float,
-    max_retries: int,
-    token_env: str | None = None,
-    document_fields: Mapping[str, str] | None = None,
-    **options: Any,
-) -> RAGClient:
-    """The shared client of this configuration (made on first use): HTTP to `rag_url` (with the bearer
-    token in the variable `token_env`, if given), or with ``rag_url=None`` an embedded
-    :class:`InProcessRAG` (:func:`embedded_rag`: BM25 over `corpus`, heuristic reference rewriter)."""
-    embedded = {k: options[k] for k in EMBEDDED_OPTIONS if options.get(k) is not None} if rag_url is None else {}
+def rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClient:
+    """The shared client of the settings `rag` (``app.query_rewrite.rag``), made on first use: HTTP to
+    ``rag.url`` (with the bearer token in the variable ``rag.token_env``, if given), or with ``url`` null an
+    embedded :class:`InProcessRAG` over ``rag.corpus`` (:func:`embedded_rag`) that returns `depth`
+    documents (default ``rag.top_k``)."""
+    top_k = int(depth if depth is not None else rag.top_k)
+    embedded = {k: getattr(rag, k) for k in EMBEDDED_OPTIONS if getattr(rag, k) is not None}
+    if rag.url is not None:
+        embedded = {}
+    fields = dict(rag.document_fields)
     key = (
-        rag_url,
-        corpus if rag_url is None else None,
+        rag.url,
+        rag.corpus if rag.url is None else None,
         top_k,
-        float(timeout_s),
-        max_retries,
+        float(rag.timeout_s),
+        rag.max_retries,
         repr(sorted(embedded.items())),
-        token_env if rag_url is not None else None,
-        repr(sorted((document_fields or {}).items())),
+        rag.token_env if rag.url is not None else None,
+        repr(sorted(fields.items())),
     )
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
-            target: str | InProcessRAG = rag_url if rag_url is not None else embedded_rag(corpus, top_k, **embedded)
-            token = token_env if rag_url is not None else None
+            target: str | InProcessRAG = rag.url if rag.url is not None else embedded_rag(rag.corpus, top_k, **embedded)
+            token = rag.token_env if rag.url is not None else None
             client = RAGClient(
-                target,
-                timeout_s=timeout_s,
-                max_retries=max_retries,
-                token_env=token,
-                document_fields=dict(document_fields or {}),
+                target, timeout_s=rag.timeout_s, max_retries=rag.max_retries, token_env=token, document_fields=fields
             )
             _RAG_CLIENTS[key] = client
         return client

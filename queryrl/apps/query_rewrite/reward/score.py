@@ -3,6 +3,12 @@
     reward.function.path=queryrl.apps.query_rewrite.reward.score reward.function.name=compute_score
     reward.manager=async reward.kwargs.judge=offline reward.kwargs.weights.format=0.2 ...
 
+The settings are ``app.query_rewrite`` as its dataclass
+(:class:`~queryrl.apps.query_rewrite.config.QueryRewriteConfig`): the application's
+:class:`QueryRewriteReward` holds them and calls :func:`score_reply`; verl's function :func:`compute_score`
+reads the same settings from its flat keywords (``judge_model`` for ``judge.model``:
+:data:`~queryrl.apps.query_rewrite.config.FLAT_KEYS`), over the defaults in ``mix`` mode.
+
 Per sample: parse the policy's JSON answer (:func:`~queryrl.apps.query_rewrite.prompts.parse_rewrite`),
 send the rewritten query to ``/rag/chat_8b`` and the conversation to ``/rag/chat`` (one
 :meth:`~queryrl.rag.RAGClient.both` call), judge the candidate result against the reference result, and
@@ -60,9 +66,16 @@ side is :mod:`.reward_judge`, the RAG clients :mod:`.reward_rag`.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from queryrl.apps.query_rewrite.config import (
+    QueryRewriteConfig,
+    QueryRewriteRAGConfig,
+    reward_weights,
+    settings_from_flat,
+)
 from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.prompts import (
     MAX_QUERY_CHARS,
@@ -85,14 +98,12 @@ from queryrl.apps.query_rewrite.reward.modes import (
     parse_answer,
     retrieval_rank_reward,
 )
-from queryrl.apps.query_rewrite.reward.rag import EMBEDDED_OPTIONS, rag_client
+from queryrl.apps.query_rewrite.reward.rag import rag_client
 from queryrl.rag import (
     RAGError,
 )
 from queryrl.rag.client import CHAT_FIELDS
 
-DEFAULT_WEIGHTS: dict[str, float] = {"judge": 1.0, "retrieval_rank": 0.5, "format": 0.2}
-COMPONENTS = tuple(DEFAULT_WEIGHTS)
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
 
 
@@ -119,35 +130,15 @@ def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict
 _NOT_CUT = {"format/truncated": 0.0, "parsed": 0.0}
 
 
-@functools.cache
-def _defaults() -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from queryrl.apps.query_rewrite.config import QueryRewriteConfig, SeedHybridConfig
-    from queryrl.apps.query_rewrite.training import reward_kwargs
-
-    node = OmegaConf.structured(QueryRewriteConfig)
-    out = reward_kwargs(OmegaConf.create({"app": {"query_rewrite": node}, "reward": {"kwargs": {}}}))
-    hybrid = SeedHybridConfig()
-    out |= {"gpt5_weight": hybrid.gpt5_weight, "grpo_weight": hybrid.grpo_weight}
-    for key in ("mode", "weights"):  # no mode: not seed_hybrid; no weights: DEFAULT_WEIGHTS
-        out.pop(key)
-    return out
+@functools.lru_cache(maxsize=64)
+def _flat_settings(key: str) -> QueryRewriteConfig:
+    return settings_from_flat(json.loads(key))
 
 
-def default_kwargs() -> dict[str, Any]:
-    """:func:`compute_score`'s keyword arguments when the caller gives none: those of the default
-    ``app.query_rewrite`` node (:mod:`.config`, through :func:`.training.reward_kwargs`), so the defaults
-    are written once, in the dataclasses; without ``mode`` and ``weights`` (:data:`DEFAULT_WEIGHTS`)."""
-    return dict(_defaults())
-
-
-def _weights(kwargs: Mapping[str, Any]) -> dict[str, float]:
-    weights = {**DEFAULT_WEIGHTS, **{str(k): float(v) for k, v in dict(kwargs.get("weights") or {}).items()}}
-    unknown = sorted(set(weights) - set(COMPONENTS))
-    if unknown:
-        raise ValueError(f"unknown reward weight(s) {unknown}; components: {list(COMPONENTS)}")
-    return weights
+def flat_settings(kwargs: Mapping[str, Any]) -> QueryRewriteConfig:
+    """The settings of a call by flat keywords (verl's ``reward.kwargs``): :func:`~..config.settings_from_flat`,
+    made once per distinct set of keywords."""
+    return _flat_settings(json.dumps(dict(kwargs), sort_keys=True, default=str))
 
 
 def _gold(ground_truth: Any) -> list[str]:
@@ -161,7 +152,7 @@ def _gold(ground_truth: Any) -> list[str]:
 def _abstain_score(
     components: dict[str, float],
     weights: dict[str, float],
-    kwargs: Mapping[str, Any],
+    s: QueryRewriteConfig,
     info: Mapping[str, Any],
     no_retrieval: bool,
     abstained: bool,
@@ -172,21 +163,20 @@ def _abstain_score(
     out = {**components, "quality": quality, "abstained": float(abstained)}
     if not no_retrieval:
         out["recall_at_5"] = 0.0
-    if kwargs.get("mode") == "seed_hybrid":
+    if s.reward_mode == "seed_hybrid":
         z = float(info.get("seed_hybrid_z", 0.0))
-        weights_j_g = float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"])
-        hybrid = hybrid_reward(quality, z, *weights_j_g)
+        hybrid = hybrid_reward(quality, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)
         return {"score": hybrid, **out, "selected_z": z}
     score = mix_rewards(components, weights)
     assert score is not None
     return {"score": score, **out}
 
 
-def _unparsed_score(kwargs: Mapping[str, Any], info: Mapping[str, Any], weights: dict[str, float]) -> dict[str, float]:
+def _unparsed_score(s: QueryRewriteConfig, info: Mapping[str, Any], weights: dict[str, float]) -> dict[str, float]:
     """The score of a reply that does not parse: every component at its floor (seed_hybrid: quality 0)."""
-    if kwargs.get("mode") == "seed_hybrid":  # quality 0 in the seed's formula
+    if s.reward_mode == "seed_hybrid":  # quality 0 in the seed's formula
         z = float(info.get("seed_hybrid_z", 0.0))
-        hybrid = hybrid_reward(0.0, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
+        hybrid = hybrid_reward(0.0, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)
         return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
     components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
     score = mix_rewards(components, weights)
@@ -195,10 +185,10 @@ def _unparsed_score(kwargs: Mapping[str, Any], info: Mapping[str, Any], weights:
     return {"score": score, **out0, **_NOT_CUT}
 
 
-def fetch_depth(kwargs: Mapping[str, Any]) -> int:
+def fetch_depth(rag: QueryRewriteRAGConfig) -> int:
     """The documents asked of the embedded service: ``rank_depth`` where set (deeper than ``top_k``), else
     ``top_k``."""
-    return max(int(kwargs["top_k"]), int(kwargs.get("rank_depth") or 0))
+    return max(rag.top_k, rag.rank_depth or 0)
 
 
 def first_documents(result: Mapping[str, Any], k: int) -> dict[str, Any]:
@@ -208,7 +198,7 @@ def first_documents(result: Mapping[str, Any], k: int) -> dict[str, Any]:
 
 
 async def _retrieve_both(
-    kwargs: Mapping[str, Any],
+    rag: QueryRewriteRAGConfig,
     info: Mapping[str, Any],
     parsed: ParsedRewrite,
     query: str,
@@ -222,18 +212,15 @@ async def _retrieve_both(
         history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
         rewritten_query=query,
     )
-    rag_url, corpus, top_k = kwargs["rag_url"], str(kwargs["corpus"]), fetch_depth(kwargs)
-    timeout_s, retries = float(kwargs["rag_timeout_s"]), int(kwargs["rag_max_retries"])
-    embedded = {k: kwargs.get(k) for k in EMBEDDED_OPTIONS}
-    fields_map = kwargs.get("rag_document_fields")
-    client = rag_client(rag_url, corpus, top_k, timeout_s, retries, kwargs.get("rag_token_env"), fields_map, **embedded)
+    depth = fetch_depth(rag)
+    client = rag_client(rag, depth)
     if not query.strip():  # nothing to search with: no /rag/chat_8b call, no documents
         try:
             reference = await client.chat(**{k: v for k, v in fields.items() if k in CHAT_FIELDS})
         except RAGError as exc:
             raise RewardFailure(f"RAG /rag/chat failed: {exc.error}") from None
         return abstained_result(), reference
-    return await shared_both(client, (rag_url, corpus, top_k), fields)
+    return await shared_both(client, (rag.url, rag.corpus, depth), fields)
 
 
 async def compute_score(
@@ -243,29 +230,35 @@ async def compute_score(
     extra_info: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """The query-rewrite reward of one policy output (see the module doc).
+    """The query-rewrite reward with verl's contract: :func:`score_reply` with the settings that the flat
+    keywords `kwargs` (``reward.kwargs``) name over the defaults in ``mix`` mode (the names:
+    :data:`~queryrl.apps.query_rewrite.config.FLAT_KEYS`, e.g. ``judge_model`` for ``judge.model``).
+
+    Raises:
+        RewardFailure: RAG or judge failure, or inconsistent positions: the sample fails.
+        ConfigError: an unknown keyword or a bad value, naming it.
+    """
+    return await score_reply(flat_settings(kwargs), data_source, solution_str, ground_truth, extra_info)
+
+
+async def score_reply(
+    s: QueryRewriteConfig,
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The query-rewrite reward of one policy output under the settings `s` (see the module doc).
 
     Args:
+        s: the settings, ``app.query_rewrite`` (:class:`~queryrl.apps.query_rewrite.config.QueryRewriteConfig`).
         data_source: unused (any query-rewrite source).
         solution_str: the policy's reply, a JSON object with ``rewritten_query`` (and optionally
-            ``user_profile``, ``history_summary``).
+            ``user_profile``, ``history_summary``), or the query itself for a ``text``-format row.
         ground_truth: ``{"gold_doc_ids": [...]}`` (or the list itself); may be empty.
         extra_info: the row's ``extra_info``: ``contexts`` (ending with the current user turn), the four
             ids (``tenant_id``, ``contact_id``, ``account_id``, ``message_id``), ``user_profile``,
             ``history_summary`` (sent to ``/rag/chat_8b`` where the reply has none), ``answer_fields``.
-        **kwargs: ``reward.kwargs``: ``weights`` (over ``judge``, ``retrieval_rank``, ``format``; default
-            :data:`DEFAULT_WEIGHTS`, a partial dict overrides those keys), ``judge`` (``"offline"`` or
-            ``"openai"`` with ``judge_base_url``, ``judge_model``, ``judge_api_key_env`` (default
-            ``OPENAI_API_KEY``; None for a server without key), ``position_swap``, ``judge_lang``,
-            ``judge_timeout_s``, ``judge_max_retries``, and the request settings ``judge_temperature``,
-            ``judge_max_tokens``, ``judge_token_limit_param``, ``judge_reasoning_effort``,
-            ``judge_extra_body``, each sent only when not None), ``rag_url`` (None: embedded service over
-            ``corpus``), ``corpus`` (``"sales_demo"`` or a corpus file for :func:`queryrl.rag.load_corpus`),
-            ``top_k`` (5), ``rank_depth`` (None: ``top_k``; the documents the rank reward ranks gold among,
-            the first ``top_k`` of them what the judge and recall@5 see), ``max_query_chars`` (256),
-            ``rag_timeout_s`` (10), ``rag_max_retries`` (2),
-            ``rag_token_env`` (an env var holding the RAG service's bearer token; None: none sent),
-            ``intent_penalty`` (subtracted when the rewrite changes the intent; 0: off).
 
     Returns:
         ``score`` (the weighted mix) and the components and diagnostics as floats: ``quality``,
@@ -284,15 +277,15 @@ async def compute_score(
         ValueError: a bad configuration.
     """
     del data_source
-    kwargs = default_kwargs() | kwargs  # what the caller leaves out: the app's config defaults
     info = dict(extra_info or {})
-    weights = _weights(kwargs)
-    max_query_chars = int(kwargs["max_query_chars"])
+    weights = reward_weights(s)
     gold = _gold(ground_truth)
     answer_format = info.get("answer_format") or "json"
-    parsed, salvaged = _parse_reply(solution_str, answer_format, max_query_chars, kwargs)
+    parsed, salvaged = _parse_reply(solution_str, answer_format, s)
+    mode, penalty = s.reward_mode, s.intent_penalty
     if parsed is None:  # the policy's fault: every component at its floor, no service call
-        return with_intent(_unparsed_score(kwargs, info, weights), rewrite_intent(None, info, False), kwargs, weights)
+        unparsed = _unparsed_score(s, info, weights)
+        return with_intent(unparsed, rewrite_intent(None, info, False), penalty, mode, weights)
 
     query = normalise_rewrite(parsed.rewritten_query)
     # a cut-off answer that lost the profile/summary its prompt asked for gets partial format credit
@@ -311,34 +304,31 @@ async def compute_score(
             decided["format"] = 0.0
         if not no_retrieval:  # a turn with gold answered with no query: counted (the app watches the share)
             cut["empty_query"] = float(not query)
-        decided_score = {**_abstain_score(decided, weights, kwargs, info, no_retrieval, abstained=not query), **cut}
-        return with_intent(decided_score, intent, kwargs, weights)
+        decided_score = {**_abstain_score(decided, weights, s, info, no_retrieval, abstained=not query), **cut}
+        return with_intent(decided_score, intent, penalty, mode, weights)
     contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
     # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
     cut["empty_query"] = float(not query)
-    candidate, reference = await _retrieve_both(kwargs, info, parsed, query, contexts)
+    candidate, reference = await _retrieve_both(s.rag, info, parsed, query, contexts)
     ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
-    if kwargs.get("rank_depth"):
-        top_k = int(kwargs["top_k"])
-        candidate, reference = first_documents(candidate, top_k), first_documents(reference, top_k)
-    out: dict[str, Any] = {"format": format_reward(True, query, max_query_chars, missing_fields), "abstained": 0.0}
+    if s.rag.rank_depth:
+        candidate, reference = first_documents(candidate, s.rag.top_k), first_documents(reference, s.rag.top_k)
+    out: dict[str, Any] = {"format": format_reward(True, query, s.max_query_chars, missing_fields), "abstained": 0.0}
     out.update(cut)
-    if kwargs.get("unparsed") == "retrieve" and answer_format == "json":
+    if s.unparsed == "retrieve" and answer_format == "json":
         out["format/plain_text"] = float(salvaged)
     if salvaged:
         out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
     out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights)
-    return await _judged_score(out, kwargs, info, contexts, (candidate, reference), gold, intent, weights)
+    return await _judged_score(out, s, info, contexts, (candidate, reference), gold, intent, weights)
 
 
-def _parse_reply(
-    solution_str: str, answer_format: str, max_query_chars: int, kwargs: dict[str, Any]
-) -> tuple[ParsedRewrite | None, bool]:
+def _parse_reply(solution_str: str, answer_format: str, s: QueryRewriteConfig) -> tuple[ParsedRewrite | None, bool]:
     """The policy's reply parsed in `answer_format`, and whether it was salvaged: with ``unparsed=retrieve``, a
     JSON reply that does not parse is read as plain text (its first line the query; retrieved with, format 0)."""
-    parsed = parse_answer(solution_str, max(max_query_chars, MAX_QUERY_CHARS), answer_format)
-    if parsed is None and answer_format == "json" and kwargs.get("unparsed") == "retrieve":
-        text_query = plain_text_query(solution_str, max_query_chars)
+    parsed = parse_answer(solution_str, max(s.max_query_chars, MAX_QUERY_CHARS), answer_format)
+    if parsed is None and answer_format == "json" and s.unparsed == "retrieve":
+        text_query = plain_text_query(solution_str, s.max_query_chars)
         if text_query:
             return ParsedRewrite(text_query), True
     return parsed, False
@@ -374,7 +364,7 @@ def _retrieval_components(
 
 async def _judged_score(
     out: dict[str, Any],
-    kwargs: dict[str, Any],
+    s: QueryRewriteConfig,
     info: dict[str, Any],
     contexts: list[dict[str, str]],
     results: tuple[dict[str, Any], dict[str, Any]],
@@ -384,32 +374,38 @@ async def _judged_score(
 ) -> dict[str, Any]:
     """`out` completed with the judge's verdict (when weighted, or seed 000's hybrid mode) and the score."""
     candidate, reference = results
-    top_k = int(kwargs["top_k"])
-    if kwargs.get("mode") == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
-        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+    sources = intent_sources(info)
+    if s.reward_mode == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
+        quality, extra = await shared_judge(s.judge, contexts, candidate, reference, gold, s.rag.top_k, sources)
         z = float(info.get("seed_hybrid_z", 0.0))
-        hybrid = hybrid_reward(quality, z, float(kwargs["gpt5_weight"]), float(kwargs["grpo_weight"]))
+        hybrid = hybrid_reward(quality, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)
         seed = {"score": hybrid, **out, "quality": quality, "judge": 2.0 * quality - 1.0, "selected_z": z, **extra}
-        return with_intent(seed, intent, kwargs, weights)
+        return with_intent(seed, intent, s.intent_penalty, s.reward_mode, weights)
     if weights.get("judge", 0.0) != 0.0:
-        quality, extra = await shared_judge(kwargs, contexts, candidate, reference, gold, top_k, intent_sources(info))
+        quality, extra = await shared_judge(s.judge, contexts, candidate, reference, gold, s.rag.top_k, sources)
         (judge_reward,) = group_judge_rewards([quality])
         assert judge_reward is not None
         out.update(quality=quality, judge=judge_reward, **extra)
     score = mix_rewards({k: out.get(k) for k in weights}, weights)
     if score is None:  # unreachable: every weighted component was computed above
         raise RewardFailure("a weighted reward component is missing")
-    return with_intent({"score": score, **out}, intent, kwargs, weights)
+    return with_intent({"score": score, **out}, intent, s.intent_penalty, s.reward_mode, weights)
 
 
 class QueryRewriteReward:
-    """The application's reward object: verl's contract (:func:`compute_score`) and its side metrics.
+    """The application's reward object: :func:`score_reply` under its settings, and its side metrics.
 
-    The manager calls it like ``compute_score`` (an ``async`` call); the trainer adds
+    The manager calls it like ``compute_score`` (an ``async`` call, verl's contract); the trainer adds
     :meth:`pop_metrics` to each step's metrics. The clients and caches it uses are shared per
     process (one RAG client per service and settings, one LRU of candidate calls per event loop).
-    It pickles by reference, for the process-pool manager.
+    It pickles (its settings are a dataclass), for the process-pool manager.
+
+    Args:
+        settings: ``app.query_rewrite`` as its dataclass (:func:`~..training.settings_of`).
     """
+
+    def __init__(self, settings: QueryRewriteConfig) -> None:
+        self.settings = settings
 
     async def __call__(
         self,
@@ -417,9 +413,8 @@ class QueryRewriteReward:
         solution_str: str,
         ground_truth: Any,
         extra_info: dict[str, Any] | None = None,
-        **kwargs: Any,
     ) -> dict[str, Any]:
-        return await compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+        return await score_reply(self.settings, data_source, solution_str, ground_truth, extra_info)
 
     def pop_metrics(self) -> dict[str, float]:
         """The RAG counters and judge consistency since the last call (:func:`pop_reward_metrics`)."""

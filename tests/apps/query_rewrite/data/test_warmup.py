@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from typer.testing import CliRunner
 
 import queryrl.apps.query_rewrite.eval.generation as eval_generation
+from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
 from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
 from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, add_sft_targets
 from queryrl.apps.query_rewrite.data.warmup import WARMUP_KEY, WarmupSettings, build_warmup, few_shot_messages
@@ -62,7 +63,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, reply: Any) -> list[Any]:
 
 def _warmup(monkeypatch: pytest.MonkeyPatch, reply: Any, **settings: Any) -> tuple[Any, list[Any]]:
     seen = _scripted(monkeypatch, reply)
-    client = rag_client(None, "sales_demo", 5, 10.0, 0)
+    client = rag_client(QueryRewriteRAGConfig(max_retries=0))
     data = build_warmup(Path("unused"), list(_rows()), client, WarmupSettings(**settings), say=lambda _: None)
     return data, seen
 
@@ -198,7 +199,7 @@ def test_rows_without_retrieval_turns_keep_their_abstentions_and_sample_nothing(
     seen = _scripted(monkeypatch, lambda prompt, k: NOTHING)
     rows = [r for r in _rows() if not _gold(r)]
     assert rows
-    client = rag_client(None, "sales_demo", 5, 10.0, 0)
+    client = rag_client(QueryRewriteRAGConfig(max_retries=0))
     data = build_warmup(Path("unused"), rows, client, WarmupSettings(samples=2), say=lambda _: None)
     assert seen == []  # nothing sampled, nothing retrieved (an empty retrieve used to fail)
     assert data.report()["kept_no_retrieval_turns"] == len(rows)

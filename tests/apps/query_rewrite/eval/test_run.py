@@ -15,8 +15,8 @@ from queryrl.apps.query_rewrite.eval.run import evaluate
 from queryrl.apps.query_rewrite.eval.samples import EvalError, SystemSpec, parse_systems
 from queryrl.cli import app
 from queryrl.config import load_config
-from queryrl.rewards.judge_server import Chaos, running_server
-from queryrl.rewards.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import Chaos, running_server
+from queryrl.testing.judge_server import make_app as make_judge_app
 
 DATA = "builtin://sales_demo/test"
 KINDS = {

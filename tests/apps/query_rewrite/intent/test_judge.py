@@ -21,7 +21,7 @@ from queryrl.apps.query_rewrite.intent.judge import INTENT_SCHEMA, build_intent_
 from queryrl.apps.query_rewrite.reward.judging import DATA_CLOSE, DATA_OPEN
 from queryrl.config import load_config
 from queryrl.rewards.judge import JudgeClient
-from queryrl.rewards.judge_server import CONSTANT_VERDICT, make_app, running_server
+from queryrl.testing.judge_server import CONSTANT_VERDICT, make_app, running_server
 
 DATA = "builtin://sales_demo/test"
 LAST = "你好，朗月Max8平板电脑保修政策是什么？"

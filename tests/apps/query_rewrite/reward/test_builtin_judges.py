@@ -14,7 +14,7 @@ from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
 from queryrl.apps.query_rewrite.reward.judging import RUBRIC_VERDICT_SCHEMA
 from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.rewards.json_extract import validate
-from queryrl.rewards.judge_server import BUILTIN_JUDGES, load_judge_function, make_app, running_server
+from queryrl.testing.judge_server import BUILTIN_JUDGES, load_judge_function, make_app, running_server
 from tests.loopback import serve_judge_process
 
 JUDGE = {"judge": "openai", "judge_model": "demo-judge", "judge_api_key_env": None, "judge_max_retries": 0}

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.config import QueryRewriteConfig, settings_of
 from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
 from queryrl.apps.query_rewrite.intent.check import IntentVerdict
 from queryrl.apps.query_rewrite.reward.intent import pop_intent_metrics, with_intent
 from queryrl.apps.query_rewrite.reward.judging import OfflineJudge, build_judge_messages
-from queryrl.apps.query_rewrite.reward.score import compute_score, default_kwargs, pop_reward_metrics
-from queryrl.apps.query_rewrite.training import reward_kwargs
+from queryrl.apps.query_rewrite.reward.score import compute_score, pop_reward_metrics
 from queryrl.config import ConfigError, load_config
 
 
@@ -86,9 +86,9 @@ def test_a_changed_question_pays_the_penalty_even_when_it_retrieves_the_same_doc
     assert swapped["judge_verdict"]["candidate"]["sum"] == 0.0
     assert swapped["judge"] < 0.0 <= kept["judge"]
     assert swapped["judge_verdict"]["intent_changed"]["8b"] == swapped["intent_check"]["reason"]
-    assert swapped["score"] < kept["score"] - default_kwargs()["intent_penalty"]
+    assert swapped["score"] < kept["score"] - QueryRewriteConfig().intent_penalty
     off = _score(row, _answer("你好，朗月Max8平板电脑能七天无理由退吗？"), intent_penalty=0.0)
-    assert off["score"] == pytest.approx(swapped["score"] + default_kwargs()["intent_penalty"])
+    assert off["score"] == pytest.approx(swapped["score"] + QueryRewriteConfig().intent_penalty)
     doubled = _score(row, _answer("你好，朗月Max8平板电脑能七天无理由退吗？"), intent_penalty=2.5)
     assert doubled["score"] == pytest.approx(off["score"] - 2.5)
     same = _score(row, _answer("朗月Max8平板电脑保修政策是什么？"), intent_penalty=0.0)
@@ -129,22 +129,23 @@ def test_intent_metrics_per_step() -> None:
 def test_with_intent_checks_its_penalty() -> None:
     verdict = IntentVerdict(False, "question_changed", "asks return instead of warranty")
     result = {"score": 1.0, "format": 1.0}
-    assert with_intent(result, None, {"intent_penalty": 1.0}, {})["score"] == 1.0  # no conversation: unchecked
-    assert with_intent(result, verdict, {"intent_penalty": 0.25}, {})["score"] == pytest.approx(0.75)
-    for bad in (-1.0, float("nan"), "a lot", None):
-        with pytest.raises(ValueError, match="intent_penalty must be a number >= 0"):
-            with_intent(result, verdict, {"intent_penalty": bad}, {})
+    assert with_intent(result, None, 1.0, "mix", {})["score"] == 1.0  # no conversation: unchecked
+    assert with_intent(result, verdict, 0.25, "mix", {})["score"] == pytest.approx(0.75)
+    row = _row([], WARRANTY_TURN, WARRANTY_TITLE)
+    for bad in (-1.0, float("nan"), "a lot", None):  # the settings are checked before any reply is scored
+        with pytest.raises(ConfigError, match=r"intent_penalty"):
+            _score(row, _answer("朗月Max8 保修"), intent_penalty=bad)
     garbled = IntentVerdict(False, "garbled", "garbled: replacement character U+FFFD")
-    out = with_intent(result, garbled, {"intent_penalty": 0.0, "mode": "mix"}, {"format": 0.2})
+    out = with_intent(result, garbled, 0.0, "mix", {"format": 0.2})
     assert (out["score"], out["format"]) == (pytest.approx(0.8), 0.0)
-    seed = with_intent(result, garbled, {"intent_penalty": 0.0, "mode": "seed_hybrid"}, {"format": 0.2})
+    seed = with_intent(result, garbled, 0.0, "seed_hybrid", {"format": 0.2})
     assert (seed["score"], seed["format"]) == (1.0, 0.0)  # seed_hybrid's score has no format term
 
 
 def test_the_config_key_reaches_the_reward_and_is_checked() -> None:
     cfg = load_config(None, ["app.query_rewrite.intent_penalty=0.5"], allow_missing=True)
-    assert reward_kwargs(cfg)["intent_penalty"] == 0.5
-    assert default_kwargs()["intent_penalty"] == 1.0  # on by default
+    assert settings_of(cfg).intent_penalty == 0.5
+    assert QueryRewriteConfig().intent_penalty == 1.0  # on by default
     with pytest.raises(ConfigError, match=r"app\.query_rewrite\.intent_penalty must be >= 0"):
         load_config(None, ["app.query_rewrite.intent_penalty=-1"], allow_missing=True)
     with pytest.raises(ConfigError, match=r"did you mean app\.query_rewrite\.intent_penalty"):

@@ -1,4 +1,4 @@
-"""``app.query_rewrite.judge.*`` request settings reach the judge: config -> reward_kwargs -> compute_score ->
+"""``app.query_rewrite.judge.*`` request settings reach the judge: config -> settings_of -> QueryRewriteReward ->
 JudgeClient -> a strict (OpenAI-like) judge server playing GPT-5; the old fixed temperature=0.0 is gone."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.config import settings_of
 from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
-from queryrl.apps.query_rewrite.reward.score import RewardFailure, compute_score
-from queryrl.apps.query_rewrite.training import reward_kwargs
+from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward, RewardFailure
 from queryrl.config import ConfigError, load_config, redacted
 from queryrl.rewards.judge import collect_judge_metrics
-from queryrl.rewards.judge_server import make_app, running_server
+from queryrl.testing.judge_server import make_app, running_server
 
 KEY = "sk-gpt5-reward-secret-42424242"
 
@@ -31,10 +31,11 @@ def _row() -> dict[str, Any]:
     return rows[0]
 
 
-def _score(kwargs: dict[str, Any], row: dict[str, Any]) -> dict[str, float]:
+def _score(cfg: Any, row: dict[str, Any]) -> dict[str, float]:
+    """The reward the trainer builds for `cfg`, on `row`."""
     answer = json.dumps({"rewritten_query": "手机 价格", "user_profile": "", "history_summary": ""})
     truth, info = row["reward_model"]["ground_truth"], row["extra_info"]
-    return asyncio.run(compute_score(row["data_source"], answer, truth, info, **kwargs))
+    return asyncio.run(QueryRewriteReward(settings_of(cfg))(row["data_source"], answer, truth, info))
 
 
 def _config(url: str, tmp_path: Path, yaml_judge: str, *overrides: str) -> Any:
@@ -54,7 +55,7 @@ def test_gpt5_judges_the_reward_with_the_configured_settings(tmp_path: Path, mon
     yaml_judge = "      max_tokens: 2000\n      reasoning_effort: minimal\n      extra_body:\n        verbosity: low\n"
     with running_server(app) as url:
         cfg = _config(url, tmp_path, yaml_judge, "app.query_rewrite.judge.extra_body.service_tier=flex")
-        out = _score(reward_kwargs(cfg), _row())
+        out = _score(cfg, _row())
     assert out["quality"] == pytest.approx(0.7 + 30 / 40 * 0.3)  # the verdict was used
     body = app.state.stats.last_body
     assert "temperature" not in body
@@ -71,7 +72,7 @@ def test_a_refused_temperature_fails_the_sample_once_naming_it(tmp_path: Path, m
         cfg = _config(url, tmp_path, "", "app.query_rewrite.judge.temperature=0.0")
         collect_judge_metrics()  # drain counters of earlier tests
         with pytest.raises(RewardFailure, match=r"'temperature' does not support 0\.0") as caught:
-            _score(reward_kwargs(cfg), _row())
+            _score(cfg, _row())
     assert "hint: leave the judge's temperature unset" in str(caught.value)
     assert app.state.stats.requests == 1  # one paid call, not 1 + 3 retries
     metrics = collect_judge_metrics()
@@ -123,7 +124,8 @@ def test_the_reward_managers_retries_do_not_pay_for_a_refusal(tmp_path: Path, mo
     answer = json.dumps({"rewritten_query": "手机 电池", "user_profile": "", "history_summary": ""})
     with running_server(app) as url:
         cfg = _config(url, tmp_path, "      temperature: 0.3\n")
-        manager = make_reward_manager("async", compute_score, reward_kwargs(cfg), max_retries=2, backoff_s=0.01)
+        reward = QueryRewriteReward(settings_of(cfg))
+        manager = make_reward_manager("async", reward, {}, max_retries=2, backoff_s=0.01)
         try:
             (result,) = manager.score(
                 [RewardInput(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])]

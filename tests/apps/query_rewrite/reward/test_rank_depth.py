@@ -4,21 +4,22 @@ ranks to 100); the judge, recall@5 and the samples files still see the first ``t
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.config import settings_of
 from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus, sales_demo_rows
 from queryrl.apps.query_rewrite.reward.modes import retrieval_rank_reward
-from queryrl.apps.query_rewrite.reward.score import compute_score
-from queryrl.apps.query_rewrite.training import reward_kwargs
+from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
 from queryrl.config import ConfigError, load_config
 from queryrl.rag import BM25Index, Document
 
 
-def _score(row: dict[str, Any], query: str, **kwargs: Any) -> dict[str, Any]:
+def _score(row: dict[str, Any], query: str, settings: Any) -> dict[str, Any]:
     gt, info = row["reward_model"]["ground_truth"], dict(row["extra_info"], answer_format="text")
-    return asyncio.run(compute_score(row["data_source"], query, gt, info, **kwargs))
+    return asyncio.run(QueryRewriteReward(settings)(row["data_source"], query, gt, info))
 
 
 def _deep_case() -> tuple[dict[str, Any], str, int]:
@@ -37,9 +38,9 @@ def _deep_case() -> tuple[dict[str, Any], str, int]:
 
 def test_rank_depth_rewards_a_gold_document_below_the_judges_top_k() -> None:
     row, query, rank = _deep_case()
-    base = reward_kwargs(load_config(None, ["app.query_rewrite.enable=true", "app.query_rewrite.reward_mode=mix"]))
-    shallow = _score(row, query, **base)
-    deep = _score(row, query, **(base | {"rank_depth": 100}))
+    base = settings_of(load_config(None, ["app.query_rewrite.enable=true", "app.query_rewrite.reward_mode=mix"]))
+    shallow = _score(row, query, base)
+    deep = _score(row, query, replace(base, rag=replace(base.rag, rank_depth=100)))
     assert shallow["retrieval_rank"] == 0.0  # gold is not in the 5 documents the service returned
     assert deep["retrieval_rank"] == pytest.approx((100 - rank) / 90)  # the paper's tail, from an index of its own
     assert deep["retrieval_rank"] == retrieval_rank_reward(["x"] * (rank - 1) + ["gold"], ["gold"])
@@ -56,5 +57,5 @@ def test_rank_depth_is_checked_against_top_k_and_the_rewards_depth() -> None:
         with pytest.raises(ConfigError, match=r"app\.query_rewrite\.rag\.rank_depth must be null or in \[rag\.top_k=5"):
             load_config(None, [f"app.query_rewrite.rag.rank_depth={bad}"])
     cfg = load_config(None, ["app.query_rewrite.rag.rank_depth=100"])
-    assert reward_kwargs(cfg)["rank_depth"] == 100
-    assert reward_kwargs(load_config(None, []))["rank_depth"] is None  # the default: the judge's top_k
+    assert settings_of(cfg).rag.rank_depth == 100
+    assert settings_of(load_config(None, [])).rag.rank_depth is None  # the default: the judge's top_k

@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.config import QueryRewriteConfig
 from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_corpus, sales_demo_rows
 from queryrl.apps.query_rewrite.reward.calls import candidate_calls, pop_reward_metrics
 from queryrl.apps.query_rewrite.reward.judge import readable_verdict
-from queryrl.apps.query_rewrite.reward.score import RewardFailure, compute_score, default_kwargs
+from queryrl.apps.query_rewrite.reward.score import RewardFailure, compute_score
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
 from queryrl.rag import make_app as make_rag_app
 from queryrl.rewards import RewardInput, load_reward_function, make_reward_manager
-from queryrl.rewards.judge_server import make_app as make_judge_app
-from queryrl.rewards.judge_server import running_server
+from queryrl.testing.judge_server import make_app as make_judge_app
+from queryrl.testing.judge_server import running_server
 
-PENALTY = default_kwargs()["intent_penalty"]  # what a reply that changes the customer's intent loses
+PENALTY = QueryRewriteConfig().intent_penalty  # what a reply that changes the customer's intent loses
 
 
 @cache

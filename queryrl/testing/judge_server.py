@@ -59,8 +59,8 @@ from starlette.concurrency import run_in_threadpool
 
 from queryrl.plugins import load_callable
 from queryrl.rewards.json_extract import json_objects
-from queryrl.rewards.openai_rules import ServerRules, api_error
 from queryrl.service_auth import check_bind, resolve_token
+from queryrl.testing.openai_rules import ServerRules, api_error
 
 JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
 

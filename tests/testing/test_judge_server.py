@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from queryrl.rewards.judge_server import (
+from queryrl.testing.judge_server import (
     BUILTIN_JUDGES,
     CONSTANT_VERDICT,
     GARBAGE_REPLY,
@@ -201,7 +201,7 @@ def test_load_judge_function(tmp_path: Path) -> None:
     """)
     )
     assert load_judge_function(f"{file}:judge")([]) == "from file"
-    assert load_judge_function("queryrl.rewards.judge_server:echo_judge") is echo_judge
+    assert load_judge_function("queryrl.testing.judge_server:echo_judge") is echo_judge
     for spec, message in [
         ("nope", "unknown judge 'nope'"),
         (f"{tmp_path}/missing.py:judge", "not found"),
