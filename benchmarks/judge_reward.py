@@ -19,7 +19,7 @@ _CLIENTS: dict[int, httpx.AsyncClient] = {}  # one client per event loop (a clie
 
 def judge(messages: list[dict[str, Any]]) -> str:
     """Server side: the similarity of ``response`` to ``target`` (a JSON user message), as JSON."""
-    from queryrl.rewards.toy import compute_score as similarity
+    from queryrl.rewards.scorers.toy import compute_score as similarity
 
     body = json.loads(str(messages[-1]["content"]))
     return json.dumps({"score": similarity("toy/target_string", body["response"], body["target"])})

@@ -5,7 +5,7 @@
 
 Both trainers get the same model folder (queryrl's built-in tiny Qwen2, loaded by TRL as a plain
 Hugging Face model), the same prompts (``builtin://toy_target_string/train``, chat template with
-the generation prompt), the same reward function (:func:`queryrl.rewards.toy.compute_score`), and
+the generation prompt), the same reward function (:func:`queryrl.rewards.scorers.toy.compute_score`), and
 the same GRPO settings: group size, prompts per step, response length, learning rate, AdamW with
 weight decay 0.01, grad clip 1.0, constant schedule, clip 0.2, KL coefficient 0 (no reference
 model), one optimizer step per generation batch (no old-log-prob pass), token-mean loss (queryrl
@@ -53,7 +53,7 @@ SCRIPT = Path(__file__).resolve()
 
 def reward_for_trl(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
     """TRL's reward-function contract around queryrl's toy reward (the very function queryrl calls)."""
-    from queryrl.rewards.toy import compute_score
+    from queryrl.rewards.scorers.toy import compute_score
 
     texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
     return [compute_score("toy/target_string", t, g) for t, g in zip(texts, ground_truth, strict=True)]
@@ -346,7 +346,7 @@ def main() -> None:
         | {
             "model": "queryrl built-in tiny Qwen2 (configs/toy_grpo.yaml model.tiny), float32",
             "data": "builtin://toy_target_string/train",
-            "reward": "queryrl.rewards.toy.compute_score",
+            "reward": "queryrl.rewards.scorers.toy.compute_score",
             "queryrl": "loss_agg_mode=token-mean, clip 0.2, kl off, adv grpo, one mini-batch per step, "
             f"rollout.fast_decode={args.fast_decode}",
             "trl": "loss_type=dapo, epsilon=0.2, beta=0, scale_rewards=group, num_iterations=1, "

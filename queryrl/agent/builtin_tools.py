@@ -1,5 +1,5 @@
 """The built-in tools: ``calculator`` (parsed with ``ast``, never ``eval``), ``python`` (the
-sandbox of :mod:`queryrl.rewards.code`), ``rag_search`` (the RAG service's ``/rag/chat_8b``).
+sandbox of :mod:`queryrl.rewards.scorers.code`), ``rag_search`` (the RAG service's ``/rag/chat_8b``).
 
 Each is ``fn(arguments: dict, **config) -> str`` and raises :class:`ToolError` for a bad input;
 the message is what the model reads.
@@ -158,10 +158,10 @@ def calculator(arguments: dict[str, Any]) -> str:
 
 
 def python(arguments: dict[str, Any], timeout_s: float = 5.0, memory_mb: int = 512, isolation: str = "auto") -> str:
-    """The ``python`` tool: run ``{"code": ...}`` in the sandbox of :func:`queryrl.rewards.code.run_code`
+    """The ``python`` tool: run ``{"code": ...}`` in the sandbox of :func:`queryrl.rewards.scorers.code.run_code`
     (a subprocess with time and memory limits, no network, a temporary directory); returns what
     it printed, and its error output when it failed."""
-    from queryrl.rewards.code import run_code
+    from queryrl.rewards.scorers.code import run_code
 
     code = arguments.get("code", "")
     if not isinstance(code, str) or not code.strip():

@@ -8,10 +8,8 @@ Typical wiring (``cfg.reward`` is a :class:`queryrl.config.RewardConfig`)::
     metrics = summarize(results)  # reward/failed, reward/<key>/mean
 """
 
-from queryrl.rewards import gsm8k, toy
 from queryrl.rewards.async_manager import AsyncRewardManager, RateLimiter
 from queryrl.rewards.batch_manager import BatchRewardManager
-from queryrl.rewards.code import ExecResult, run_code
 from queryrl.rewards.dapo_manager import DAPORewardManager, overlong_penalty
 from queryrl.rewards.functions import (
     BUILTIN_SCORERS,
@@ -42,6 +40,8 @@ from queryrl.rewards.manager import (
 )
 from queryrl.rewards.parallel import ParallelRewardManager
 from queryrl.rewards.reward_model import RewardModelScorer
+from queryrl.rewards.scorers import gsm8k, toy
+from queryrl.rewards.scorers.code import ExecResult, run_code
 from queryrl.rewards.trl_style import TrainerState, TRLRewardFunction, is_trl_style
 
 __all__ = [

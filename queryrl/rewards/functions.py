@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from queryrl.rewards import arithmetic, gsm8k, math_dapo, toy
-from queryrl.rewards import code as code_reward
-from queryrl.rewards import math as math_reward
+from queryrl.rewards.scorers import arithmetic, gsm8k, math_dapo, toy
+from queryrl.rewards.scorers import code as code_reward
+from queryrl.rewards.scorers import math as math_reward
 
 RewardFn = Callable[..., Any]  # the contract above; returns float | dict, or an awaitable of one
 
@@ -85,15 +85,15 @@ def default_compute_score(
 ) -> Any:
     """Score with the built-in scorer for `data_source` (verl's routing, where verl has the name).
 
-    ``openai/gsm8k`` and ``gsm8k``: :func:`queryrl.rewards.gsm8k.compute_score` (strict unless
-    ``reward.kwargs.method=flexible``); ``toy/target_string``: :func:`queryrl.rewards.toy.compute_score`;
-    ``arithmetic/tool``: :func:`queryrl.rewards.arithmetic.compute_score` (uses ``num_tool_calls``);
+    ``openai/gsm8k`` and ``gsm8k``: :func:`queryrl.rewards.scorers.gsm8k.compute_score` (strict unless
+    ``reward.kwargs.method=flexible``); ``toy/target_string``: :func:`queryrl.rewards.scorers.toy.compute_score`;
+    ``arithmetic/tool``: :func:`queryrl.rewards.scorers.arithmetic.compute_score` (uses ``num_tool_calls``);
     :data:`MATH_SOURCES` (``lighteval/MATH``, ``HuggingFaceH4/MATH-500``, ...):
-    :func:`queryrl.rewards.math.compute_score` (last ``\\boxed{}``, symbolic equivalence);
+    :func:`queryrl.rewards.scorers.math.compute_score` (last ``\\boxed{}``, symbolic equivalence);
     :data:`MATH_DAPO_SOURCES` (``math_dapo``, ``math``, ``math_dapo_reasoning``) and ``aime*``:
-    :func:`queryrl.rewards.math_dapo.compute_score` (+1/-1, the answer after the last ``Answer:``; a dict
+    :func:`queryrl.rewards.scorers.math_dapo.compute_score` (+1/-1, the answer after the last ``Answer:``; a dict
     with ``acc``), as verl routes them; :data:`CODE_SOURCES` (``codecontests``, ``apps``, ``taco``,
-    ``leetcode``, ...): :func:`queryrl.rewards.code.compute_score` (the code runs against the tests in a
+    ``leetcode``, ...): :func:`queryrl.rewards.scorers.code.compute_score` (the code runs against the tests in a
     sandbox). `kwargs` go to the scorer; one it does not take is an error, not silently ignored.
 
     Raises:

@@ -13,7 +13,7 @@ None of them raises on any response. Each has a verl-contract form, :func:`compu
 configured from ``reward.kwargs`` and, per sample, from the same names in ``extra_info``
 (the sample's value wins)::
 
-    reward.function.path=queryrl/rewards/format.py  reward.kwargs.kind=json
+    reward.function.path=queryrl/rewards/scorers/format.py  reward.kwargs.kind=json
     reward.kwargs.required_keys=[query,reason]  reward.kwargs.partial=true
 
 A regular expression from the config runs on every response: keep it free of nested

@@ -12,7 +12,7 @@ The code never runs in the trainer's process. Each run gets, in layers:
   such as an orphan whose trainer died), ``RLIMIT_FSIZE`` (file size), ``RLIMIT_CORE`` = 0.
   They are set in the child's own first lines rather than a ``preexec_fn``, which is unsafe
   when the trainer has threads (the async and parallel reward managers do);
-- **OS isolation** (:mod:`queryrl.rewards.sandbox`, the default): user, mount, network, PID,
+- **OS isolation** (:mod:`queryrl.rewards.scorers.sandbox`, the default): user, mount, network, PID,
   IPC and UTS namespaces (``unshare``), a private read-only root that shows only the system
   directories and the interpreter (no ``/etc/passwd``, home, repository or run folder), one
   writable folder (the run's), a private ``/tmp``, its own ``/proc``, no capabilities, and a
@@ -28,7 +28,7 @@ one message naming how to get isolation, unless ``isolation="none"`` is given ex
 (one warning per process) only the guard, the limits and the minimal environment apply, and
 the code can read what the trainer's user can, signal the trainer, reach local servers through
 a subprocess and leave processes behind. Assert tests run in another process that never runs the
-model's code and calls it through the sandbox with data only (:mod:`queryrl.rewards.code_rpc`): nothing
+model's code and calls it through the sandbox with data only (:mod:`queryrl.rewards.scorers.code_rpc`): nothing
 in the code's process marks a pass, so exiting early, fake report lines or a monkeypatched ``assert``
 score 0, and an object whose ``__eq__`` is always True equals nothing there.
 """
@@ -52,10 +52,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from queryrl.rewards import sandbox
-from queryrl.rewards.code_rpc import SERVE, run_asserts
-from queryrl.rewards.sandbox import SandboxError
-from queryrl.rewards.sandbox_cgroups import processes_without_memory_cgroup, run_cgroups
+from queryrl.rewards.scorers import sandbox
+from queryrl.rewards.scorers.code_rpc import SERVE, run_asserts
+from queryrl.rewards.scorers.sandbox import SandboxError
+from queryrl.rewards.scorers.sandbox_cgroups import processes_without_memory_cgroup, run_cgroups
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ _ENV = {
 }
 
 # The child's first lines: limits, the network guard, then the code (mode "script"), or the code
-# then the requests of the assert tests' evaluator (mode "serve", :mod:`queryrl.rewards.code_rpc`).
+# then the requests of the assert tests' evaluator (mode "serve", :mod:`queryrl.rewards.scorers.code_rpc`).
 # It sees only its argv: mode, code file, CPU seconds, memory bytes, file bytes, processes (0: no
 # limit), the descriptor its replies go to (serve; its requests come on stdin).
 _RUNNER = (
@@ -208,16 +208,16 @@ def run_code(
         timeout_s: wall-clock limit; every process it started is killed past it. CPU time is
             limited to ``ceil(timeout_s) + 1`` seconds.
         memory_mb: address-space limit of each process (``RLIMIT_AS``) and, where a memory cgroup is
-            writable, the memory of the whole sandbox (:mod:`queryrl.rewards.sandbox_cgroups`; past it a
+            writable, the memory of the whole sandbox (:mod:`queryrl.rewards.scorers.sandbox_cgroups`; past it a
             process is killed and the status is ``"memory"``).
         isolation: ``"auto"`` or ``"namespace"`` (the same today: the OS isolation of
-            :mod:`queryrl.rewards.sandbox`, or a ``"sandbox_error"`` result saying how to get it
+            :mod:`queryrl.rewards.scorers.sandbox`, or a ``"sandbox_error"`` result saying how to get it
             where none works), ``"none"`` (explicit opt-out, one warning: guard and limits only).
         python: the interpreter (default: this one, so the same packages are importable).
         max_output_bytes: cap per stream.
         max_processes: processes and threads at once (isolated runs; see the module docstring).
         _serve: ``(requests_fd, replies_fd)``: after the code, serve the assert tests' evaluator
-            (:func:`queryrl.rewards.code_rpc.run_asserts`), requests on stdin instead of `stdin`.
+            (:func:`queryrl.rewards.scorers.code_rpc.run_asserts`), requests on stdin instead of `stdin`.
     """
     if isolation not in ISOLATIONS:
         raise ValueError(f"code sandbox: isolation must be one of {', '.join(ISOLATIONS)}; got {isolation!r}")
@@ -424,7 +424,7 @@ def run_tests(
     code: str, tests: list[IOTest] | list[tuple[str, bool]], stop_on_failure: bool = False, **run_kwargs: Any
 ) -> list[bool]:
     """Pass/fail per test. Stdin/stdout tests run one process each; assert tests share one sandboxed process,
-    which the tests reach from their evaluator process (:func:`queryrl.rewards.code_rpc.run_asserts`)."""
+    which the tests reach from their evaluator process (:func:`queryrl.rewards.scorers.code_rpc.run_asserts`)."""
     if tests and isinstance(tests[0], IOTest):
         results: list[bool] = []
         for test in tests:

@@ -1,6 +1,6 @@
 """Assert tests whose verdict the model's code cannot forge: the tests run in another process.
 
-The model's code (the *solution*) runs in the sandbox (:mod:`queryrl.rewards.code`) and then serves
+The model's code (the *solution*) runs in the sandbox (:mod:`queryrl.rewards.scorers.code`) and then serves
 requests; the tests run in an *evaluator* process that never runs the solution's code. A test such as
 ``assert f(3) == 9`` calls ``f`` through a proxy: the evaluator sends ``f``'s name and the arguments (data
 only) to the sandbox, the sandbox calls the function and sends back the result as data, and the
@@ -282,7 +282,7 @@ def run_asserts(
     Raises:
         SandboxError: the sandbox refused to run or failed to start.
     """
-    from queryrl.rewards.sandbox import SandboxError
+    from queryrl.rewards.scorers.sandbox import SandboxError
 
     python = run_kwargs.get("python") or sys.executable
     timeout_s = float(run_kwargs.get("timeout_s", 5.0))
@@ -344,7 +344,7 @@ def _read_verdicts(evaluator: subprocess.Popen[bytes], deadline: float) -> dict[
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    from queryrl.rewards.sandbox import kill_group
+    from queryrl.rewards.scorers.sandbox import kill_group
 
     kill_group(proc)
     proc.wait()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from queryrl.rewards import RewardError, default_compute_score
-from queryrl.rewards.code import (
+from queryrl.rewards.scorers.code import (
     IOTest,
     compute_score,
     extract_code,

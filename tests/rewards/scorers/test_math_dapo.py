@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from queryrl.rewards import RewardError, RewardInput, default_compute_score, make_reward_manager
-from queryrl.rewards.math_dapo import compute_score, normalize_final_answer
+from queryrl.rewards.scorers.math_dapo import compute_score, normalize_final_answer
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from queryrl.rewards.math import (
+from queryrl.rewards.scorers.math import (
     compute_score,
     extract_answer,
     is_equiv,
@@ -184,7 +184,7 @@ def test_sympy_fallback_without_latex2sympy_parses_simple_latex_and_never_runs_c
 
 
 def test_a_checker_that_cannot_start_is_an_error_not_a_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    from queryrl.rewards import math as math_reward
+    from queryrl.rewards.scorers import math as math_reward
 
     monkeypatch.setattr(math_reward, "_worker", math_reward._Worker())  # a fresh one, not yet started
     monkeypatch.setattr(sys, "executable", shutil.which("false"))

@@ -27,9 +27,9 @@ import pytest
 import queryrl
 from queryrl.agent import ToolError
 from queryrl.agent.builtin_tools import python as python_tool
-from queryrl.rewards import code as code_module
-from queryrl.rewards import sandbox
-from queryrl.rewards.code import SandboxError, compute_score, namespaces_available, run_code
+from queryrl.rewards.scorers import code as code_module
+from queryrl.rewards.scorers import sandbox
+from queryrl.rewards.scorers.code import SandboxError, compute_score, namespaces_available, run_code
 from tests.rewards.helpers import running_with
 
 ISOLATED = namespaces_available()
@@ -81,7 +81,7 @@ def run_as_trainer(
         f"""
         import logging, sys
         logging.disable(logging.WARNING)
-        from queryrl.rewards.code import run_code
+        from queryrl.rewards.scorers.code import run_code
         result = run_code(sys.stdin.read(), isolation={isolation!r}, timeout_s=10.0)
         print(result.stdout)
         print("trainer alive:", result.status)
@@ -133,7 +133,7 @@ def test_the_fallback_without_a_user_namespace_warns_once(
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     _clear_probes()
     try:
-        with caplog.at_level(logging.WARNING, logger="queryrl.rewards.sandbox"):
+        with caplog.at_level(logging.WARNING, logger="queryrl.rewards.scorers.sandbox"):
             first, second = run_code("print('ran')"), run_code("print('ran')")
     finally:
         monkeypatch.undo()
@@ -147,7 +147,7 @@ def test_the_fallback_without_a_user_namespace_warns_once(
 
 @pytest.mark.parametrize("no_isolation", ["refused"], indirect=True)
 def test_isolation_none_is_explicit_and_warns_once(no_isolation: None, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="queryrl.rewards.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="queryrl.rewards.scorers.sandbox"):
         first = run_code("print('ran')", isolation="none")
         second = run_code("print('ran')", isolation="none")
     assert (first.status, first.stdout, first.isolation) == ("ok", "ran\n", "none")
@@ -402,14 +402,14 @@ def test_the_host_kernels_settings_are_not_writable() -> None:
     other host-kernel files of its /proc are read-only, and there is no /sys."""
     code = OPEN_FOR_WRITING.replace("sys.argv[1:]", repr(list(HOST_KERNEL_FILES)))
     driver = (
-        "import sys; from queryrl.rewards.code import run_code; "
+        "import sys; from queryrl.rewards.scorers.code import run_code; "
         f"r = run_code({code!r}); "
         "print(r.status); print(r.stdout); print(r.stderr, file=sys.stderr)"
     )
     runs = {"as this user": [sys.executable, "-c", driver]}
     if os.geteuid() == 0:
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c"]
-        trivial = "from queryrl.rewards.code import run_code; print(run_code('print(1)').status)"
+        trivial = "from queryrl.rewards.scorers.code import run_code; print(run_code('print(1)').status)"
         usable = subprocess.run([*nobody, trivial], capture_output=True, text=True, timeout=120)
         if usable.stdout.strip() == "ok":  # this interpreter is usable by an unprivileged user here
             runs["as nobody"] = [*nobody, driver]
@@ -500,7 +500,10 @@ def test_memory_is_limited_for_the_whole_sandbox() -> None:
 
 @needs_isolation
 def test_without_a_memory_cgroup_the_process_count_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    from queryrl.rewards.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, processes_without_memory_cgroup
+    from queryrl.rewards.scorers.sandbox_cgroups import (
+        MAX_PROCESSES_WITHOUT_MEMORY_CGROUP,
+        processes_without_memory_cgroup,
+    )
 
     assert processes_without_memory_cgroup(64, None) == MAX_PROCESSES_WITHOUT_MEMORY_CGROUP
     assert processes_without_memory_cgroup(64, "/sys/fs/cgroup/memory") == 64

@@ -1,5 +1,5 @@
 """Assert tests cannot be forged (issue 26 item 2): the verdict is computed in a process that never runs
-the model's code (queryrl/rewards/code_rpc.py). Each "solution" below defines no working `f`; before
+the model's code (queryrl/rewards/scorers/code_rpc.py). Each "solution" below defines no working `f`; before
 this design the first two scored 1.0."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from queryrl.rewards.code import compute_score, namespaces_available
+from queryrl.rewards.scorers.code import compute_score, namespaces_available
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="no isolation works here (runs are refused)")
 TESTS = "assert f(1) == 2\nassert f(2) == 4\nassert f(3) == 6"

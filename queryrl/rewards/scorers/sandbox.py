@@ -1,4 +1,4 @@
-"""OS isolation for the code sandbox (:mod:`queryrl.rewards.code`): namespaces, a private root, limits.
+"""OS isolation for the code sandbox (:mod:`queryrl.rewards.scorers.code`): namespaces, a private root, limits.
 
 An isolated run is one command line::
 
@@ -9,7 +9,7 @@ An isolated run is one command line::
 before anything can fork. Holding the capabilities of its own user namespace, it:
 
 1. joins fresh ``pids`` and ``memory`` cgroups the trainer made (where a cgroup is writable here;
-   :mod:`queryrl.rewards.sandbox_cgroups`): the process-count limit, which binds root too
+   :mod:`queryrl.rewards.scorers.sandbox_cgroups`): the process-count limit, which binds root too
    (``RLIMIT_NPROC`` does not), and ``memory_mb`` for all its processes together;
 2. builds a private root on a small tmpfs: read-only bind mounts of the system directories
    (``/usr``, ``/lib*``, ``/bin``, ``/sbin``), the interpreter's prefixes (the venv and its base
@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from queryrl.rewards.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, cgroup_parent, run_cgroups
+from queryrl.rewards.scorers.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, cgroup_parent, run_cgroups
 
 
 class SandboxError(RuntimeError):

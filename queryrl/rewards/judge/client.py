@@ -60,8 +60,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from queryrl.redaction import add_secret
 from queryrl.rewards.json_extract import parse_verdict
-from queryrl.rewards.judge_memory import JudgeResult, RefusalMemory, VerdictCache
-from queryrl.rewards.judge_policy import (
+from queryrl.rewards.judge.memory import JudgeResult, RefusalMemory, VerdictCache
+from queryrl.rewards.judge.policy import (
     Backoff,
     JudgeConfigError,
     JudgeUnavailable,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queryrl.rewards.toy import compute_score
+from queryrl.rewards.scorers.toy import compute_score
 
 
 @pytest.mark.parametrize(

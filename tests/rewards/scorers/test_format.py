@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from queryrl.rewards.format import (
+from queryrl.rewards.scorers.format import (
     compute_score,
     extract_tag,
     json_shape_score,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queryrl.rewards.gsm8k import compute_score, extract_solution
+from queryrl.rewards.scorers.gsm8k import compute_score, extract_solution
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,17 @@
+"""An LLM judge behind any OpenAI-compatible API: the client (:mod:`.client`), what it remembers between
+requests (:mod:`.memory`: the verdict cache, refusals) and what it may send and retry (:mod:`.policy`)."""
+
+from queryrl.rewards.json_extract import parse_verdict
+from queryrl.rewards.judge.client import PAIRWISE_VERDICT_SCHEMA, JudgeClient, collect_judge_metrics
+from queryrl.rewards.judge.memory import JudgeResult
+from queryrl.rewards.judge.policy import JudgeConfigError, JudgeUnavailable
+
+__all__ = [
+    "PAIRWISE_VERDICT_SCHEMA",
+    "JudgeClient",
+    "JudgeConfigError",
+    "JudgeResult",
+    "JudgeUnavailable",
+    "collect_judge_metrics",
+    "parse_verdict",
+]
