@@ -132,9 +132,9 @@ def _interval(stats: Mapping[str, float] | None) -> str:
 
 def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> str:
     """The "paired differences" markdown table: one row per pair, each difference as ``+d [low, high]``."""
-    metrics = [(f"recall@{k}", f"Δ recall@{k}"), ("mrr", "Δ MRR"), (f"ndcg@{k}", f"Δ NDCG@{k}")]
+    metrics = [("mrr", "Δ MRR"), (f"recall@{k}", f"Δ recall@{k}"), (f"ndcg@{k}", f"Δ NDCG@{k}")]
     judged = any("judge_score" in c for c in comparisons.values())
-    header = ["A - B", "n", *(f"{label} [95% CI]" for _, label in metrics), f"recall@{k} A>B / A<B / A=B"]
+    header = ["A - B", "n", *(f"{label} [95% CI]" for _, label in metrics), "MRR A>B / A<B / A=B"]
     if judged:
         header.append("Δ judge_score [95% CI] (n)")
     extra = [m for m in ("intent_kept", "intent_kept_judge") if any(m in c for c in comparisons.values())]
@@ -146,7 +146,7 @@ def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> 
     ]
     for c in comparisons.values():
         cells = [f"{c['a']} - {c['b']}", str(c["n"]), *(_interval(c.get(m)) for m, _ in metrics)]
-        head = c.get(f"recall@{k}")
+        head = c.get("mrr")
         cells.append(f"{head['a_better']:.2f} / {head['b_better']:.2f} / {head['tie']:.2f}" if head else "-")
         for metric in (["judge_score"] if judged else []) + extra:
             stats = c.get(metric)

@@ -31,12 +31,15 @@ from queryrl.atomic import atomic_path, atomic_write_text
 from queryrl.fonts import cjk_fonts
 
 SAMPLES_TOP = 5  # doc ids per system in eval_samples.jsonl
-# the printed table's columns (metric -> header), a few that fit a terminal; every metric is in eval.json
+# the printed table's columns (metric -> header), a few that fit a terminal; every metric is in eval.json. MRR
+# leads: it rewards the gold document at the top, which a rewrite that only names the product does not get
+# (on the demo's catalogue such a query finds 5 of the product's 8 documents: Recall@5 is lenient there)
 TABLE_KEYS = {
     "n": "n",
-    f"recall@{HEADLINE_K}": f"R@{HEADLINE_K}",
-    f"recall@{HEADLINE_K} CI": "95% CI",
     "mrr": "MRR",
+    "mrr CI": "MRR 95% CI",
+    f"recall@{HEADLINE_K}": f"R@{HEADLINE_K}",
+    f"recall@{HEADLINE_K} CI": f"R@{HEADLINE_K} 95% CI",
     f"ndcg@{HEADLINE_K}": f"NDCG@{HEADLINE_K}",
     f"ctx_dep recall@{HEADLINE_K}": f"ctx R@{HEADLINE_K}",
     "format_ok": "format",
@@ -65,9 +68,10 @@ def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
     for name, metrics in systems.items():
         dependent = metrics.get("context_dependent") or {}
         flat: dict[str, Any] = {**metrics, f"ctx_dep recall@{k}": dependent.get(f"recall@{k}")}
-        low, high = metrics.get(f"recall@{k}_low"), metrics.get(f"recall@{k}_high")
-        if isinstance(low, int | float) and isinstance(high, int | float):
-            flat[f"recall@{k} CI"] = f"[{low:.3f}, {high:.3f}]"
+        for metric in ("mrr", f"recall@{k}"):
+            low, high = metrics.get(f"{metric}_low"), metrics.get(f"{metric}_high")
+            if isinstance(low, int | float) and isinstance(high, int | float):
+                flat[f"{metric} CI"] = f"[{low:.3f}, {high:.3f}]"
         row: dict[str, float | str] = {}
         for key, header in TABLE_KEYS.items():
             value = flat.get(key)
@@ -97,7 +101,7 @@ def plot_systems(
 
     with cjk_fonts():  # Chinese system names render
         names = list(systems)
-        panels = [(f"recall@{HEADLINE_K}", f"Recall@{HEADLINE_K}"), ("mrr", "MRR")]
+        panels = [("mrr", "MRR"), (f"recall@{HEADLINE_K}", f"Recall@{HEADLINE_K}")]
         if any(systems[n].get("judge_score") is not None for n in names):
             panels.append(("judge_score", "judge score vs reference"))
         count = len(panels) + bool(comparisons)
