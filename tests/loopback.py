@@ -90,21 +90,3 @@ def serve_judge_process(judge: str = "constant", startup_s: float = 60.0) -> Ite
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-def load_benchmark(script: str, name: str) -> Any:
-    """``benchmarks/SCRIPT`` imported as module `name` (its siblings, e.g. ``common``, importable)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[1] / "benchmarks"
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(name, folder / script)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module

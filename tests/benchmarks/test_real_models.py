@@ -11,10 +11,9 @@ import pytest
 
 pytest.importorskip("gguf", reason="convert-gguf needs the gguf package (pip install 'queryrl[gguf]')")
 
-from tests.loopback import load_benchmark
-from tests.models.helpers import bpe_vocabulary, tiny_llama, write_gguf
+import real_models as bench
 
-bench = load_benchmark("real_models.py", "real_models_bench")
+from tests.models.helpers import bpe_vocabulary, tiny_llama, write_gguf
 
 
 def test_only_missing_or_other_versions_are_installed() -> None:

@@ -8,13 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import real_model as bench  # benchmarks/real_model.py (benchmarks/ is on the tests' path: pyproject.toml)
 
-from tests.loopback import load_benchmark
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-bench = load_benchmark("real_model.py", "real_model_bench")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_run_measured_reports_that_process_peak_rss(tmp_path: Path) -> None:
