@@ -21,7 +21,6 @@ from queryrl.apps.query_rewrite.config import (
     QueryRewriteConfig,
     move_reward_kwargs,
     resolve_seed_keys,
-    settings_of,
     validate_settings,
 )
 
@@ -80,7 +79,7 @@ class QueryRewriteApp(Application):
                 "would replace it: remove one of the two"
             )
         label, manager = self.reward_plan(cfg)
-        return AppReward(QueryRewriteReward(settings_of(cfg)), manager=manager, label=label)
+        return AppReward(QueryRewriteReward.from_config(cfg), manager=manager, label=label)
 
     def reward_plan(self, cfg: DictConfig) -> tuple[str, str]:
         # RAG and judge calls are I/O: concurrently under the async manager

@@ -4,7 +4,7 @@ The same checks as ``queryrl eval`` (:mod:`.eval_checks`): an OpenAI-compatible 
 uses one, answers with these settings (key variable, ``GET /models``, one tiny request); an external
 RAG service answers ``GET /health`` and one ``POST /rag/chat`` whose documents keep the response contract
 (:func:`~.eval_checks.check_rag_contract`). The reward checked is the application's own
-(:class:`~.reward.score.QueryRewriteReward` with :func:`~.training.settings_of`).
+(:meth:`~.reward.score.QueryRewriteReward.from_config`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def reward_spec(cfg: DictConfig) -> RewardSpec:
     from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
     from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
 
-    return RewardSpec(REWARD_FUNCTION, "compute_score", {}, fn=QueryRewriteReward(settings_of(cfg)))
+    return RewardSpec(REWARD_FUNCTION, "compute_score", {}, fn=QueryRewriteReward.from_config(cfg))
 
 
 def service_checks(cfg: DictConfig) -> list[Check]:

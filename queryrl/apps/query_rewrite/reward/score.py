@@ -70,11 +70,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from omegaconf import DictConfig
+
 from queryrl.apps.query_rewrite.config import (
     QueryRewriteConfig,
     QueryRewriteRAGConfig,
     reward_weights,
     settings_from_flat,
+    settings_of,
 )
 from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.prompts import (
@@ -401,11 +404,16 @@ class QueryRewriteReward:
     It pickles (its settings are a dataclass), for the process-pool manager.
 
     Args:
-        settings: ``app.query_rewrite`` as its dataclass (:func:`~..training.settings_of`).
+        settings: ``app.query_rewrite`` as its dataclass (:meth:`from_config` reads it from a run's config).
     """
 
     def __init__(self, settings: QueryRewriteConfig) -> None:
         self.settings = settings
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> QueryRewriteReward:
+        """The reward of a run's config: its ``app.query_rewrite`` node (:func:`~..config.settings_of`)."""
+        return cls(settings_of(cfg))
 
     async def __call__(
         self,

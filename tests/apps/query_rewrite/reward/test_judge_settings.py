@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from queryrl.apps.query_rewrite.config import settings_of
 from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward, RewardFailure
 from queryrl.config import ConfigError, load_config, redacted
@@ -35,7 +34,7 @@ def _score(cfg: Any, row: dict[str, Any]) -> dict[str, float]:
     """The reward the trainer builds for `cfg`, on `row`."""
     answer = json.dumps({"rewritten_query": "手机 价格", "user_profile": "", "history_summary": ""})
     truth, info = row["reward_model"]["ground_truth"], row["extra_info"]
-    return asyncio.run(QueryRewriteReward(settings_of(cfg))(row["data_source"], answer, truth, info))
+    return asyncio.run(QueryRewriteReward.from_config(cfg)(row["data_source"], answer, truth, info))
 
 
 def _config(url: str, tmp_path: Path, yaml_judge: str, *overrides: str) -> Any:
@@ -124,7 +123,7 @@ def test_the_reward_managers_retries_do_not_pay_for_a_refusal(tmp_path: Path, mo
     answer = json.dumps({"rewritten_query": "手机 电池", "user_profile": "", "history_summary": ""})
     with running_server(app) as url:
         cfg = _config(url, tmp_path, "      temperature: 0.3\n")
-        reward = QueryRewriteReward(settings_of(cfg))
+        reward = QueryRewriteReward.from_config(cfg)
         manager = make_reward_manager("async", reward, {}, max_retries=2, backoff_s=0.01)
         try:
             (result,) = manager.score(
