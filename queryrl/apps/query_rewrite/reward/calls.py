@@ -118,7 +118,7 @@ def pop_reward_metrics() -> dict[str, float]:
     ``rag/*`` (calls, failures, retries, reference cache hits, latency), ``rag/candidate_calls``
     (distinct candidate requests actually sent), and with position swap ``judge/position_consistency``
     (the fraction of swapped pairs whose two verdicts agreed), and ``reward/intent/changed`` (the share of
-    rewrites that changed the customer's intent, :func:`~.reward_intent.pop_intent_metrics`)."""
+    rewrites that changed the customer's intent, :func:`~.intent.pop_intent_metrics`)."""
     metrics: dict[str, float] = {}
     clients = rag_clients()
     with LOCK:

@@ -102,9 +102,9 @@ def rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClien
     embedded :class:`InProcessRAG` over ``rag.corpus`` (:func:`embedded_rag`) that returns `depth`
     documents (default ``rag.top_k``)."""
     top_k = int(depth if depth is not None else rag.top_k)
-    embedded = {k: getattr(rag, k) for k in EMBEDDED_OPTIONS if getattr(rag, k) is not None}
-    if rag.url is not None:
-        embedded = {}
+    embedded = (
+        {} if rag.url is not None else {k: getattr(rag, k) for k in EMBEDDED_OPTIONS if getattr(rag, k) is not None}
+    )
     fields = dict(rag.document_fields)
     key = (
         rag.url,

@@ -53,14 +53,14 @@ Failures and penalties.
   gets that same floor. These are settled by the label alone: no RAG or judge call
   (:func:`~queryrl.apps.query_rewrite.reward.modes.abstain_components`). ``abstained`` (1 / 0) is logged.
 - A rewrite that changes the customer's intent (the offline check of :mod:`.intent`: another question, an
-  answer, invented facts, garbled text) loses ``intent_penalty`` (:mod:`.reward_intent`); so does an
+  answer, invented facts, garbled text) loses ``intent_penalty`` (:mod:`.intent`); so does an
   unparsed reply, which asks nothing. The result carries ``intent/changed`` and ``intent_check``.
 - No gold documents: ``retrieval_rank`` is not applicable and its weight is dropped (the other
   components are mixed as configured). The offline judge needs gold, so there it fails the sample
   unless the judge weight is 0 (a component with weight 0 is not computed).
 
 Sharing work: identical requests share one RAG pair and one verdict (:mod:`.reward_calls`); the judge
-side is :mod:`.reward_judge`, the RAG clients :mod:`.reward_rag`.
+side is :mod:`.judge`, the RAG clients :mod:`.rag`.
 """
 
 from __future__ import annotations
