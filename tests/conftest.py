@@ -36,16 +36,24 @@ def tiny_bundle(model_cache: Path) -> Any:
     return load_policy(cfg.model, torch.device("cpu"), None, need_ref=True)
 
 
+# A Ray worker that dies of a native crash, quoted from its log by WorkerDiedError ("Fatal Python error:
+# Segmentation fault" with "__libc_malloc" on a thread without Python frames, during an FSDP weight sync over
+# gloo): seen once in about 330 Ray clusters started by this suite on the development machine. Such a test runs once
+# more (reported as a rerun, "R"); any other failure, or the same crash again, fails it.
+NATIVE_CRASH = r"WorkerDiedError: .*Fatal Python error: (Segmentation fault|Aborted|Bus error)"
+
 SANDBOX_TEST_FILES = {"test_sandbox_isolation.py", "test_code.py", "test_tools.py"}  # code runs in the sandbox
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``ray`` run one after another on one xdist worker (``make test`` runs two: each starts a
     Ray cluster of its own, and two at once would share the machine's two cores with the other worker's
-    tests); tests marked ``gpu`` are skipped, with the reason, on a machine without CUDA."""
+    tests), and once more after a worker's native crash (:data:`NATIVE_CRASH`); tests marked ``gpu`` are
+    skipped, with the reason, on a machine without CUDA."""
     for item in items:
         if "ray" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("ray"))
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[NATIVE_CRASH]))
         elif Path(str(item.fspath)).name in SANDBOX_TEST_FILES:
             # they make pids cgroups under one parent, and one checks that none is left: together, one at a time
             item.add_marker(pytest.mark.xdist_group("sandbox"))

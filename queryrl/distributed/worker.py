@@ -235,8 +235,10 @@ class PolicyWorker:
                 )
         self.fsdp = True
 
-    def pid(self) -> int:
-        return os.getpid()
+    def process(self) -> dict[str, Any]:
+        """This worker's pid, and the file its standard error goes to (Ray's log on its node; None when not a
+        file), where a native crash leaves its last words (the driver quotes them when the worker dies)."""
+        return {"pid": os.getpid(), "stderr": _stderr_file()}
 
     # --- compute --------------------------------------------------------------------------------
 
@@ -470,3 +472,12 @@ def _sum_gradients(params: list[nn.Parameter]) -> None:
         n = g.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
+
+
+def _stderr_file() -> str | None:
+    """The regular file this process's standard error (fd 2) writes to, or None (a terminal, a pipe, no /proc)."""
+    try:
+        path = os.readlink("/proc/self/fd/2")
+    except OSError:
+        return None
+    return path if os.path.isfile(path) else None

@@ -6,6 +6,8 @@ in :mod:`.ray_group` only; the package imports without it."""
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +35,33 @@ def import_ray() -> Any:
             "trainer.backend=local needs nothing more"
         ) from e
     return ray
+
+
+# what a process that dies of a signal or of Python's fatal-error handler writes last (glibc, Ray's handler,
+# faulthandler), with Ray's "[time E pid tid] logging.cc:N: " prefix taken off
+_FATAL = re.compile(r"Fatal Python error: .*|\*\*\* SIG[A-Z]+ received.*|PC: @ .*|MemoryError.*|terminate called.*")
+_RAY_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")
+
+
+def last_words_of(path: str | None, tail_bytes: int = 65536) -> str:
+    """The fatal-error lines at the end of a dead worker's standard error file (a segfault's "Fatal Python
+    error: Segmentation fault" and the function it died in), joined with " | "; "" where there are none or
+    the file is not on this machine (a worker on another node)."""
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(os.path.getsize(path) - tail_bytes, 0))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    found: list[str] = []
+    for line in text.splitlines():
+        match = _FATAL.search(_RAY_PREFIX.sub("", line.strip()))
+        words = " ".join(match.group(0).split()) if match else ""
+        if words and words not in found:
+            found.append(words)
+    return " | ".join(found[-4:])
 
 
 @dataclass(frozen=True)
@@ -129,13 +158,14 @@ class RayWorkerGroup:
                     max_task_retries=0,
                 ).remote(plain, rank, self.world_size, roles)
                 self.actors.append(actor)
-            pids = self.call_all("pid", what="starting the workers")
-            for rank, pid in enumerate(pids):
-                self.info[rank]["pid"] = pid
+            for rank, facts in enumerate(self.call_all("process", what="starting the workers")):
+                self.info[rank].update(facts)
             for role, state in init_state.items():
                 self.call_all("set_state", role, state, what=f"loading the driver's {role} weights")
             host, port = self._wait([self.actors[0].address.remote()], "rendezvous", ranks=[0])[0]
-            self.info = self.call_all("init_process_group", host, port, what="forming the process group")
+            formed = self.call_all("init_process_group", host, port, what="forming the process group")
+            for rank, facts in enumerate(formed):
+                self.info[rank].update(facts)
         except BaseException:
             self.shutdown()
             raise
@@ -193,7 +223,11 @@ class RayWorkerGroup:
         pool = "" if self.pool.name == "actor" else f"{self.pool.name} "
         who = f"a {pool}worker" if rank is None else f"{pool}worker {rank} (pid {self.info[rank].get('pid', '?')})"
         first_line = str(error).splitlines()[0] if str(error) else ""
-        return WorkerDiedError(f"{who} died during {what!r}: {type(error).__name__}: {first_line}")
+        last_words = "" if rank is None else last_words_of(self.info[rank].get("stderr"))
+        return WorkerDiedError(
+            f"{who} died during {what!r}: {type(error).__name__}: {first_line}"
+            + (f"; its log ({self.info[rank]['stderr']}) ends: {last_words}" if last_words else "")
+        )
 
     def _dead_peer(
         self, others: list[Any], index: dict[Any, int], ranks: list[int] | None, what: str, wait_s: float = 10.0
