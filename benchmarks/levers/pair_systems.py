@@ -11,30 +11,18 @@ turns where A or B is better, as JSON.
 
 ``--conversations`` adds the interval with whole conversations resampled (``conversation_low`` /
 ``conversation_high``; a cluster bootstrap: each replicate draws the conversations with replacement and takes
-every turn of each, 5,000 replicates, seed 0). The eval's interval resamples turns, but the turns of one KdConv
-conversation share its entity and its difficulty; with 15 conversations in a split that matters.
+every turn of each, 5,000 replicates, seed 0: :func:`~queryrl.apps.query_rewrite.eval.metrics.group_interval`,
+which ``queryrl eval`` now reports too, with its own 1,000). The turns of one KdConv conversation share its
+entity and its difficulty; with 15 conversations in a split that matters.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
-from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
-
-
-def conversation_interval(diffs: dict[str, list[float]], resamples: int = 5000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean per-turn difference when whole conversations are resampled."""
-    rng = np.random.default_rng(seed)
-    sums = np.array([sum(d) for d in diffs.values()])
-    counts = np.array([len(d) for d in diffs.values()])
-    picks = rng.integers(0, len(sums), size=(resamples, len(sums)))  # (R, C) conversation draws
-    means = sums[picks].sum(1) / counts[picks].sum(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+from queryrl.apps.query_rewrite.eval.metrics import group_interval, paired_bootstrap
 
 
 def main() -> None:
@@ -53,12 +41,13 @@ def main() -> None:
         a = [float(r["systems"][args.a][metric]) for r in rows]
         b = [float(r["systems"][args.b][metric]) for r in rows]
         stats = {k: round(v, 4) for k, v in paired_bootstrap(a, b).items()}
-        if args.conversations:
-            by_conversation: dict[str, list[float]] = defaultdict(list)
-            for r, x, y in zip(rows, a, b, strict=True):
-                by_conversation[str(r["conversation_id"])].append(x - y)
-            low, high = conversation_interval(by_conversation)
-            stats |= {"conversation_low": round(low, 4), "conversation_high": round(high, 4)}
+        if args.conversations:  # the eval's own interval over conversations, with 5,000 replicates
+            d = [x - y for x, y in zip(a, b, strict=True)]
+            grouped = group_interval(d, [str(r["conversation_id"]) for r in rows], n_boot=5000)
+            stats |= {
+                "conversation_low": round(grouped["group_low"], 4),
+                "conversation_high": round(grouped["group_high"], 4),
+            }
         out[metric] = stats
     print(json.dumps(out, indent=1))
 

@@ -85,6 +85,7 @@ def compare_systems(
     verdicts: Mapping[str, Sequence[Mapping[str, Any] | None]],
     n_boot: int,
     seed: int,
+    groups: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{"A-B": {"a", "b", "n", <metric>: paired_bootstrap's dict, ...}}`` for each pair.
 
@@ -93,6 +94,8 @@ def compare_systems(
         values: per system, :func:`per_sample_values` (the same samples, in the same order, for all).
         verdicts: per judged system, its verdicts against the reference (systems without: not judged).
         n_boot, seed: the bootstrap; every metric of a pair uses the same replicates.
+        groups: each sample's conversation id (same order), for the retrieval metrics' interval with whole
+            conversations resampled (``group_low`` / ``group_high``); None: turns only.
 
     Returns:
         Per pair: ``n`` (turns both were scored on) and, when n > 0, one entry per metric (``n``, ``a``,
@@ -101,11 +104,17 @@ def compare_systems(
     """
     out: dict[str, dict[str, Any]] = {}
     for a, b in pairs:
-        both = [(x, y) for x, y in zip(values[a], values[b], strict=True) if x is not None and y is not None]
+        kept: list[int] = []  # the samples both were scored on
+        both: list[tuple[Mapping[str, float], Mapping[str, float]]] = []
+        for i, (x, y) in enumerate(zip(values[a], values[b], strict=True)):
+            if x is not None and y is not None:
+                kept.append(i)
+                both.append((x, y))
         entry: dict[str, Any] = {"a": a, "b": b, "n": len(both)}
+        by = [groups[i] for i in kept] if groups is not None else None
         for metric in list(both[0][0]) if both else []:
             xs, ys = [x[metric] for x, _ in both], [y[metric] for _, y in both]
-            entry[metric] = paired_bootstrap(xs, ys, n_boot, seed=seed)
+            entry[metric] = paired_bootstrap(xs, ys, n_boot, seed=seed, groups=by)
         if a in verdicts and b in verdicts:
             paired = paired_where_both(judge_scores(verdicts[a]), judge_scores(verdicts[b]), n_boot, seed)
             if paired is not None:
@@ -124,10 +133,10 @@ def paired_where_both(
     return paired_bootstrap([x for x, _ in both], [y for _, y in both], n_boot, seed=seed)
 
 
-def _interval(stats: Mapping[str, float] | None) -> str:
-    if not stats:
+def _interval(stats: Mapping[str, float] | None, low: str = "low", high: str = "high") -> str:
+    if not stats or low not in stats:
         return "-"
-    return f"{stats['diff']:+.3f} [{stats['low']:+.3f}, {stats['high']:+.3f}]"
+    return f"{stats['diff']:+.3f} [{stats[low]:+.3f}, {stats[high]:+.3f}]"
 
 
 def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> str:
@@ -135,6 +144,9 @@ def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> 
     metrics = [("mrr", "Δ MRR"), (f"recall@{k}", f"Δ recall@{k}"), (f"ndcg@{k}", f"Δ NDCG@{k}")]
     judged = any("judge_score" in c for c in comparisons.values())
     header = ["A - B", "n", *(f"{label} [95% CI]" for _, label in metrics), "MRR A>B / A<B / A=B"]
+    grouped = any("group_low" in (c.get("mrr") or {}) for c in comparisons.values())
+    if grouped:  # the headline's interval with whole conversations resampled
+        header.append("Δ MRR, conversations resampled [95% CI] (conv.)")
     if judged:
         header.append("Δ judge_score [95% CI] (n)")
     extra = [m for m in ("intent_kept", "intent_kept_judge") if any(m in c for c in comparisons.values())]
@@ -148,6 +160,9 @@ def format_comparisons(comparisons: Mapping[str, Mapping[str, Any]], k: int) -> 
         cells = [f"{c['a']} - {c['b']}", str(c["n"]), *(_interval(c.get(m)) for m, _ in metrics)]
         head = c.get("mrr")
         cells.append(f"{head['a_better']:.2f} / {head['b_better']:.2f} / {head['tie']:.2f}" if head else "-")
+        if grouped:
+            by = _interval(head, "group_low", "group_high")
+            cells.append(f"{by} ({int(head['groups'])})" if head and "groups" in head else by)
         for metric in (["judge_score"] if judged else []) + extra:
             stats = c.get(metric)
             cells.append(f"{_interval(stats)} ({int(stats['n'])})" if stats else "-")

@@ -157,7 +157,12 @@ TIE_TOL = 1e-12
 
 
 def paired_bootstrap(
-    a: Sequence[float], b: Sequence[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
+    a: Sequence[float],
+    b: Sequence[float],
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+    groups: Sequence[str] | None = None,
 ) -> dict[str, float]:
     """The mean difference ``A - B`` over the same samples, with its PAIRED percentile bootstrap interval.
 
@@ -169,14 +174,19 @@ def paired_bootstrap(
     The replicates are the ones :func:`bootstrap_ci` draws for the same `seed` and sample count, so with
     ``b`` all zeros the interval is ``bootstrap_ci(a)``'s. Deterministic for a given `seed`.
 
+    Turns of one conversation are not independent (they share its entity and its difficulty): with
+    `groups` (each sample's conversation id), :func:`group_interval` also resamples whole conversations.
+
     Args:
         a, b: per-sample scores of systems A and B on the same samples, in the same order; (n,) each.
         n_boot, alpha, seed: the bootstrap (``1 - alpha`` interval).
+        groups: each sample's group (conversation id; "" for none: a group of its own), or None.
 
     Returns:
         ``n``; ``a`` and ``b`` (each system's mean); ``diff`` (mean of ``a - b``) with ``low`` / ``high``;
         ``a_better``, ``b_better``, ``tie``: the shares of samples where A > B, A < B and A = B
-        (within :data:`TIE_TOL`), summing to 1.
+        (within :data:`TIE_TOL`), summing to 1; with `groups` of at least two groups, ``groups`` (their
+        number) and ``group_low`` / ``group_high`` (:func:`group_interval`).
     """
     x = np.asarray(a, dtype=np.float64)  # (n,)
     y = np.asarray(b, dtype=np.float64)  # (n,)
@@ -203,7 +213,36 @@ def paired_bootstrap(
         "a_better": float(np.mean((d > 0) & ~tie)),
         "b_better": float(np.mean((d < 0) & ~tie)),
         "tie": float(np.mean(tie)),
-    }
+    } | (group_interval(d, groups, n_boot, alpha, seed) if groups is not None else {})
+
+
+def group_interval(
+    d: Sequence[float] | np.ndarray, groups: Sequence[str], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> dict[str, float]:
+    """The percentile interval of the mean per-sample difference `d` when whole groups are resampled.
+
+    A cluster bootstrap: each replicate draws as many groups as there are, with replacement, and takes the
+    mean over all samples of the groups drawn (a group's samples move together). Groups are numbered in
+    order of first appearance; a sample whose group is "" is a group of its own. Fewer than two groups:
+    ``{}`` (nothing to resample). Deterministic for a given `seed`.
+
+    Returns:
+        ``groups`` (how many), ``group_low``, ``group_high``.
+    """
+    x = np.asarray(d, dtype=np.float64)  # (n,)
+    if len(groups) != x.size:
+        raise ValueError(f"{x.size} samples but {len(groups)} group ids")
+    index: dict[str, int] = {}
+    ids = np.array([index.setdefault(g if g else f"\0{i}", len(index)) for i, g in enumerate(groups)], dtype=np.int64)
+    if len(index) < 2:
+        return {}
+    sums = np.bincount(ids, weights=x, minlength=len(index))  # (G,)
+    counts = np.bincount(ids, minlength=len(index)).astype(np.float64)  # (G,)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(index), size=(n_boot, len(index)))  # (n_boot, G): whole groups drawn
+    means = sums[picks].sum(axis=1) / counts[picks].sum(axis=1)  # (n_boot,)
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return {"groups": float(len(index)), "group_low": float(low), "group_high": float(high)}
 
 
 def win_tie_loss(

@@ -236,7 +236,8 @@ def _report(
         for s in specs
     }
     verdicts = {name: outcome.verdicts for name, outcome in outcomes.items()}
-    comparisons = compare_systems(pairs, values, verdicts, n_boot, seed)
+    groups = [s.conversation_id for s in samples]
+    comparisons = compare_systems(pairs, values, verdicts, n_boot, seed, groups=groups)
     for key, entry in compare_intents(pairs, intents, n_boot, seed).items():
         comparisons[key] |= entry
     return {

@@ -91,6 +91,11 @@ def test_compare_systems_pairs_the_turns_both_were_scored_on() -> None:
     assert out["a-ref"]["m"]["diff"] == pytest.approx(-0.5)
     none = compare_systems([("a", "b")], {"a": [None], "b": [None]}, {}, 50, 0)
     assert none == {"a-b": {"a": "a", "b": "b", "n": 0}}
+    # with conversation ids: the retrieval metrics' interval over conversations, on the turns both were scored on
+    grouped = compare_systems([("a", "b")], values, verdicts, n_boot=50, seed=0, groups=["x", "x", "y", "z"])
+    assert grouped["a-b"]["m"] == paired_bootstrap([1.0, 0.5, 0.0], [0.0, 0.5, 0.0], 50, seed=0, groups=["x", "x", "z"])
+    assert grouped["a-b"]["m"]["groups"] == 2
+    assert "groups" not in grouped["a-b"]["judge_score"]
 
 
 def test_format_comparisons_table() -> None:
@@ -117,6 +122,12 @@ def test_format_comparisons_table() -> None:
         " | 0.10 / 0.15 / 0.75 | +0.100 [+0.050, +0.150] (118) |"
     )
     assert lines[4] == "| grpo - reference | 0 | - | - | - | - | - |"
+    # with conversations resampled too: one more column, for the headline metric
+    comparisons["grpo-sft"]["mrr"] |= {"groups": 15.0, "group_low": -0.09, "group_high": 0.05}
+    lines = format_comparisons(comparisons, 5).splitlines()
+    assert "| MRR A>B / A<B / A=B | Δ MRR, conversations resampled [95% CI] (conv.) | Δ judge_score" in lines[1]
+    assert " | 0.10 / 0.15 / 0.75 | -0.010 [-0.090, +0.050] (15) | +0.100 [+0.050, +0.150] (118) |" in lines[3]
+    assert lines[4] == "| grpo - reference | 0 | - | - | - | - | - | - |"
 
 
 def test_draw_differences_panel_has_the_zero_line_and_one_bar_per_pair_and_metric() -> None:
@@ -196,7 +207,10 @@ def test_cli_compare_end_to_end(tmp_path: Path, model_cache: Path) -> None:
     assert all("recall@5" not in r["systems"]["raw_turn"] for r in records if not r["gold"])
     xs = [r["systems"]["concat_last3"]["recall@5"] for r in gold]
     ys = [r["systems"]["raw_turn"]["recall@5"] for r in gold]
-    assert pair["recall@5"] == pytest.approx(paired_bootstrap(xs, ys, 200, seed=3))
+    conversations = [r["conversation_id"] for r in gold]
+    assert pair["recall@5"] == pytest.approx(paired_bootstrap(xs, ys, 200, seed=3, groups=conversations))
+    assert pair["mrr"]["groups"] == len(set(conversations)) > 1  # whole conversations resampled too
+    assert "conversations resampled" in result.output
 
     # without --compare: no comparisons, no second table, a two-panel chart
     plain = tmp_path / "without" / "eval.json"

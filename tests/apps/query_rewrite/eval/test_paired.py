@@ -96,3 +96,38 @@ def test_bad_input_is_refused() -> None:
         paired_bootstrap([0.1], [0.2], alpha=1.5)
     with pytest.raises(ValueError, match="n_boot"):
         paired_bootstrap([0.1], [0.2], n_boot=0)
+
+
+def test_with_one_sample_per_group_the_group_interval_is_the_turn_interval() -> None:
+    rng = np.random.default_rng(5)
+    a, b = rng.random(40).tolist(), rng.random(40).tolist()
+    out = paired_bootstrap(a, b, n_boot=300, seed=2, groups=[f"c{i}" for i in range(40)])
+    assert out["groups"] == 40
+    # the same draws: each group is one sample
+    assert out["group_low"] == pytest.approx(out["low"], abs=1e-12)
+    assert out["group_high"] == pytest.approx(out["high"], abs=1e-12)
+
+
+def test_resampling_whole_conversations_widens_the_interval_when_they_differ() -> None:
+    # 6 conversations of 10 turns; within each the difference is the same on every turn, between them it
+    # varies: resampling turns sees 60 independent values, resampling conversations sees 6
+    per_conversation = [0.3, 0.0, -0.1, 0.2, 0.0, 0.1]
+    d = [x for x in per_conversation for _ in range(10)]
+    groups = [f"conv{c}" for c in range(6) for _ in range(10)]
+    out = paired_bootstrap(d, [0.0] * 60, n_boot=2000, seed=0, groups=groups)
+    assert out["diff"] == pytest.approx(np.mean(per_conversation))
+    assert out["groups"] == 6
+    assert out["group_high"] - out["group_low"] > 2 * (out["high"] - out["low"])
+    assert out["group_low"] <= out["diff"] <= out["group_high"]
+
+
+def test_group_ids_empty_or_single_and_mismatched() -> None:
+    from queryrl.apps.query_rewrite.eval.metrics import group_interval
+
+    assert group_interval([0.1, 0.2, 0.3], ["same", "same", "same"]) == {}  # one group: nothing to resample
+    assert group_interval([0.1, 0.2, 0.3], ["", "", "x"])["groups"] == 3  # "" is a group of its own
+    no_groups = paired_bootstrap([1.0, 0.0], [0.0, 0.0], n_boot=10)
+    assert "groups" not in no_groups
+    assert "group_low" not in no_groups
+    with pytest.raises(ValueError, match="3 samples but 2 group ids"):
+        group_interval([0.1, 0.2, 0.3], ["a", "b"])
