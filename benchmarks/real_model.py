@@ -19,8 +19,8 @@ the same split by conversation and history window; held-out test conversations),
 `--answer-format` (``text`` by default: the query on one line, what a small model can write; ``json`` as
 the users' 8B model answers):
 
-1. ``zero_shot``: ``queryrl eval`` of the model as it is, with the baselines raw_turn, concat_last3 and
-   reference;
+1. ``zero_shot``: the model as it is (evaluated in step 4, beside the baselines raw_turn, concat_last3 and
+   reference, and the trained models);
 2. ``warmup``: ``queryrl warmup`` (ConvSearch-R1's self-driven warm-up) on the first `--warmup-rows` training
    turns, then ``queryrl sft`` with LoRA on the kept targets -> the ``warmup`` model; with
    ``--reference-sft`` also SFT on the reference rewriter's answers of the same turns (``ref_sft``), the
@@ -350,10 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     baselines = ",".join(BASELINES)
     reuse: Path | None = args.warmup_model.resolve() if args.warmup_model is not None else None
     zero_shot = reuse is None and not args.no_zero_shot
-    if zero_shot:
-        evals["zero_shot"] = evaluate(
-            "zero_shot_eval", test, f"{baselines},zero_shot={model}", args.eval_samples, dtype
-        )
+    # the zero-shot model is evaluated once, in the final eval beside the others (a separate eval before the
+    # warm-up decoded the same rows twice: 784 s of a 2-hour run on this machine)
     if zero_shot and dtype != "float32" and args.fp32_check:
         low = evaluate("fp32_check", test, f"zero_shot={model}", args.fp32_check, "float32")
         high = evaluate("bf16_check", test, f"zero_shot={model}", args.fp32_check, dtype)
@@ -434,7 +432,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "compute_dtype": dtype,
         "dtype_check": evals.get("dtype_check"),
-        "zero_shot_eval": system_summary(evals["zero_shot"]["systems"]) if "zero_shot" in evals else None,
+        "zero_shot_eval": (
+            system_summary({k: v for k, v in evals["final"]["systems"].items() if k in (*BASELINES, "zero_shot")})
+            if zero_shot
+            else None
+        ),
         "warmup_model_reused": str(reuse) if reuse is not None else None,
         "final_eval": system_summary(evals["final"]["systems"]),
         "comparisons": evals["final"].get("comparisons"),
