@@ -72,12 +72,15 @@ from queryrl.rollout.peft_weights import base_model, lora_parameters
 __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "unsupported_reason", "warp"]
 
 
-# A float32 matrix at least WIDE_RATIO times as tall as it is wide (the fused gate/up, the lm_head) times at most
-# SKINNY_ROWS rows of a CPU batch runs as ``(W h^T)^T``: MKL's sgemm is 1.2-2.4x faster in that orientation than
-# in ``h W^T`` (F.linear's) on this project's CPU, one thread, 4-64 rows (8 rows: 11.9 against 8.5 ms for
-# 9,728 x 896, 235 against 159 ms for the 151,936 x 896 head; benchmarks/levers/skinny_matmul.py); no faster
-# for square or narrow matrices, nor for one row
+# A float32 matrix of at least WIDE_MIN_ELEMENTS entries (8 MiB) and at least WIDE_RATIO times as tall as it is
+# wide (the fused gate/up of a 0.5B model, any large vocabulary's lm_head) times 2 to SKINNY_ROWS rows of a CPU
+# batch runs as ``(W h^T)^T``: MKL's sgemm is 1.1-1.6x faster in that orientation than in ``h W^T`` (F.linear's)
+# on this project's CPU, one thread (8 rows: 13.2 against 8.3 ms for 9,728 x 896, 3.0 against 2.3 ms for
+# 4,096 x 640, 235 against 159 ms for the 151,936 x 896 head; benchmarks/levers/skinny_matmul.py). Smaller
+# matrices are slower that way (3,072 x 576: 1.35 against 2.13 ms; the tiny model's 2-3x), as are square or
+# narrow ones, and one row gains nothing: they keep F.linear.
 WIDE_RATIO = 4
+WIDE_MIN_ELEMENTS = 1 << 21
 SKINNY_ROWS = 64
 
 
@@ -89,6 +92,7 @@ def _linear(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         and weight.dtype == torch.float32
         and 1 < h.shape[0] <= SKINNY_ROWS
         and weight.shape[0] >= WIDE_RATIO * weight.shape[1]
+        and weight.numel() >= WIDE_MIN_ELEMENTS
     ):
         out = torch.mm(weight, h.t()).t().contiguous()
         return out if bias is None else out + bias

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 import queryrl.rollout.fast_decode as fast_decode
@@ -111,6 +112,41 @@ def test_unfused_projections_give_the_same_tokens(
     fast, slow = paths(models[name], tiny_bundle.tokenizer)
     assert all(len(layer.qkv) == 3 for layer in FastDecoder(models[name])._weights().layers)
     assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
+
+
+@pytest.mark.parametrize("name", ["sharp", "qwen3", "llama", "gemma3"])
+def test_wide_matrices_in_the_flipped_orientation_give_the_same_tokens(
+    name: str, models: dict[str, nn.Module], tiny_bundle: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``(W h^T)^T`` path for wide matrices (on the 0.5B model's gate/up and head), forced onto the tiny
+    models' gate/up and lm_head: the same greedy tokens as ``generate``."""
+    monkeypatch.setattr(fast_decode, "WIDE_MIN_ELEMENTS", 0)
+    calls: list[tuple[int, ...]] = []
+    mm = torch.mm
+
+    def spy(a: Tensor, b: Tensor) -> Tensor:
+        calls.append(tuple(a.shape))
+        return mm(a, b)
+
+    monkeypatch.setattr(fast_decode.torch, "mm", spy)
+    fast, slow = paths(models[name], tiny_bundle.tokenizer, micro_batch_size=3)
+    assert_same_greedy(fast.generate(prompts, GREEDY), slow.generate(prompts, GREEDY))
+    config = models[name].config
+    assert (config.vocab_size, config.hidden_size) in calls  # the head took the flipped path
+
+
+def test_the_flipped_product_equals_f_linear() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(4 * 1024, 512, generator=generator)  # 2M entries, 8 times as tall as wide
+    bias = torch.randn(4 * 1024, generator=generator)
+    for rows in (2, 8, 64):
+        h = torch.randn(rows, 512, generator=generator)
+        out = fast_decode._linear(h, weight, bias)
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, F.linear(h, weight, bias), atol=1e-4, rtol=1e-5)
+    small = torch.randn(384, 64, generator=generator)  # the tiny model's gate/up: F.linear itself
+    h = torch.randn(8, 64, generator=generator)
+    assert torch.equal(fast_decode._linear(h, small), F.linear(h, small))
 
 
 @pytest.mark.parametrize("name", ["eos", "qwen3", *(f"{name}_eos" for name in ARCHS), *ROPES])
