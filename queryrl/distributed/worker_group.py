@@ -223,10 +223,11 @@ class RayWorkerGroup:
         pool = "" if self.pool.name == "actor" else f"{self.pool.name} "
         who = f"a {pool}worker" if rank is None else f"{pool}worker {rank} (pid {self.info[rank].get('pid', '?')})"
         first_line = str(error).splitlines()[0] if str(error) else ""
-        last_words = "" if rank is None else last_words_of(self.info[rank].get("stderr"))
+        log = None if rank is None else self.info[rank].get("stderr")
+        last_words = last_words_of(log)
         return WorkerDiedError(
             f"{who} died during {what!r}: {type(error).__name__}: {first_line}"
-            + (f"; its log ({self.info[rank]['stderr']}) ends: {last_words}" if last_words else "")
+            + (f"; its log ({log}) ends: {last_words}" if last_words else "")
         )
 
     def _dead_peer(
