@@ -51,10 +51,12 @@ logger = logging.getLogger(__name__)
 
 
 class RateLimiter:
-    """A smooth token bucket of capacity one: calls start at least ``60 / requests_per_minute`` s apart.
+    """A smooth token bucket of capacity one: each call reserves a start slot ``60 / requests_per_minute`` s
+    after the one before and does not start before it.
 
-    No bursts: a judge API that allows 600 requests a minute gets one every 0.1 s. Reserving a
-    start time is atomic because only the manager's event loop calls :meth:`acquire`.
+    No bursts: a judge API that allows 600 requests a minute gets one every 0.1 s (a wake-up the machine
+    delays shortens the gap to the next call, which keeps its slot; it never adds a call to a minute).
+    Reserving a start time is atomic because only the manager's event loop calls :meth:`acquire`.
 
     Args:
         requests_per_minute: the rate; <= 0 turns the limiter off.

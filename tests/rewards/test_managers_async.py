@@ -73,7 +73,10 @@ def test_rate_limit_spaces_the_calls() -> None:
     assert all(not r.failed for r in results)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert len(gaps) == 4
-    assert min(gaps) >= 0.09
+    # each call has a start slot 0.1 s after the one before and never starts before it; a wake-up the
+    # machine delays shortens the next gap (0.119 then 0.082 on a loaded run), never the span of the slots
+    assert starts[-1] - starts[0] >= 0.4 - 0.03  # the rate holds over the window
+    assert min(gaps) >= 0.05  # and no two calls start together (a burst)
     assert starts[-1] - starts[0] < 0.4 + 0.2  # smooth, not slower than the rate
 
 
