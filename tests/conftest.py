@@ -37,7 +37,7 @@ def tiny_bundle(model_cache: Path) -> Any:
 
 
 # A Ray worker that dies of a native crash, quoted from its log by WorkerDiedError ("Fatal Python error:
-# Segmentation fault" with "__libc_malloc" on a thread without Python frames, during an FSDP weight sync over
+# Segmentation fault" with "__libc_malloc" and no Python traceback, during an FSDP weight sync over
 # gloo): seen once in about 330 Ray clusters started by this suite on the development machine. Such a test runs once
 # more (reported as a rerun, "R"); any other failure, or the same crash again, fails it.
 NATIVE_CRASH = r"WorkerDiedError: .*Fatal Python error: (Segmentation fault|Aborted|Bus error)"

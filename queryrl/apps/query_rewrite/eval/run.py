@@ -236,7 +236,9 @@ def _report(
         for s in specs
     }
     verdicts = {name: outcome.verdicts for name, outcome in outcomes.items()}
-    groups = [s.conversation_id for s in samples]
+    # whole conversations resampled too where the data names them (without ids it would repeat the turns' interval)
+    named = any(s.conversation_id for s in samples)
+    groups = [s.conversation_id for s in samples] if named else None
     comparisons = compare_systems(pairs, values, verdicts, n_boot, seed, groups=groups)
     for key, entry in compare_intents(pairs, intents, n_boot, seed).items():
         comparisons[key] |= entry
