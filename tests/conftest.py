@@ -42,7 +42,9 @@ def tiny_bundle(model_cache: Path) -> Any:
 # more (reported as a rerun, "R"); any other failure, or the same crash again, fails it.
 NATIVE_CRASH = r"WorkerDiedError: .*Fatal Python error: (Segmentation fault|Aborted|Bus error)"
 
-SANDBOX_TEST_FILES = {"test_sandbox_isolation.py", "test_code.py", "test_tools.py"}  # code runs in the sandbox
+# code runs in the sandbox (test_code_forgery.py too: through the code reward's evaluator); a run of another
+# xdist worker beside test_sandbox_isolation.py's cgroup checks shows there as an empty cgroup left behind
+SANDBOX_TEST_FILES = {"test_sandbox_isolation.py", "test_code.py", "test_code_forgery.py", "test_tools.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
