@@ -378,7 +378,7 @@ class Trainer:
         c = self.c
         c.policy.model.train()
         metrics = self._ppo_updates(batch, "actor")
-        c.scheduler.step()
+        _schedule(c.scheduler)
         c.workers.sync_policy(c.policy.model)  # whatever generates the next rollouts takes the new weights
         return metrics
 
@@ -388,7 +388,7 @@ class Trainer:
         assert c.critic_scheduler is not None
         c.critic.train()
         metrics = self._ppo_updates(batch, "critic")
-        c.critic_scheduler.step()
+        _schedule(c.critic_scheduler)
         return metrics
 
     # --- validation, samples, checkpoints -----------------------------------------------------
@@ -482,3 +482,12 @@ class Trainer:
         self.c.workers.push_state(self.c)
         self.kl_ctrl.value = state["kl_coef"]
         self.step = int(state["step"])
+
+
+def _schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """The next step's learning rate. With Ray or FSDP workers the ranks' optimizers step and the driver's
+    scheduler only sets the rate they are given, so torch's warning that this optimizer never stepped
+    ("Detected call of `lr_scheduler.step()` before `optimizer.step()`") does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        scheduler.step()
