@@ -1,4 +1,5 @@
-"""wandb and mlflow run for real: wandb offline, mlflow on a local file store, read back with their own formats.
+"""wandb and mlflow run for real: wandb offline, mlflow on a local file store, each read back with its own
+reader (`wandb leet inspect --json`, mlflow's client).
 
 Both packages are in the ``dev`` extra (``make test`` installs it); without it these tests skip and say so.
 Each run's config holds a secret registered from the environment (as the CLI does) in a field named
@@ -8,7 +9,8 @@ Each run's config holds a secret registered from the environment (as the CLI doe
 from __future__ import annotations
 
 import json
-import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,28 +54,15 @@ def _files_with(root: Path, text: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
-def _wandb_records(path: Path) -> Iterator[Any]:
-    """The protobuf records of a ``.wandb`` file (a LevelDB-style log: 32 KiB blocks of checksummed chunks)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, block = path.read_bytes(), 32768
-    assert data[:4] == b":W&B"
-    pos, pending = 7, b""  # after the header: ":W&B", 2 magic bytes, 1 version byte
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0 and length == 0:  # zero padding up to the block's end
-            pos += block - pos % block
-            continue
-        pending += data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # FULL or LAST: a record is complete
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(pending)
-            pending = b""
-            yield record
+def _wandb_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``.wandb`` file as wandb itself reads them (``wandb leet inspect --json``: one JSON
+    object per record, with its ``type``)."""
+    wandb_cli = Path(sys.executable).with_name("wandb")
+    proc = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
 def _exit_code(path: Path, timeout_s: float = 20.0) -> int:
@@ -81,16 +70,11 @@ def _exit_code(path: Path, timeout_s: float = 20.0) -> int:
     after ``finish()`` returns (seen under load), so the file is read again until it is there."""
     deadline = time.monotonic() + timeout_s
     while True:
-        exits = [r.exit for r in _wandb_records(path) if r.HasField("exit")]
+        exits = [r["exit"] for r in _wandb_records(path) if r["type"] == "exit"]
         if exits or time.monotonic() > deadline:
             (record,) = exits
-            return int(record.exit_code)
+            return int(record["exit_code"])
         time.sleep(0.2)
-
-
-def _items(items: Any) -> dict[str, Any]:
-    """wandb's ``key``/``nested_key`` + ``value_json`` items as a dict."""
-    return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
 @pytest.fixture
@@ -110,13 +94,13 @@ def test_wandb_offline_run_holds_the_metrics_and_no_secret(tmp_path: Path, secre
         print(f"printed during the run: {SECRET}")  # wandb copies the console into the run
         _log_three_steps(tracker)
     (run_file,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    records = list(_wandb_records(run_file))
-    history = [_items(r.history.item) for r in records if r.HasField("history")]
+    records = _wandb_records(run_file)
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
     assert [h["_step"] for h in history] == [1, 2, 3]
     assert [h["critic/score/mean"] for h in history] == [0.25, 0.5, 0.75]
     assert all(h["actor/pg_loss"] == -0.5 and h[f"leak/{PLACEHOLDER}"] == 1.0 for h in history)
-    (run,) = [r.run for r in records if r.HasField("run")]
-    config = _items(run.config.update)
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    config = run["config"]["update"]
     assert config["actor"] == {"lr": 1e-5, "clip_ratio_high": 0.28}
     assert config["judge"]["api_key"] == PLACEHOLDER
     assert config["judge"]["base_url"] == f"http://judge/?k={PLACEHOLDER}"
