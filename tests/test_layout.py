@@ -1,4 +1,5 @@
-"""The test tree's layout: no test module imports from another test module or from a ``conftest.py``.
+"""The test tree's layout: it mirrors ``queryrl/`` (and ``benchmarks/``), and no test module imports from
+another test module or from a ``conftest.py``.
 
 Shared helpers live in ``tests/helpers.py`` or ``tests/<package>/helpers.py`` (plain functions) and in
 ``conftest.py`` files (fixtures, which pytest injects by name and nothing imports).
@@ -99,3 +100,42 @@ def test_the_check_finds_each_form_of_import(tmp_path: Path, source: str, offend
         (root / name).write_text('"""A module."""\n')
     (root / "pkg" / "test_b.py").write_text(source)
     assert cross_test_imports(root) == ([f"tests/pkg/test_b.py:1: {offender}"] if offender else [])
+
+
+def unmirrored(tests: Path, sources: dict[str, Path]) -> list[str]:
+    """Folders of test modules under `tests` that name no package of the `sources` (``{"": queryrl/,
+    "benchmarks": benchmarks/}``: a folder ``tests/a/b`` mirrors ``queryrl/a/b`` or, under ``tests/benchmarks``,
+    the scripts' folder), and packages of ``queryrl/`` with modules of their own but no such test folder."""
+    problems = []
+    test_dirs = {p.parent.relative_to(tests).as_posix() for p in tests.rglob("test_*.py")} - {"."}
+    for rel in sorted(test_dirs):
+        top, _, rest = rel.partition("/")
+        prefix, inner = (top, rest) if top in sources else ("", rel)
+        source = sources[prefix] / inner
+        if not source.is_dir():
+            shown = "/".join(part for part in (sources[prefix].name, inner) if part)
+            problems.append(f"tests/{rel}: no {shown} to mirror")
+    package_root = sources[""]
+    for init in sorted(package_root.rglob("__init__.py")):
+        folder = init.parent
+        rel = folder.relative_to(package_root).as_posix()
+        has_modules = any(p.name != "__init__.py" for p in folder.glob("*.py"))
+        if rel != "." and has_modules and rel not in test_dirs:
+            problems.append(f"{package_root.name}/{rel}: no tests/{rel}")
+    return problems
+
+
+def test_the_test_tree_mirrors_the_package() -> None:
+    repo = TESTS.parent
+    assert unmirrored(TESTS, {"": repo / "queryrl", "benchmarks": repo / "benchmarks"}) == []
+
+
+def test_the_mirror_check_names_what_is_off(tmp_path: Path) -> None:
+    pkg, tests = tmp_path / "pkg", tmp_path / "tests"
+    for name in ("__init__.py", "a/__init__.py", "a/mod.py", "b/__init__.py", "b/mod.py", "c/__init__.py"):
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / name).write_text("")
+    for name in ("test_top.py", "a/test_mod.py", "x/test_stray.py"):
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        (tests / name).write_text("")
+    assert unmirrored(tests, {"": pkg}) == ["tests/x: no pkg/x to mirror", "pkg/b: no tests/b"]

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "query_rewrite_demo.yaml"
 SECRET = "sk-seed-launch-0123456789abcdef"
 
-# scripts/run_hybrid_grpo_query_RL.sh of seed 000, entry point swapped (tests/test_config.py holds it as
+# scripts/run_hybrid_grpo_query_RL.sh of seed 000, entry point swapped (tests/config/test_config.py holds it as
 # written); DATA and MODEL are filled in below
 SEED_SCRIPT = SEED_LAUNCH.replace("/home/jovyan2/query_rl/data/sales_rag", "DATA").replace(
     "/home/jovyan2/query_rl/model/Qwen3-8B", "MODEL"

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from queryrl.engine.batch import Batch
 from queryrl.engine.policy import compute_logprobs, forward_logprobs, keeps_logits
 from queryrl.trainer.sft import IGNORE_INDEX, SFTExample, collate, sum_target_loss
-from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
+from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 
 
 def make_batch(vocab: int, seed: int = 0) -> Batch:

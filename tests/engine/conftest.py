@@ -1,4 +1,4 @@
-"""Trainer fixtures: the tiny policy with full weights and with LoRA adapters."""
+"""Engine fixtures: the tiny policy with full weights and with LoRA adapters."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.trainer.helpers import load
+from tests.engine.helpers import load
 
 
 @pytest.fixture(params=[0, 4], ids=["full", "lora"])

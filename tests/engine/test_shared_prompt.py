@@ -12,8 +12,8 @@ from torch import Tensor, nn
 
 from queryrl.engine.batch import Batch
 from queryrl.engine.policy import can_share_prompt, compute_logprobs, forward_logprobs, prompt_groups
+from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 from tests.rollout.helpers import ARCHS, arch_model, with_lora
-from tests.trainer.helpers import TEMPERATURE, full_logprobs, load
 
 
 def grouped_batch(vocab: int, seed: int = 0, t: int = 5) -> Batch:

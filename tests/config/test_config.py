@@ -11,7 +11,7 @@ import pytest
 from queryrl.config import ConfigError, load_config, redacted, save_config
 from tests.helpers import SEED_LAUNCH
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))
 
 
