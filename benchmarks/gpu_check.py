@@ -1,7 +1,7 @@
 """`make gpu-check`: the checks a lent GPU machine runs first, in one command, with nothing downloaded.
 
     python benchmarks/gpu_check.py            # on a CUDA machine: benchmarks/results/gpu_check.json
-    python benchmarks/gpu_check.py --smoke    # the same code on CPU (gloo), tiny sizes: tests/benchmarks/test_gpu_check.py
+    python benchmarks/gpu_check.py --smoke    # the same code on CPU (gloo), tiny sizes (tests/benchmarks/)
 
 The lent machines have their own Python with torch, transformers and peft, reach no package
 registry, and have neither Ray nor vLLM (too large to carry). So this script uses queryrl from
