@@ -10,6 +10,8 @@
 # EVAL_ROWS: the first N held-out rows (default 64, as the levers in benchmarks/logs/real_model.md); 0: export the
 # saved steps but evaluate nothing (then benchmarks/levers/eval_all_rows.sh evaluates the ones wanted).
 # BASE_WORK (environment): where data/ and warmup/ are, when BENCH_WORK is itself a continuation (default BENCH_WORK).
+# DTYPE (environment): the eval's compute dtype, float32 (default, as the levers were measured) or bfloat16 (as the
+# bench chooses where the CPU has it: compare like with like).
 # The continuation uses the saved run's config (trainer.resume=auto refuses any change that alters a step);
 # the systems evaluated are the bench's baselines, the warm-up model and grpo_<step> for each saved step.
 set -euo pipefail
@@ -38,6 +40,6 @@ for ckpt in "$out"/grpo_run/checkpoints/step_*; do
 done
 [ "$rows" = 0 ] && { echo "exported the saved steps to $out/grpo_<step>; evaluated nothing (EVAL_ROWS=0)"; exit 0; }
 "$queryrl" eval --config "$config" --data "$base/data/test.parquet" --corpus "kdconv:$kb" --max-new-tokens 48 \
-  --dtype float32 --batch-size 8 --max-samples "$rows" --systems "$systems" --compare "${compare#,}" \
+  --dtype "${DTYPE:-float32}" --batch-size 8 --max-samples "$rows" --systems "$systems" --compare "${compare#,}" \
   --out "$out/eval/eval.json" > "$out/logs/eval.log" 2>&1
 echo "wrote $out/eval/eval.json"

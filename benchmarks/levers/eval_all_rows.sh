@@ -8,6 +8,8 @@
 # BENCH_WORK: the --work folder of a bench run (its data/test.parquet and warmup/); OUT: a new folder.
 # SPLIT (environment): the split to evaluate, test (default) or val (to choose a checkpoint on: pick_on_val.py);
 # ROWS: its first N rows (default 0: all); WARMUP=0 leaves the warm-up model out.
+# DTYPE (environment): the eval's compute dtype, float32 (default, as the levers were measured) or bfloat16 (as the
+# bench chooses where the CPU has it: compare like with like).
 set -euo pipefail
 work=$(realpath "$1"); out=$(realpath -m "$2"); shift 2
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,6 +29,6 @@ for pair in "$@"; do
   compare="$compare,$name:reference,$name:concat_last3"
 done
 "$here/.venv/bin/queryrl" eval --config "$here/configs/query_rewrite_kdconv.yaml" --data "$work/data/$split.parquet" \
-  --corpus "kdconv:$kb" --max-new-tokens 48 --dtype float32 --batch-size 8 --max-samples "$rows" --systems "$systems" \
+  --corpus "kdconv:$kb" --max-new-tokens 48 --dtype "${DTYPE:-float32}" --batch-size 8 --max-samples "$rows" --systems "$systems" \
   --compare "${compare#,}" --out "$out/eval.json" > "$out/eval.log" 2>&1
 echo "wrote $out/eval.json"
