@@ -57,9 +57,11 @@ def _files_with(root: Path, text: str) -> list[Path]:
 def _wandb_records(path: Path) -> list[dict[str, Any]]:
     """The records of a ``.wandb`` file as wandb itself reads them (``wandb leet inspect --json``: one JSON
     object per record, with its ``type``)."""
-    wandb_cli = Path(sys.executable).with_name("wandb")
     proc = subprocess.run(
-        [str(wandb_cli), "leet", "inspect", "--json", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
