@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import (  # the data step, in the app
+    GOLD_TARGETS,
     SFT_ONLY,
     extra_sft_sources,
     kb_name,
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history-chars", type=int, default=160, help="earlier-message characters in the prompt")
     parser.add_argument(
         "--sft-target",
-        choices=("reference", "gold"),
+        choices=("reference", *GOLD_TARGETS),
         default="reference",
         help="SFT targets: the entity-aware reference rewriter's answers, or built from the gold documents",
     )

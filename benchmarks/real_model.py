@@ -59,7 +59,7 @@ from typing import Any
 from common import REPO, cpu_has_bf16, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
 
-from queryrl.apps.query_rewrite.data.kdconv_prep import kb_name, prepare
+from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_name, prepare
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -256,6 +256,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--warmup-samples", type=int, default=0, help="rewrites per turn from the model (queryrl warmup; 0: none)"
     )
     parser.add_argument("--warmup-shots", type=int, default=2)
+    parser.add_argument(
+        "--sft-target",
+        choices=("reference", *GOLD_TARGETS),
+        default="reference",
+        help="each training turn's candidate target: the reference's answer, or built from the gold documents "
+        "(gold_entity: the turn and the gold entity the prompt shows)",
+    )
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
@@ -323,7 +330,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     env["TOKENIZERS_PARALLELISM"] = "false"
     start = time.perf_counter()
-    data = prepare(kdconv_dir, work / "data", None, args.seed, args.history_chars, answer_format=args.answer_format)
+    data = prepare(
+        kdconv_dir,
+        work / "data",
+        None,
+        args.seed,
+        args.history_chars,
+        sft_target=args.sft_target,
+        answer_format=args.answer_format,
+    )
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
     external = None
     if args.kdconv_test is not None:

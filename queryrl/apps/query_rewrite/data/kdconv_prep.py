@@ -5,8 +5,8 @@ augmentation and the other domains' SFT-only rows (the data step of ``make bench
   ``queryrl sft`` reads) from a KdConv folder: conversations split by id (seeded), both speakers asking, only
   turns whose reply uses the knowledge base; the policy's prompt shows the most recent history
   (:func:`history_window`), ``extra_info.contexts`` the whole conversation; the SFT target is the reference
-  rewriter's answer or one built from the gold documents (:func:`gold_query`); test rows never carry
-  gold-derived text.
+  rewriter's answer or one built from the gold documents (:func:`gold_query`, :func:`gold_entity_query`);
+  test rows never carry gold-derived text.
 - :func:`augment_dialogues`: entity-swapped copies of the training dialogues (every knowledge-base entity a
   dialogue mentions replaced everywhere, longest first, by another with the attributes it uses).
 - :func:`extra_sft_rows`: the turns of KdConv's film and music files, with their own entity names.
@@ -73,21 +73,39 @@ def gold_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], re
     return query
 
 
+def gold_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
+    """A training row's query that names its gold entity the way the reference rewriter names one: the
+    current turn, then the entity of the first gold document when the turn leaves it out and the window
+    shows it (else `reference`'s query). No attribute words: the intent check refuses words the
+    conversation never had, and the policy cannot see which attribute the label holds."""
+    entity = gold_doc_ids[0].split("::", 1)[0]
+    current = str(window[-1]["content"]).strip()
+    if entity in current:
+        return current
+    if any(entity in str(m["content"]) for m in window):
+        return f"{current} {entity}"
+    return reference
+
+
+GOLD_TARGETS = {"gold": gold_query, "gold_entity": gold_entity_query}  # sft_target -> the query it builds
+
+
 def windowed_rows(
     rows: list[dict[str, Any]], rewriter: Any, max_chars: int, sft_target: str = "reference", lang: str = "zh"
 ) -> list[dict[str, Any]]:
     """`rows` with the prompt built from :func:`history_window` of the contexts and the SFT target on
     that same window (what the policy can see); rows are changed in place.
 
-    `sft_target`: ``reference`` (`rewriter`'s answer) or ``gold`` (:func:`gold_query`, from the row's
-    gold documents; fine for training rows, whose labels the GRPO reward uses anyway).
+    `sft_target`: ``reference`` (`rewriter`'s answer), ``gold`` (:func:`gold_query`, from the row's gold
+    documents; fine for training rows, whose labels the GRPO reward uses anyway) or ``gold_entity``
+    (:func:`gold_entity_query`: the turn and the gold entity the window shows).
     """
     from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, reference_target, render_answer
     from queryrl.apps.query_rewrite.prompts import build_messages
     from queryrl.apps.query_rewrite.reward.modes import parse_answer
 
-    if sft_target not in ("reference", "gold"):
-        raise ValueError(f"unknown sft_target {sft_target!r}; use reference or gold")
+    if sft_target != "reference" and sft_target not in GOLD_TARGETS:
+        raise ValueError(f"unknown sft_target {sft_target!r}; use reference, {' or '.join(GOLD_TARGETS)}")
     for row in rows:
         info = row["extra_info"]
         window = history_window(info["contexts"], max_chars)
@@ -102,12 +120,12 @@ def windowed_rows(
         )
         info["prompt_messages"] = len(window)
         target = reference_target({**info, "contexts": window}, rewriter)
-        if sft_target == "gold":
+        if sft_target in GOLD_TARGETS:
             parsed = parse_answer(target, answer_format=info.get("answer_format") or "json")
             assert parsed is not None  # the reference's own answer
             gold = list(row["reward_model"]["ground_truth"]["gold_doc_ids"])
             carried = {
-                "rewritten_query": gold_query(window, gold, parsed.rewritten_query),
+                "rewritten_query": GOLD_TARGETS[sft_target](window, gold, parsed.rewritten_query),
                 "user_profile": info.get("user_profile", ""),
                 "history_summary": info.get("history_summary", ""),
             }

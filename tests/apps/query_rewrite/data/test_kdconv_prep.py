@@ -88,6 +88,46 @@ def test_gold_query_uses_a_visible_gold_entity_and_its_attributes() -> None:
     assert prep.gold_query(window, ["古北水镇::Information"], "ref") == "古北水镇 那多少钱？ Information"
 
 
+def test_gold_entity_query_names_a_visible_gold_entity_after_the_turn() -> None:
+    window = [
+        {"role": "user", "content": "你知道古北水镇吗？"},
+        {"role": "assistant", "content": "知道。"},
+        {"role": "user", "content": "那多少钱？"},
+    ]
+    gold = ["古北水镇::门票", "古北水镇::地址"]
+    # the turn as the customer wrote it, then the entity: no attribute words the conversation never had
+    assert prep.gold_entity_query(window, gold, "ref") == "那多少钱？ 古北水镇"
+    # a turn that names the entity stays as it is
+    named = [*window[:2], {"role": "user", "content": "古北水镇多少钱？"}]
+    assert prep.gold_entity_query(named, gold, "ref") == "古北水镇多少钱？"
+    # an entity outside the window is not invented: the reference's query
+    assert prep.gold_entity_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？"
+
+
+@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
+def test_prepare_with_gold_entity_targets(tmp_path: Path) -> None:
+    src = _travel_slice(tmp_path / "travel", 20)
+    kinds = {}
+    for target in ("reference", "gold_entity"):
+        info = prep.prepare(src, tmp_path / target, None, seed=0, history_chars=120, sft_target=target)
+        kinds[target] = pd.read_parquet(info["files"]["train"])
+    changed = 0
+    for (_, ref), (_, row) in zip(kinds["reference"].iterrows(), kinds["gold_entity"].iterrows(), strict=True):
+        gold = list(row["reward_model"]["ground_truth"]["gold_doc_ids"])
+        query = json.loads(row["extra_info"]["sft_target"])["rewritten_query"]
+        window = row["extra_info"]["contexts"][-row["extra_info"]["prompt_messages"] :]
+        entity = gold[0].split("::", 1)[0]
+        if any(entity in m["content"] for m in window):
+            assert entity in query
+            assert query.startswith(window[-1]["content"].strip())
+        else:
+            assert row["extra_info"]["sft_target"] == ref["extra_info"]["sft_target"]
+        changed += row["extra_info"]["sft_target"] != ref["extra_info"]["sft_target"]
+    assert changed > 0  # where the reference names another entity or none
+    with pytest.raises(ValueError, match="gold_entity"):
+        prep.prepare(src, tmp_path / "bad", None, seed=0, history_chars=120, sft_target="entity")
+
+
 # --- entity-swap augmentation ---------------------------------------------------------------------
 
 ALL_ATTRS = frozenset({"Information", "地址", "门票"})
