@@ -24,6 +24,19 @@ def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def logprobs_and_entropy(logits: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """(n, t) log-probs of `tokens` (with grad) and the (n, t) entropy as a metric (no grad), in float32,
+    from one ``log_softmax`` of the (n, t, V) `logits`: the entropy ``-sum(p log p)`` reuses it instead
+    of a second ``logsumexp`` and a ``softmax``, and the backward is ``log_softmax``'s single pass. Equal to
+    :func:`logprobs_from_logits` and :func:`~queryrl.algos.entropy_from_logits` up to float rounding."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        detached = logp.detach()
+        entropy = -(detached.exp() * detached).sum(-1)
+    return logprobs, entropy
+
+
 def _unwrapped(model: nn.Module) -> nn.Module:
     """The Hugging Face model under peft, FSDP and ``torch.compile`` wrappers."""
     while True:
@@ -150,13 +163,14 @@ def response_logits(model: nn.Module, batch: Batch, temperature: float, share_pr
     """
     groups = prompt_groups(batch) if share_prompt and can_share_prompt(model) else None
     if groups is not None:
-        return shared_prompt_response_logits(model, batch, *groups) / temperature
-    input_ids, attention_mask, position_ids = batch.model_inputs()
-    t = batch.response_ids.shape[1]
-    logits = causal_lm_logits(
-        model, t + 1, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    )
-    return logits[:, :-1] / temperature
+        logits = shared_prompt_response_logits(model, batch, *groups)
+    else:
+        input_ids, attention_mask, position_ids = batch.model_inputs()
+        t = batch.response_ids.shape[1]
+        logits = causal_lm_logits(
+            model, t + 1, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        )[:, :-1]
+    return logits if temperature == 1.0 else logits / temperature  # x / 1.0 is x: no pass over (n, t, V)
 
 
 def forward_logprobs(
@@ -173,14 +187,10 @@ def forward_logprobs(
     costs no second forward pass and no graph.
     """
     logits = response_logits(model, batch, temperature, share_prompt)
+    if with_entropy and not entropy_grad:  # the update's metric: one log_softmax for both
+        return logprobs_and_entropy(logits, batch.response_ids)
     logprobs = logprobs_from_logits(logits, batch.response_ids)
-    entropy = None
-    if with_entropy:
-        if entropy_grad:
-            entropy = entropy_from_logits(logits.float())
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach().float())
+    entropy = entropy_from_logits(logits.float()) if with_entropy else None
     return logprobs, entropy
 
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from torch import Tensor, nn
 
+from queryrl.algos import entropy_from_logits
 from queryrl.engine.batch import Batch
-from queryrl.engine.policy import compute_logprobs, forward_logprobs, keeps_logits
+from queryrl.engine.policy import (
+    compute_logprobs,
+    forward_logprobs,
+    keeps_logits,
+    logprobs_from_logits,
+    response_logits,
+)
 from queryrl.trainer.sft import IGNORE_INDEX, SFTExample, collate, sum_target_loss
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 
@@ -62,6 +70,37 @@ def test_logprobs_and_gradients_match_full_logits(policy: Any) -> None:
     torch.testing.assert_close(logprobs, ref, atol=1e-6, rtol=0)
     for param, expected in zip(params, ref_grads, strict=True):
         torch.testing.assert_close(param.grad, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, TEMPERATURE])
+def test_the_update_metric_path_gives_the_two_pass_logprobs_entropy_and_gradients(
+    policy: Any, temperature: float
+) -> None:
+    """The update's forward (entropy as a metric) takes log-probs and entropy from one log_softmax, and at
+    temperature 1 skips the division: equal, to float rounding, to gather - logsumexp and softmax entropy of
+    the logits divided by the temperature, and so are the gradients."""
+    model = policy.model
+    batch = make_batch(len(policy.tokenizer), seed=2)
+    params = [p for p in model.parameters() if p.requires_grad]
+    mask = batch.response_mask.bool()
+
+    logits = response_logits(model, batch, 1.0) / temperature  # the old path: always divided
+    ref = logprobs_from_logits(logits, batch.response_ids)
+    ref_entropy = entropy_from_logits(logits.detach().float())
+    (ref * batch.response_mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+
+    logprobs, entropy = forward_logprobs(model, batch, temperature, with_entropy=True, entropy_grad=False)
+    assert entropy is not None
+    assert not entropy.requires_grad
+    (logprobs * batch.response_mask).sum().backward()
+    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy[mask], ref_entropy[mask], atol=1e-5, rtol=0)
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(ref_grads)
+    for got, expected in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_compute_logprobs_micro_batched_matches_full(policy: Any) -> None:
