@@ -120,3 +120,29 @@ def test_warm_up_runs_queryrl_warmup_before_reading_its_report(tmp_path: Path) -
     model, ref = bench.warm_up(args, tmp_path, {"files": {"train": str(train)}}, tmp_path, "float32", measure, sft)
     assert (model, ref, phases) == (tmp_path / "warmup", None, ["warmup_data", "warmup"])
     assert len(pd.read_parquet(tmp_path / "data" / "train_warmup_rows.parquet")) == 4
+
+
+KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
+
+
+@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
+def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Path) -> None:
+    """KDCONV_TEST: every turn with gold of the given file, prompted through the same history window as the
+    bench's own rows (the reference's answer as the target, never gold-derived text)."""
+    pd = pytest.importorskip("pandas")
+    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:3]
+    test_file = tmp_path / "test.json"
+    test_file.write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
+    info = bench.external_rows(test_file, KDCONV, tmp_path / "external.parquet", 160, "text")
+    rows = pd.read_parquet(info["file"])
+    assert info["rows"] == len(rows) > 0
+    assert rows["extra_info"].map(lambda e: e["conversation_id"]).nunique() == 3  # every dialogue of the file
+    windowed = 0
+    for _, row in rows.iterrows():
+        extra = row["extra_info"]
+        assert len(row["reward_model"]["ground_truth"]["gold_doc_ids"]) > 0
+        assert extra["contexts"][-1]["content"] in row["prompt"][-1]["content"]
+        assert extra["answer_format"] == "text"
+        assert not extra["sft_target"].startswith("{")  # the text format: the query itself
+        windowed += extra["prompt_messages"] < len(extra["contexts"])
+    assert windowed > 0  # long conversations are cut to the 160-character window, as the bench's own rows
