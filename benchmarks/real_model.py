@@ -6,8 +6,9 @@
     python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
     KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-The defaults are the recipe measured in ``benchmarks/logs/real_model.md`` (levers 4 and 8): 320 warm-up turns with the
-reference's answers that retrieve gold (``--warmup-samples 0``), 2 SFT epochs, 40 GRPO steps of 4 prompts x 4,
+The defaults are the recipe measured in ``benchmarks/logs/real_model.md`` (levers 4, 8, 17 and 18): 320 warm-up turns
+whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves gold
+(``--warmup-samples 0``), 320 characters of history in the prompt, 2 SFT epochs, 40 GRPO steps of 4 prompts x 4,
 48-token answers, every held-out row (``--eval-samples 0``).
 
 `--model` is any Hugging Face causal-LM folder; the licensed ones the project uses are SmolLM2-135M-Instruct
@@ -244,7 +245,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/real_model_<name>.json")
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (as bench-kdconv)")
-    parser.add_argument("--history-chars", type=int, default=160, help="earlier-message characters in the prompt")
+    parser.add_argument(
+        "--history-chars", type=int, default=320, help="earlier-message characters in the prompt (lever 18)"
+    )
     parser.add_argument("--answer-format", choices=("text", "json"), default="text")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--fp32-check", type=int, default=32, help="rows evaluated in float32 too (with bfloat16)")
@@ -259,7 +262,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sft-target",
         choices=("reference", *GOLD_TARGETS),
-        default="reference",
+        default="gold_entity",
         help="each training turn's candidate target: the reference's answer, or built from the gold documents "
         "(gold_entity: the turn and the gold entity the prompt shows)",
     )
