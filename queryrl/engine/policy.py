@@ -30,11 +30,8 @@ def logprobs_and_entropy(logits: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor
     of a second ``logsumexp`` and a ``softmax``, and the backward is ``log_softmax``'s single pass. Equal to
     :func:`logprobs_from_logits` and :func:`~queryrl.algos.entropy_from_logits` up to float rounding."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    logprobs = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        detached = logp.detach()
-        entropy = -(detached.exp() * detached).sum(-1)
-    return logprobs, entropy
+    detached = logp.detach()  # operations on it record no graph
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(detached.exp() * detached).sum(-1)
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
@@ -183,8 +180,8 @@ def forward_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (n, t) of the response tokens (with grad), and their entropy (n, t) if asked.
 
-    With ``entropy_grad=False`` the entropy is computed from detached logits: a metric that
-    costs no second forward pass and no graph.
+    With ``entropy_grad=False`` the entropy is a metric with no graph, taken with the log-probs from one
+    ``log_softmax`` (:func:`logprobs_and_entropy`).
     """
     logits = response_logits(model, batch, temperature, share_prompt)
     if with_entropy and not entropy_grad:  # the update's metric: one log_softmax for both
