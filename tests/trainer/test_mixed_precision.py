@@ -144,7 +144,8 @@ def test_lora_adapters_are_fp32_over_a_bf16_base(model_cache: Path) -> None:
 def test_frozen_lora_base_stored_in_the_compute_dtype_changes_no_number(model_cache: Path, batch: Batch) -> None:
     """Mixed precision with LoRA (the trainer's load): the frozen projections are stored in bf16, so autocast
     uses them without a per-forward cast; the log-probs and the adapters' gradients are the same bit for bit,
-    the adapters stay float32, the embeddings (tied to the LM head) and norms keep their dtype."""
+    the adapters stay float32, the embeddings and norms keep their dtype, and the LM head tied to the embeddings
+    gets a bf16 copy of its own (the embeddings unchanged)."""
     cfg = load_config(None, [f"model.cache_dir={model_cache}", *PRECISIONS["bf16-mixed"], "model.lora.rank=4"])
     results = []
     for frozen in (False, True):
@@ -170,10 +171,13 @@ def test_frozen_lora_base_stored_in_the_compute_dtype_changes_no_number(model_ca
     cast = {n for n, d in dtypes.items() if d == torch.bfloat16}
     assert cast
     assert all(
-        "base_layer" in n or n.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"))
+        "base_layer" in n
+        or n.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "lm_head.weight"))
         for n in cast
     )
+    assert any(n.endswith("lm_head.weight") for n in cast)
     assert not any("embed" in n or "norm" in n for n in cast)
+    assert not any(n.endswith("lm_head.weight") for n in plain_dtypes)  # tied without the copy: one tensor, listed once
 
 
 @pytest.mark.parametrize(
