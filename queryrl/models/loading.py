@@ -62,14 +62,13 @@ def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
     Under autocast every ``F.linear`` casts its weight to the compute dtype on each forward; a frozen weight
     stored in that dtype already is used as it is, so the numbers are the same, bit for bit, without the
     per-forward cast or its float32 copy. The trained parameters (LoRA's A and B, and with them their
-    gradients and AdamW moments), the embeddings (a lookup that autocast does not cast: a tied ``lm_head``
-    stays with them) and the norms stay in their dtype.
+    gradients and AdamW moments), the embeddings (a lookup that autocast does not cast) and the norms stay in
+    their dtype.
 
     A frozen ``lm_head`` tied to the frozen input embeddings gets a copy of its own in `dtype` (the embeddings
-    keep theirs): autocast would otherwise cast the whole (vocabulary, hidden) matrix on every forward, 282 ms a
-    call for Qwen2-0.5B's 151,936 x 896 in bf16 on a 2-core EPYC, twice per update. The copy costs its size in
-    `dtype` (272 MB there), about what each cast allocated for the backward. A trained embedding (no LoRA, or
-    LoRA that trains it) stays tied: the head must follow its updates.
+    keep theirs): autocast would otherwise cast the whole (vocabulary, hidden) matrix on every forward (282 ms a
+    call for Qwen2-0.5B's 151,936 x 896 on a 2-core EPYC in bf16, benchmarks/logs/trl_vs_queryrl_real.md). The
+    copy costs its size in `dtype`. A trained embedding stays tied: the head must follow its updates.
     """
     embed = getattr(model, "get_input_embeddings")() if hasattr(model, "get_input_embeddings") else None  # noqa: B009
     tied = {id(p) for p in embed.parameters()} if isinstance(embed, nn.Module) else set()
