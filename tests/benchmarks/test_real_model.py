@@ -127,13 +127,14 @@ KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 
 @pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
 def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Path) -> None:
-    """KDCONV_TEST: every turn with gold of the given file, prompted through the same history window as the
-    bench's own rows (the reference's answer as the target, never gold-derived text)."""
+    """KDCONV_TEST: every turn with gold of the given file, prompted through the bench's default history window
+    (the reference's answer as the target, never gold-derived text)."""
     pd = pytest.importorskip("pandas")
     dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:3]
     test_file = tmp_path / "test.json"
     test_file.write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
-    info = bench.external_rows(test_file, KDCONV, tmp_path / "external.parquet", 160, "text")
+    window = bench.parse_args(["--model", str(tmp_path)]).history_chars
+    info = bench.external_rows(test_file, KDCONV, tmp_path / "external.parquet", window, "text")
     rows = pd.read_parquet(info["file"])
     assert info["rows"] == len(rows) > 0
     assert rows["extra_info"].map(lambda e: e["conversation_id"]).nunique() == 3  # every dialogue of the file
@@ -145,4 +146,4 @@ def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Pat
         assert extra["answer_format"] == "text"
         assert not extra["sft_target"].startswith("{")  # the text format: the query itself
         windowed += extra["prompt_messages"] < len(extra["contexts"])
-    assert windowed > 0  # long conversations are cut to the 160-character window, as the bench's own rows
+    assert windowed > 0  # long conversations are cut to the window, as the bench's own rows
