@@ -106,6 +106,9 @@ class QueryRewriteRAGConfig:
 class QueryRewriteWeights:
     judge: float | None = None  # 2q - 1, in [-1, 1]
     retrieval_rank: float | None = None  # ConvSearch-R1's rank reward, in [0, 2]
+    # the share of the first top_k documents about a gold document's title, in [0, 1] (graded relevance);
+    # 0 in every mode unless set; needs ground_truth.gold_titles (KdConv rows have them)
+    retrieval_entity: float | None = None
     format: float | None = None  # 1 when the output parses within the length cap
 
 

@@ -20,15 +20,15 @@ Messages whose role maps to ``skip`` (系统 / system: notices, not dialogue) ar
 counted. Without turn or time the file order is kept; sorting is stable, so ties keep it too.
 
 Output: every user turn gives one row (the first turn too: its history is empty, which is the
-no-rewrite-needed case the policy must also learn). The prompt is :func:`build_messages` of the
-conversation up to and including that turn, with the data's domain line and the answer fields asked
-for (default only ``rewritten_query``); ``reward_model.ground_truth`` is ``{"gold_doc_ids": [...]}``
-(empty without gold); ``extra_info`` carries the ids, the turn, the raw ``contexts`` (the history as
-role/content messages, current turn included), the user profile and the history summary -- what the
-RAG service's ``/rag/chat_8b`` needs -- and ``answer_fields`` / ``domain`` (what the prompt asked
-for: the SFT target has exactly those fields, and the reward sends the row's own profile and summary
-when the answer has none). The profile and summary of a turn are the ones on its own row, else the
-latest non-blank earlier ones.
+no-rewrite-needed case the policy must also learn). The prompt is :func:`build_messages` of the conversation
+up to and including that turn, with the data's domain line and the answer fields asked for (default only
+``rewritten_query``); ``reward_model.ground_truth`` is ``{"gold_doc_ids": [...]}`` (empty without gold), with
+``gold_titles`` where the source names the gold documents' titles (KdConv: each document's entity; what the
+``retrieval_entity`` reward reads); ``extra_info`` carries the ids, the turn, the raw ``contexts`` (the
+history as role/content messages, current turn included), the user profile and the history summary -- what the
+RAG service's ``/rag/chat_8b`` needs -- and ``answer_fields`` / ``domain`` (what the prompt asked for: the SFT
+target has exactly those fields, and the reward sends the row's own profile and summary when the answer has
+none). The profile and summary of a turn are the ones on its own row, else the latest non-blank earlier ones.
 
 Errors: all bad rows of a file are reported in one :class:`DataError`, each as
 ``file: sheet 'S': row R: column 'C': problem``; rows are numbered as a spreadsheet shows them
@@ -90,6 +90,7 @@ class Message:
     history_summary: str = ""
     ids: dict[str, str] = field(default_factory=dict)  # tenant_id, contact_id, account_id, message_id
     gold_doc_ids: list[str] = field(default_factory=list)
+    gold_titles: list[str] = field(default_factory=list)  # the gold documents' titles, where the source knows them
     kind: str = ""  # what the turn tests (demo data: explicit, pronoun, ellipsis, ...)
     time: datetime | None = None  # when it was sent (orders the conversation without a turn)
 
@@ -318,6 +319,14 @@ def load_conversations(
     return log.conversations
 
 
+def ground_truth(message: Message) -> dict[str, list[str]]:
+    """A turn's ``reward_model.ground_truth``: its gold document ids, and their titles where known."""
+    truth = {"gold_doc_ids": list(message.gold_doc_ids)}
+    if message.gold_titles:
+        truth["gold_titles"] = list(message.gold_titles)
+    return truth
+
+
 def conversation_rows(
     conversation: Conversation,
     name: str,
@@ -349,7 +358,7 @@ def conversation_rows(
                     contexts, profile, summary, lang, domain=domain, answer_fields=fields, answer_format=fmt
                 ),
                 "ability": "query_rewrite",
-                "reward_model": {"style": "rule", "ground_truth": {"gold_doc_ids": list(message.gold_doc_ids)}},
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(message)},
                 "extra_info": {
                     "conversation_id": conversation.id,
                     "turn": message.turn if message.turn is not None else index,

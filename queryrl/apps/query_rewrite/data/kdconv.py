@@ -90,7 +90,8 @@ def load_kdconv_conversations(path: str | Path, both_speakers: bool = False) -> 
             for i, m in enumerate(messages):
                 role = "user" if i % 2 == user_parity else "assistant"
                 gold = _reply_gold(messages[i + 1]) if role == "user" and i + 1 < len(messages) else []
-                parsed.append(Message(role=role, text=str(m["message"]), turn=i, gold_doc_ids=gold))
+                titles = list(dict.fromkeys(doc.split("::", 1)[0] for doc in gold))  # doc_id's entity
+                parsed.append(Message(role=role, text=str(m["message"]), turn=i, gold_doc_ids=gold, gold_titles=titles))
             out.append(Conversation(f"{path.stem}-{c:04d}", parsed))
     return out
 

@@ -11,6 +11,8 @@ Modes and their scales:
   over the whole group, so each update has a proper group baseline.
 - ``retrieval_rank``: ConvSearch-R1's rank-incentive reward of the gold documents, in [0, 2]
   (:func:`retrieval_rank_reward`); only where gold exists.
+- ``retrieval_entity`` (weight 0 unless set): the share of the first ``top_k`` documents about a gold
+  document's title, in [0, 1] (:func:`retrieval_entity_reward`); needs ``gold_titles`` in the ground truth.
 - ``format``: 1 / 0 (:func:`format_reward`); an empty ``rewritten_query`` is well-formed (it abstains); a
   reply cut off after a complete query counts as parsed (0.5 when it lost fields the prompt asked for).
 - abstention (:func:`abstain_components`): on a turn labelled as needing no retrieval, an empty query gets
@@ -146,6 +148,25 @@ def retrieval_rank_reward(
     if rank <= k:
         return 2.0 - (rank - 1) / (k - 1)
     return (depth - rank) / (depth - k)
+
+
+def retrieval_entity_reward(result_titles: Sequence[str], gold_titles: Sequence[str], k: int) -> float | None:
+    """The share of the first `k` retrieved documents whose title is a gold document's title, in [0, 1].
+
+    A graded-relevance reward (documents about the gold entity count as partly relevant, as in graded
+    nDCG judgements): two rewrites that both miss the gold document, one retrieving the right entity's
+    other documents and one retrieving another entity's, score alike under :func:`retrieval_rank_reward`
+    and apart here. Fewer than `k` documents count as misses (the denominator is `k`).
+
+    Returns:
+        the share, or None when there are no gold titles (not applicable).
+    """
+    if k < 1:
+        raise ValueError(f"need k >= 1, got k={k}")
+    gold = set(gold_titles)
+    if not gold:
+        return None
+    return sum(title in gold for title in list(result_titles)[:k]) / k
 
 
 # --- seed_hybrid (seed 000 §3.1, §3.3) ----------------------------------------------------------

@@ -99,6 +99,7 @@ from queryrl.apps.query_rewrite.reward.modes import (
     mix_rewards,
     normalise_rewrite,
     parse_answer,
+    retrieval_entity_reward,
     retrieval_rank_reward,
 )
 from queryrl.apps.query_rewrite.reward.rag import rag_client
@@ -108,6 +109,7 @@ from queryrl.rag import (
 from queryrl.rag.client import CHAT_FIELDS
 
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
+ENTITY = "retrieval_entity"  # the graded entity component, computed only where weighted
 
 
 def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict[str, Any]]:
@@ -142,6 +144,11 @@ def flat_settings(kwargs: Mapping[str, Any]) -> QueryRewriteConfig:
     """The settings of a call by flat keywords (verl's ``reward.kwargs``): :func:`~..config.settings_from_flat`,
     made once per distinct set of keywords."""
     return _flat_settings(json.dumps(dict(kwargs), sort_keys=True, default=str))
+
+
+def _gold_titles(ground_truth: Any) -> list[str]:
+    titles = ground_truth.get("gold_titles") if isinstance(ground_truth, Mapping) else None
+    return [str(t) for t in titles or []]
 
 
 def _gold(ground_truth: Any) -> list[str]:
@@ -182,9 +189,11 @@ def _unparsed_score(s: QueryRewriteConfig, info: Mapping[str, Any], weights: dic
         hybrid = hybrid_reward(0.0, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)
         return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
     components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
+    out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
+    if weights.get(ENTITY):  # weighted: at its floor too
+        components[ENTITY] = out0[ENTITY] = 0.0
     score = mix_rewards(components, weights)
     assert score is not None
-    out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
     return {"score": score, **out0, **_NOT_CUT}
 
 
@@ -301,6 +310,8 @@ async def score_reply(
     intent = rewrite_intent(query, info, no_retrieval)  # the offline intent check (reward_intent.py)
     decided = abstain_components(query, no_retrieval, bool(gold))
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
+        if weights.get(ENTITY):  # at its top for a right abstention, else its floor (as retrieval_rank)
+            decided[ENTITY] = 1.0 if decided["retrieval_rank"] > 0 else 0.0
         if missing_fields:
             decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
         if salvaged:
@@ -322,7 +333,8 @@ async def score_reply(
         out["format/plain_text"] = float(salvaged)
     if salvaged:
         out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
-    out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights)
+    titles = (_gold_titles(ground_truth), s.rag.top_k)
+    out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights, titles)
     return await _judged_score(out, s, info, contexts, (candidate, reference), gold, intent, weights)
 
 
@@ -344,9 +356,12 @@ def _retrieval_components(
     ranked_ids: list[str],
     gold: list[str],
     weights: dict[str, float],
+    titles: tuple[list[str], int],
 ) -> dict[str, Any]:
     """What the samples files show (the two queries and their documents, gold marked) and, with gold, the rank
-    reward and recall@5 of both; without gold the rank's weight is dropped from `weights`."""
+    reward and recall@5 of both; without gold the rank's weight is dropped from `weights`. Where
+    ``retrieval_entity`` is weighted, its share over the first ``top_k`` documents (`titles`: the gold titles
+    and ``top_k``); a row with gold but no ``gold_titles`` then fails (its data cannot give that reward)."""
     out: dict[str, Any] = {  # for the samples files and the run page (non-numbers: not metrics)
         "candidate_query": query,
         "reference_query": str(reference.get("rewritten_query") or ""),
@@ -358,10 +373,20 @@ def _retrieval_components(
     rank = retrieval_rank_reward(ranked_ids, gold) if gold else None
     if rank is None:
         weights.pop("retrieval_rank")  # no gold: not applicable, its weight is dropped
+        weights.pop(ENTITY, None)
     else:
         out["retrieval_rank"] = rank
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
         out["reference_recall_at_5"] = recall_at_k(ref_ids, gold, 5)
+        if weights.get(ENTITY):
+            gold_titles, top_k = titles
+            if not gold_titles:
+                raise RewardFailure(
+                    "app.query_rewrite.weights.retrieval_entity is set but this row's ground_truth has no "
+                    "gold_titles (KdConv rows carry them; other data: add the gold documents' titles)"
+                )
+            cand_titles = [str(d.get("title") or "") for d in candidate.get("response") or []]
+            out[ENTITY] = retrieval_entity_reward(cand_titles, gold_titles, top_k)
     return out
 
 

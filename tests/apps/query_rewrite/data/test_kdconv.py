@@ -26,8 +26,11 @@ def test_gold_of_a_user_turn_is_what_the_next_reply_used() -> None:
     turn = by_turn[8]
     assert turn["extra_info"]["contexts"][-1] == {"role": "user", "content": "嗯，那它那里需要门票吗？"}
     assert len(turn["extra_info"]["contexts"]) == 9
-    assert turn["reward_model"]["ground_truth"] == {"gold_doc_ids": ["观复博物馆::门票"]}
-    assert by_turn[0]["reward_model"]["ground_truth"] == {"gold_doc_ids": ["百雅轩798艺术中心::Information"]}
+    assert turn["reward_model"]["ground_truth"] == {"gold_doc_ids": ["观复博物馆::门票"], "gold_titles": ["观复博物馆"]}
+    assert by_turn[0]["reward_model"]["ground_truth"] == {
+        "gold_doc_ids": ["百雅轩798艺术中心::Information"],
+        "gold_titles": ["百雅轩798艺术中心"],
+    }
     # reply 5 used two triples of the same entity: both are gold for turn 4, in order
     assert by_turn[4]["reward_model"]["ground_truth"]["gold_doc_ids"] == [
         "百雅轩798艺术中心::开放时间",

@@ -316,3 +316,41 @@ def test_verdicts_are_shown_with_candidate_and_reference_not_position_labels() -
     swapped = {"better": "32b", "score": {"8b": other, "32b": side}, "reason": "更具体"}
     assert readable_verdict(swapped, candidate_label="32b") == readable_verdict(verdict)
     assert readable_verdict({"better": "same", "score": {"8b": side, "32b": side}})["better"] == "same"
+
+
+def test_retrieval_entity_reward_is_the_share_of_the_top_k_about_a_gold_title() -> None:
+    from queryrl.apps.query_rewrite.reward.modes import retrieval_entity_reward
+
+    assert retrieval_entity_reward(["A", "B", "A", "C", "A", "A"], ["A"], 5) == pytest.approx(0.6)
+    assert retrieval_entity_reward(["A", "A"], ["A", "B"], 5) == pytest.approx(0.4)  # fewer than k: misses
+    assert retrieval_entity_reward(["A"], [], 5) is None  # no gold titles: not applicable
+    with pytest.raises(ValueError, match="k >= 1"):
+        retrieval_entity_reward(["A"], ["A"], 0)
+
+
+def test_retrieval_entity_tells_apart_rewrites_that_miss_the_gold_document() -> None:
+    """Two rewrites that both miss the gold document score alike on the rank reward; the one that retrieves
+    the gold product's other documents gets the entity share (weighted only when set)."""
+    row = _rows()[0]
+    gold_id = row["reward_model"]["ground_truth"]["gold_doc_ids"][0]
+    product = next(d["product"] for d in make_catalogue() if d["doc_id"] == gold_id)
+    titles = [d["title"] for d in make_catalogue() if d["product"] == product]  # the product's documents
+    gt = {"gold_doc_ids": ["no-such-document"], "gold_titles": titles}  # a gold document neither retrieves
+    weights = {"judge": 0.0, "retrieval_rank": 1.0, "format": 0.2, "retrieval_entity": 1.0}
+    other_aspect = next(t for t in titles if t != _titles()[gold_id])  # the right product, another aspect
+
+    def score(answer: str, truth: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        return asyncio.run(compute_score(row["data_source"], answer, truth, row["extra_info"], **kw))
+
+    near, far = score(_answer(other_aspect), gt, weights=weights), score(_answer("你好"), gt, weights=weights)
+    shown = [d["title"] for d in near["candidate_documents"]]
+    assert near["retrieval_entity"] == pytest.approx(sum(t in titles for t in shown) / 5)
+    assert near["retrieval_entity"] > 0.0
+    assert near["retrieval_rank"] == far["retrieval_rank"] == 0.0
+    assert far["retrieval_entity"] < near["retrieval_entity"]
+    no_entity = score(_answer(other_aspect), gt, weights={**weights, "retrieval_entity": 0.0})
+    assert "retrieval_entity" not in no_entity  # not computed unless weighted
+    assert near["score"] == pytest.approx(no_entity["score"] + near["retrieval_entity"])
+    assert score("不是JSON", gt, weights=weights)["retrieval_entity"] == 0.0  # unparsed: its floor
+    with pytest.raises(RewardFailure, match="gold_titles"):  # data without titles cannot give it: named
+        score(_answer(other_aspect), {"gold_doc_ids": ["no-such-document"]}, weights=weights)
