@@ -148,7 +148,7 @@ def flat_settings(kwargs: Mapping[str, Any]) -> QueryRewriteConfig:
 
 def _gold_titles(ground_truth: Any) -> list[str]:
     titles = ground_truth.get("gold_titles") if isinstance(ground_truth, Mapping) else None
-    return [str(t) for t in titles or []]
+    return [] if titles is None else [str(t) for t in titles]  # a list, or an array read from parquet
 
 
 def _gold(ground_truth: Any) -> list[str]:
