@@ -171,7 +171,8 @@ class ActorConfig:
     # run each distinct prompt of a micro-batch once and only the responses per sample (GRPO's n
     # samples share their prompt); same log-probs and gradients up to float rounding, for the update,
     # the old and the reference log-probs (Prefix Grouper's idea; see engine/policy.py). On by default:
-    # it falls back to the full forward by itself where nothing is shared or under gradient checkpointing
+    # it falls back to the full forward by itself where nothing is shared; under gradient checkpointing (no
+    # key/value cache) each prompt and its samples' responses run as one packed sequence instead
     share_prompt_forward: bool = True
 
 

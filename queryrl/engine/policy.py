@@ -151,6 +151,105 @@ def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     return torch.cat([first, rest], dim=1)
 
 
+PACKED_ATTENTION = ("sdpa", "eager")  # attention implementations that take a custom (n, 1, L, L) mask
+PACKED_LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types whose mask the packed path builds
+
+
+def can_pack_prompt(model: nn.Module) -> bool:
+    """Whether :func:`packed_prompt_response_logits` can run on `model`: positions to keep given as indices
+    (``logits_to_keep`` as a tensor), an attention implementation that takes a custom 4D mask, and layers
+    that are full or sliding-window attention (the masks it builds)."""
+    config = getattr(_unwrapped(model), "config", None)
+    if config is None or not keeps_logits(model):
+        return False
+    if getattr(config, "_attn_implementation", None) not in PACKED_ATTENTION:
+        return False
+    return all(t in PACKED_LAYER_TYPES for t in getattr(config, "layer_types", None) or ())
+
+
+def _block_of_each_sample(inverse: Tensor) -> Tensor:
+    """(n,) each sequence's place among the sequences of its prompt (0, 1, ... in batch order)."""
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse)
+    starts = counts.cumsum(0) - counts
+    block = torch.empty_like(inverse)
+    block[order] = torch.arange(inverse.shape[0], device=inverse.device) - starts[inverse[order]]
+    return block
+
+
+def _packed_masks(model: nn.Module, valid: Tensor, index: Tensor, block_id: Tensor) -> Tensor | dict[str, Tensor]:
+    """The attention masks of the packed layout: query ``i`` sees key ``j`` when ``j`` is a real token, not after
+    ``i`` in the sequence both belong to (`index`: the position in that sequence with padding, (L,)), and in the
+    prompt or ``i``'s own response (`block_id` -1 for the prompt, (L,)); every query sees itself, so no row is
+    empty. Sliding-window layers also need ``index_i - index_j < window`` (transformers' rule). `valid`: (u, L)."""
+    config: Any = _unwrapped(model).config
+    causal = index[None, :] <= index[:, None]
+    same = (block_id[:, None] == block_id[None, :]) | (block_id[None, :] == -1)
+    eye = torch.eye(index.shape[0], dtype=torch.bool, device=index.device)
+    full = ((causal & same)[None] & valid[:, None, :]) | eye  # (u, L, L)
+    masks = {"full_attention": full}
+    types = set(getattr(config, "layer_types", None) or ())
+    if "sliding_attention" in types:
+        window = int(config.sliding_window)
+        masks["sliding_attention"] = full & ((index[:, None] - index[None, :] < window) | eye)
+    if config._attn_implementation == "eager":  # additive float masks
+        floor = torch.finfo(torch.float32).min
+        masks = {k: torch.zeros(m.shape, device=m.device).masked_fill(~m, floor) for k, m in masks.items()}
+    out = {k: m.unsqueeze(1) for k, m in masks.items()}  # (u, 1, L, L)
+    return out if types else out["full_attention"]
+
+
+def packed_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, inverse: Tensor) -> Tensor:
+    """(n, t, V) response logits (not yet divided by the temperature), each distinct prompt run once, in one
+    forward with no key/value cache: the way to share prompts under gradient checkpointing.
+
+    Each distinct prompt becomes one sequence: the prompt, then the responses of its samples one after the
+    other, with a 4D attention mask that lets each response see the prompt and itself only, and each token
+    keep the position it has in its own sequence. The logits, and so the loss and its gradient, are those of
+    the full forward up to float rounding. This is the shared-prefix attention of Prefix Grouper (Liu et al.
+    2025, "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward"); transformers' per-layer
+    checkpointing recomputes it like any forward, where the cached path of
+    :func:`shared_prompt_response_logits` cannot run.
+    """
+    _, attention_mask, position_ids = batch.model_inputs()
+    n, p = batch.prompt_ids.shape
+    t = batch.response_ids.shape[1]
+    u, device = rows.shape[0], rows.device
+    block = _block_of_each_sample(inverse)
+    k = int(block.max()) + 1
+    responses = batch.response_ids.new_zeros(u, k, t)
+    responses[inverse, block] = batch.response_ids
+    response_valid = torch.zeros(u, k, t, dtype=torch.bool, device=device)
+    response_valid[inverse, block] = attention_mask[:, p:].bool()
+    response_positions = position_ids.new_zeros(u, k, t)
+    response_positions[inverse, block] = position_ids[:, p:]
+    input_ids = torch.cat([batch.prompt_ids[rows], responses.reshape(u, k * t)], dim=1)
+    positions = torch.cat([position_ids[rows, :p], response_positions.reshape(u, k * t)], dim=1)
+    valid = torch.cat([batch.prompt_mask[rows].bool(), response_valid.reshape(u, k * t)], dim=1)
+    steps = torch.arange(t, device=device)
+    index = torch.cat([torch.arange(p, device=device), (p + steps).repeat(k)])  # the position with padding
+    block_id = torch.cat([torch.full((p,), -1, device=device), torch.arange(k, device=device).repeat_interleave(t)])
+    # the logits kept: the prompt's last position (scores every response's token 0), then each block but its last
+    kept = torch.cat(
+        [
+            torch.tensor([p - 1], device=device),
+            (p + steps[:-1] + t * torch.arange(k, device=device)[:, None]).reshape(-1),
+        ]
+    )
+    with compute_autocast(model):
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=_packed_masks(model, valid, index, block_id),
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=kept,
+        ).logits  # (u, 1 + k (t - 1), V)
+    where = torch.cat(
+        [torch.zeros(n, 1, dtype=torch.long, device=device), 1 + block[:, None] * (t - 1) + steps[:-1]], 1
+    )
+    return logits[inverse[:, None], where]
+
+
 def response_logits(model: nn.Module, batch: Batch, temperature: float, share_prompt: bool = False) -> Tensor:
     """(n, t, V) logits that scored each response token, divided by `temperature`.
 
@@ -158,9 +257,11 @@ def response_logits(model: nn.Module, batch: Batch, temperature: float, share_pr
     ``t + 1`` positions but the final one, so only those ``t + 1`` rows reach the LM head. With
     `share_prompt`, sequences with the same prompt run it once (:func:`shared_prompt_response_logits`).
     """
-    groups = prompt_groups(batch) if share_prompt and can_share_prompt(model) else None
-    if groups is not None:
+    groups = prompt_groups(batch) if share_prompt else None
+    if groups is not None and can_share_prompt(model):
         logits = shared_prompt_response_logits(model, batch, *groups)
+    elif groups is not None and can_pack_prompt(model):  # under gradient checkpointing: no cache
+        logits = packed_prompt_response_logits(model, batch, *groups)
     else:
         input_ids, attention_mask, position_ids = batch.model_inputs()
         t = batch.response_ids.shape[1]

@@ -11,7 +11,15 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.engine.batch import Batch
-from queryrl.engine.policy import can_share_prompt, compute_logprobs, forward_logprobs, prompt_groups
+from queryrl.engine.policy import (
+    can_pack_prompt,
+    can_share_prompt,
+    compute_logprobs,
+    forward_logprobs,
+    packed_prompt_response_logits,
+    prompt_groups,
+    shared_prompt_response_logits,
+)
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 from tests.rollout.helpers import ARCHS, arch_model, with_lora
 
@@ -109,30 +117,50 @@ def test_micro_batched_and_reference_paths(policy: Any) -> None:
         torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
 
 
-def test_gradient_checkpointing_falls_back_to_the_full_forward(model_cache: Any) -> None:
-    """transformers turns the cache off under gradient checkpointing: the plain path runs instead."""
-    policy = load(model_cache, 0)
-    model = policy.model
+def checkpointed(model: nn.Module) -> nn.Module:
+    """`model` in training mode with transformers' per-layer gradient checkpointing on."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy.model.train()
+    return model.train()
+
+
+def test_gradient_checkpointing_shares_in_one_packed_forward(model_cache: Any) -> None:
+    """transformers turns the cache off under gradient checkpointing: the prompts are shared in one packed
+    forward instead (each distinct prompt followed by its samples' responses), with the same numbers."""
+    policy = load(model_cache, 0)
+    model = checkpointed(policy.model)
+    assert not can_share_prompt(model)
+    assert can_pack_prompt(model)
     batch = grouped_batch(len(policy.tokenizer), seed=3)
-    calls, handle = embedded_rows(policy.model)
-    out, _ = forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    calls, handle = embedded_rows(model)
+    out, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
     handle.remove()
-    assert calls == [(9, 6 + batch.response_ids.shape[1])]
-    ref: Tensor = full_logprobs(policy.model, batch)
+    assert calls == [(3, 6 + 3 * batch.response_ids.shape[1])]  # 3 prompts, each with its 3 responses
+    ref: Tensor = full_logprobs(model, batch)
     mask = batch.response_mask.bool()
     torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
 
 
-def test_a_grpo_step_ends_with_the_same_parameters(tmp_path: Path, model_cache: Path) -> None:
-    """One GRPO step with the KL loss (old, reference and policy log-probs all take the shared path)."""
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_grpo_step_ends_with_the_same_parameters(
+    tmp_path: Path, model_cache: Path, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One GRPO step with the KL loss (old, reference and policy log-probs all take the shared path; with
+    gradient checkpointing the packed one)."""
+    import queryrl.engine.policy as policy_module
     from queryrl.trainer.loop import Trainer
     from tests.helpers import make_cfg, params
 
+    packed_calls: list[int] = []
+    packed = policy_module.packed_prompt_response_logits
+
+    def counted(*args: Any) -> Tensor:
+        packed_calls.append(1)
+        return packed(*args)
+
+    monkeypatch.setattr(policy_module, "packed_prompt_response_logits", counted)
     starts, ends, losses = [], [], []
     for share in (False, True):
         cfg = make_cfg(
@@ -142,12 +170,14 @@ def test_a_grpo_step_ends_with_the_same_parameters(tmp_path: Path, model_cache: 
             "actor.use_kl_loss=true",
             "actor.ppo_micro_batch_size=16",
             f"actor.share_prompt_forward={str(share).lower()}",
+            f"model.gradient_checkpointing={str(checkpointing).lower()}",
         )
         trainer = Trainer(cfg)
         starts.append(params(trainer.c.policy.model))
         metrics = trainer.fit()
         ends.append(params(trainer.c.policy.model))
         losses.append((metrics["actor/pg_loss"], metrics["actor/kl_loss"]))
+    assert bool(packed_calls) == checkpointing  # the packed path runs exactly where the cache cannot
     assert losses[1] == pytest.approx(losses[0], abs=1e-5)
     changed = [k for k in ends[0] if not torch.equal(ends[0][k], ends[1][k])]
     assert changed  # float rounding differs: the two paths really ran different code
@@ -184,3 +214,48 @@ def test_every_fast_decode_architecture_with_lora_shares_exactly(arch: str, tiny
     assert len(grads) == len(ref_grads) > 0
     for grad, expected in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+
+
+def _logprobs_and_grads(model: nn.Module, batch: Batch, logits: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """Log-probs of `logits` in their own dtype and the gradients of their masked sum; clears the grads."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    logprobs = torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    (logprobs * batch.response_mask).sum().backward()
+    grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return logprobs.detach(), grads
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_architecture_shares_exactly_under_gradient_checkpointing(arch: str, tiny_bundle: Any) -> None:
+    """The packed forward on every architecture, with LoRA and per-layer checkpointing, in float64: the
+    log-probs and the adapters' gradients of the cached shared path (itself checked against the full forward
+    above) to 1e-9, Gemma 3's sliding layers included (their window is shorter than the sequences here)."""
+    model = with_lora(arch_model(tiny_bundle.tokenizer, arch)).to(torch.float64).train()
+    batch = grouped_batch(len(tiny_bundle.tokenizer), seed=5)
+    groups = prompt_groups(batch)
+    assert groups is not None
+    cached = _logprobs_and_grads(model, batch, shared_prompt_response_logits(model, batch, *groups))
+    model = checkpointed(model)
+    assert not can_share_prompt(model)
+    assert can_pack_prompt(model)
+    packed = _logprobs_and_grads(model, batch, packed_prompt_response_logits(model, batch, *groups))
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(packed[0][mask], cached[0][mask], atol=1e-9, rtol=0)
+    assert len(packed[1]) == len(cached[1]) > 0
+    for grad, expected in zip(packed[1], cached[1], strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-9, rtol=1e-9)
+
+
+def test_packed_forward_without_checkpointing_and_with_one_token(policy: Any) -> None:
+    """The packed layout alone (no checkpointing), and one-token responses (only the prompts' last logits)."""
+    for t in (5, 1):
+        batch = grouped_batch(len(policy.tokenizer), seed=6, t=t)
+        groups = prompt_groups(batch)
+        assert groups is not None
+        with torch.no_grad():
+            ref = full_logprobs(policy.model, batch)
+            logits = packed_prompt_response_logits(policy.model, batch, *groups) / TEMPERATURE
+        out = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        mask = batch.response_mask.bool()
+        torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
