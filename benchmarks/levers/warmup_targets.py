@@ -16,6 +16,10 @@ knowledge base (top 5, the bench's RAG) and checked by the intent check the warm
   attribute words);
 - ``turn_entity_always``: the turn and the gold entity even where the window does not show it (an oracle the
   policy cannot copy: the entity is not in its prompt).
+- ``question_entity``: :func:`~queryrl.apps.query_rewrite.data.kdconv_prep.question_entity_query` (``gold_entity``
+  of the turn without the clauses that tell a value beside its question, lever 22);
+- ``best_of``: per turn the better-ranked of ``gold_entity`` and ``question_entity`` among those the intent check
+  keeps (ties to ``gold_entity``): ConvSearch-R1's rank selection over the two rule-built candidates.
 
 Per candidate: turns whose top 5 holds a gold document (``hit``), the mean reciprocal rank, turns the intent
 check keeps, turns both kept and hit (what the warm-up keeps), and turns whose query names the gold entity.
@@ -36,7 +40,7 @@ DEFAULT_KDCONV = Path(__file__).resolve().parents[2].parent / "shared" / "data" 
 
 def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference: str) -> dict[str, str]:
     """Each candidate's query for one turn (see the module doc)."""
-    from queryrl.apps.query_rewrite.data.kdconv_prep import gold_entity_query, gold_query
+    from queryrl.apps.query_rewrite.data.kdconv_prep import gold_entity_query, gold_query, question_entity_query
 
     entity = gold[0].split("::", 1)[0]
     current = str(window[-1]["content"]).strip()
@@ -44,6 +48,7 @@ def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference:
         "reference": reference,
         "gold_entity": gold_entity_query(window, gold, reference),
         "gold": gold_query(window, gold, reference),
+        "question_entity": question_entity_query(window, gold, reference),
         "turn_entity_always": current if entity in current else f"{current} {entity}",
     }
 
@@ -68,6 +73,7 @@ def measure(rows: Any, search: Callable[[str], list[str]], history_chars: int) -
         window = history_window(contexts, history_chars)
         entity = gold[0].split("::", 1)[0]
         counts["entity_in_window"] += any(entity in str(m["content"]) for m in window)
+        ranks: dict[str, tuple[int, bool]] = {}
         parsed = parse_answer(info["sft_target"], answer_format="text")
         assert parsed is not None  # the reference's own answer
         for name, query in candidates(window, gold, parsed.rewritten_query).items():
@@ -79,8 +85,18 @@ def measure(rows: Any, search: Callable[[str], list[str]], history_chars: int) -
             counts[f"{name}/intent_kept"] += kept
             counts[f"{name}/kept_and_hit"] += kept and rank is not None
             counts[f"{name}/names_gold_entity"] += entity in query
+            ranks[name] = (rank if rank is not None else 99, kept)
+        # the better-ranked of gold_entity and question_entity among the kept ones, ties to gold_entity
+        best = min(("gold_entity", "question_entity"), key=lambda n: (not ranks[n][1], ranks[n][0]))
+        best_rank, best_kept = ranks[best]
+        counts["best_of/hit"] += best_rank < 99
+        rr["best_of"] += 0.0 if best_rank == 99 else 1.0 / (best_rank + 1)
+        counts["best_of/intent_kept"] += best_kept
+        counts["best_of/kept_and_hit"] += best_kept and best_rank < 99
+        counts["best_of/chose_question_entity"] += best == "question_entity" and ranks[best] != ranks["gold_entity"]
     out: dict[str, Any] = {"turns": turns, "entity_in_window": counts["entity_in_window"]}
-    for name in ("reference", "gold_entity", "gold", "turn_entity_always"):
+    out["best_of_chose_question_entity"] = counts["best_of/chose_question_entity"]
+    for name in ("reference", "gold_entity", "gold", "question_entity", "turn_entity_always", "best_of"):
         out[name] = {
             key: counts[f"{name}/{key}"] for key in ("hit", "intent_kept", "kept_and_hit", "names_gold_entity")
         }

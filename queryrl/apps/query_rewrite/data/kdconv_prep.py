@@ -87,7 +87,19 @@ def gold_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[s
     return reference
 
 
-GOLD_TARGETS = {"gold": gold_query, "gold_entity": gold_entity_query}  # sft_target -> the query it builds
+def question_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
+    """:func:`gold_entity_query` of the turn without the clauses that tell a value beside the question
+    (:func:`~queryrl.apps.query_rewrite.intent.check.without_told_clauses`: "电话是010-…，开放时间呢？" asks the
+    hours, and the told phone number pulls the phone document to the top)."""
+    from queryrl.apps.query_rewrite.intent.check import without_told_clauses
+
+    current = str(window[-1]["content"]).strip()
+    asked = [*window[:-1], {**window[-1], "content": without_told_clauses(current)}]
+    return gold_entity_query(asked, gold_doc_ids, reference)
+
+
+# sft_target -> the query it builds
+GOLD_TARGETS = {"gold": gold_query, "gold_entity": gold_entity_query, "question_entity": question_entity_query}
 
 
 def windowed_rows(

@@ -25,7 +25,10 @@ A rewrite keeps the intent unless (each a ``code``, checked in this order; the r
   (:data:`~.intent_words.QUESTION_CUES`: price, warranty, return, shipping, stock, phone, address,
   opening hours, ticket, ...) of the last turn are not all asked by the rewrite, or the rewrite asks a type
   the turn does not. A cue with two types (便宜: price or promotion) is kept by either. When the last turn
-  names no type ("极光Pro7的话呢?"), the rewrite may take its types from the history, not from nowhere;
+  names no type ("极光Pro7的话呢?"), the rewrite may take its types from the history, not from nowhere. A
+  clause that tells a value (a cue, 是/为/： and a value that asks nothing, or 位于 and a place) beside a
+  clause that asks is not asked ("电话是010-…，你知道这里的开放时间吗？" asks the hours only: KdConv's
+  speakers answer the last question and ask the next in one turn), so a rewrite may leave it out;
 - ``words_dropped``: a name of the last turn (a token with a latin letter: ``max8``, ``pro2``) is
   missing, more than half of the content words of its question clauses are missing (function words,
   pronouns, small talk, quantities, generic nouns and the question cues themselves do not count; a
@@ -249,6 +252,34 @@ def _clauses(compact: str) -> list[tuple[int, int]]:
     return out
 
 
+def _states_answer(clause: str, cues: Sequence[str]) -> bool:
+    """`clause` states a value of a question type and asks nothing: a cue, a link and a value (``电话是010-…``,
+    ``门票为20元``), or an answer verb and its object (``位于朝阳区``); the turn's own statement, read by the
+    same pattern as a rewrite's invented answer (:func:`_answer`)."""
+    if any(m in clause for m in QUESTION_MARKERS) or _x_not_x(clause):
+        return False
+    links = "|".join(re.escape(x) for x in ANSWER_LINKS)
+    verbs = "|".join(re.escape(x) for x in ANSWER_VERBS)
+    heads = "|".join(re.escape(x) for x in sorted(set(cues), key=len, reverse=True))
+    stated_cue = bool(heads) and re.search(rf"(?:{heads})(?:的)?(?:{links})[^{re.escape(CLAUSE_BREAKS)}]+", clause)
+    return bool(stated_cue) or re.search(rf"(?:{verbs})[^{re.escape(CLAUSE_BREAKS)}]+", clause) is not None
+
+
+def without_told_clauses(text: str) -> str:
+    """`text` without its clauses that tell a value beside a clause that asks (:func:`_states_answer`; the
+    module doc), in its own characters; `text` itself when it has no such clause or nothing else asks."""
+    pieces = [p for p in re.split(rf"(?<=[{re.escape(CLAUSE_BREAKS)}])", text) if p.strip()]
+    told, asks = [], []
+    for piece in pieces:
+        compact = normalise(piece).replace(" ", "")
+        cues = [cue for _, _, cue in _cue_spans(compact)]
+        told.append(_states_answer(compact, cues))
+        asks.append(_is_question(compact, bool(cues)) and not told[-1])
+    if not any(told) or not any(asks):
+        return text
+    return "".join(p for p, t in zip(pieces, told, strict=True) if not t).strip()
+
+
 def _is_question(clause: str, has_cue: bool) -> bool:
     return has_cue or any(m in clause for m in QUESTION_MARKERS) or _x_not_x(clause)
 
@@ -300,6 +331,10 @@ def read_text(text: str) -> Reading:
         covered[start:end] = [True] * (end - start)
     clauses = _clauses(compact)
     questions = [(s, e) for s, e in clauses if _is_question(compact[s:e], any(covered[s:e]))]
+    stated = [(s, e) for s, e in questions if _states_answer(compact[s:e], [c for a, _, c in spans if s <= a < e])]
+    if stated and len(stated) < len(questions):  # "电话是010-…，开放时间呢？": the first clause tells, the second asks
+        questions = [q for q in questions if q not in stated]
+        reading.slots = [QUESTION_CUES[c] for a, _, c in spans if not any(s <= a < e for s, e in stated)]
     reading.asks = bool(questions)
     chosen = questions or clauses  # a turn without a question word ("发我看看"): every clause counts
     hinted: set[str] = set()

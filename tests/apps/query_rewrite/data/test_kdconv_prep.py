@@ -104,6 +104,22 @@ def test_gold_entity_query_names_a_visible_gold_entity_after_the_turn() -> None:
     assert prep.gold_entity_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？"
 
 
+def test_question_entity_query_leaves_out_what_the_turn_tells() -> None:
+    window = [
+        {"role": "user", "content": "古北水镇的电话是多少？"},
+        {"role": "assistant", "content": "不清楚，你知道吗？"},
+        {"role": "user", "content": "电话是010-81009999，那它几点开门？"},
+    ]
+    gold = ["古北水镇::开放时间"]
+    # the told phone number goes (it pulls the phone document up), the question stays, the entity follows
+    assert prep.question_entity_query(window, gold, "ref") == "那它几点开门？ 古北水镇"
+    assert prep.gold_entity_query(window, gold, "ref") == "电话是010-81009999，那它几点开门？ 古北水镇"
+    # a turn that only asks, or only tells, is the gold-entity target as it was
+    for turn in ("那它几点开门？", "电话是010-81009999"):
+        plain = [*window[:2], {"role": "user", "content": turn}]
+        assert prep.question_entity_query(plain, gold, "ref") == prep.gold_entity_query(plain, gold, "ref")
+
+
 @pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
 def test_prepare_with_gold_entity_targets(tmp_path: Path) -> None:
     src = _travel_slice(tmp_path / "travel", 20)

@@ -266,3 +266,29 @@ def test_a_loop_the_customer_wrote_is_no_garble() -> None:
     contexts = _contexts(TSINGHUA, "哈哈哈哈，那门票多少钱？")
     assert check_intent(contexts, "哈哈哈哈，清华大学门票多少钱？").kept
     assert check_intent(contexts, "清华大学门票多少钱？ 钱钱钱钱").code == "garbled"
+
+
+FIRE = ["中国消防博物馆的电话是多少啊？", "我也不清楚，你知道吗？"]
+
+
+@pytest.mark.parametrize(
+    ("last", "rewrite", "code"),
+    [
+        # the turn tells one value and asks another (KdConv's speakers answer, then ask): the told clause may go
+        ("电话是010-68411475，你知道这里的开放时间吗？", "你知道这里的开放时间吗？ 中国消防博物馆", "kept"),
+        ("电话是010-68411475，你知道这里的开放时间吗？", "中国消防博物馆，电话是010-68411475，开放时间呢？", "kept"),
+        ("门票为20元，地址在哪里？", "中国消防博物馆 地址在哪里", "kept"),
+        # what the turn asks still has to be asked, and a told value is not a question
+        ("电话是010-68411475，你知道这里的开放时间吗？", "中国消防博物馆 电话是多少", "question_changed"),
+        ("电话是010-68411475，你知道这里的开放时间吗？", "电话是010-68411475", "question_changed"),
+        # a clause with a question marker asks, whatever its link: both questions stay
+        ("门票是20元吗？开放时间呢？", "中国消防博物馆 开放时间", "question_dropped"),
+        # a turn that only tells keeps its reading (no other clause asks)
+        ("电话是010-68411475", "中国消防博物馆 电话是010-68411475", "kept"),
+    ],
+)
+def test_a_clause_that_tells_a_value_beside_a_question_is_not_asked(last: str, rewrite: str, code: str) -> None:
+    verdict = check_intent(_contexts(FIRE, last), rewrite)
+    assert verdict.code == code, verdict.reason
+    assert read_text("电话是010-68411475，你知道这里的开放时间吗？").types == {"hours"}
+    assert read_text("电话是多少，开放时间呢？").types == {"phone", "hours"}
