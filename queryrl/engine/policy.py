@@ -209,7 +209,8 @@ def packed_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     the full forward up to float rounding. This is the shared-prefix attention of Prefix Grouper (Liu et al.
     2025, "Prefix Grouper: Efficient GRPO Training through Shared-Prefix Forward"); transformers' per-layer
     checkpointing recomputes it like any forward, where the cached path of
-    :func:`shared_prompt_response_logits` cannot run.
+    :func:`shared_prompt_response_logits` cannot run. The masks are (u, L, L) with ``L = P + k t`` (`k` samples
+    of the largest group): for many long responses per prompt they grow with the square of that length.
     """
     _, attention_mask, position_ids = batch.model_inputs()
     n, p = batch.prompt_ids.shape

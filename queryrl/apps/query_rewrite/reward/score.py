@@ -18,6 +18,9 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward.modes.mix_rewards`
   LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
 - ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2], among the service's
   documents (``rag.rank_depth`` of them where set, the first ``top_k`` of which the judge sees);
+- ``retrieval_entity`` (only where ``weights.retrieval_entity`` is set): the share of the first ``top_k``
+  documents whose title is one of the row's ``ground_truth.gold_titles``, in [0, 1] (a row with gold and no
+  titles fails, naming the field); at its floor 0 for an unparsed reply, 1 for a right abstention;
 - ``format``: 1 when the output parses and the query is within ``max_query_chars``. A ``text``-format row
   (``extra_info.answer_format``, :mod:`~.prompts`) is read by :func:`~.prompts.parse_text_answer`: its first
   line is the query; more text after it is retrieved with the same, with ``format`` 0
