@@ -89,9 +89,9 @@ def gold_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[s
 
 def question_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
     """:func:`gold_entity_query` of the turn without the clauses that tell a value beside the question
-    (:func:`~queryrl.apps.query_rewrite.intent.check.without_told_clauses`: "电话是010-…，开放时间呢？" asks the
+    (:func:`~queryrl.apps.query_rewrite.intent.reading.without_told_clauses`: "电话是010-…，开放时间呢？" asks the
     hours, and the told phone number pulls the phone document to the top)."""
-    from queryrl.apps.query_rewrite.intent.check import without_told_clauses
+    from queryrl.apps.query_rewrite.intent.reading import without_told_clauses
 
     current = str(window[-1]["content"]).strip()
     asked = [*window[:-1], {**window[-1], "content": without_told_clauses(current)}]
