@@ -53,6 +53,8 @@ def margin(scores: np.ndarray, doc_ids: Sequence[str], gold: set[str], depth: in
 
 
 def replay(run: Path, index: Any) -> dict[str, Any]:
+    from queryrl.apps.query_rewrite.data.kdconv import doc_entity
+
     doc_ids = [d.doc_id for d in index.documents]
     counts: collections.Counter[str] = collections.Counter()
     for rows in groups_of(run):
@@ -74,11 +76,11 @@ def replay(run: Path, index: Any) -> dict[str, Any]:
         for name, depth in (("margin_top5", 5), ("margin_top100", 100), ("margin_all", len(doc_ids))):
             values = {round(margin(s, doc_ids, gold, depth), 4) for s in scores}
             counts[f"split_by_{name}"] += len(values) > 1
-        entities = {g.split("::", 1)[0] for g in gold}
+        entities = {doc_entity(g) for g in gold}
         shares = set()
         for row in rows:
             shown = (row.get("reward_info") or {}).get("candidate_documents") or []
-            shares.add(sum(d["doc_id"].split("::", 1)[0] in entities for d in shown))
+            shares.add(sum(doc_entity(d["doc_id"]) in entities for d in shown))
         counts["split_by_entity_share"] += len(shares) > 1
     return {"run": str(run), **counts}
 

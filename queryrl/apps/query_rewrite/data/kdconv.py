@@ -50,6 +50,11 @@ def doc_id(entity: str, attribute: str) -> str:
     return f"{entity}::{attribute}"
 
 
+def doc_entity(document_id: str) -> str:
+    """The entity of a :func:`doc_id` (its title in the knowledge base)."""
+    return document_id.split("::", 1)[0]
+
+
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
@@ -90,7 +95,7 @@ def load_kdconv_conversations(path: str | Path, both_speakers: bool = False) -> 
             for i, m in enumerate(messages):
                 role = "user" if i % 2 == user_parity else "assistant"
                 gold = _reply_gold(messages[i + 1]) if role == "user" and i + 1 < len(messages) else []
-                titles = list(dict.fromkeys(doc.split("::", 1)[0] for doc in gold))  # doc_id's entity
+                titles = list(dict.fromkeys(doc_entity(doc) for doc in gold))
                 parsed.append(Message(role=role, text=str(m["message"]), turn=i, gold_doc_ids=gold, gold_titles=titles))
             out.append(Conversation(f"{path.stem}-{c:04d}", parsed))
     return out
