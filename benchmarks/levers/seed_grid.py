@@ -1,0 +1,161 @@
+"""#25's goals over several GRPO seeds and split seeds: how many runs meet them, and the recipe's pooled effect.
+
+One GRPO run per split cannot tell a lever under about 0.02 Recall@5 from the GRPO seed (the log's "GRPO's own
+spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON whose run folder
+(``settings.args.work``) still holds ``eval/eval_samples.jsonl``, and prints, as JSON:
+
+- per run (split seed, GRPO seed): each goal of #25 item 7, met or not: GRPO - warm-up Recall@5 with its paired
+  interval above zero (over turns, and over conversations), context-dependent Recall@5 at least 2x concat_last3's
+  and at least the reference's, intent kept on at least 95 % of turns;
+- per goal, in how many runs it is met;
+- per split and over all splits, the recipe's effect with the GRPO seed averaged out: each turn's GRPO score is the
+  mean over that split's GRPO seeds, paired with the split's warm-up (one warm-up per split, shared by its GRPO
+  runs) and with the reference; intervals by the eval's paired bootstrap over turns and by a cluster bootstrap over
+  conversations (:func:`~queryrl.apps.query_rewrite.eval.metrics.paired_bootstrap` with ``groups``). Over all
+  splits a cluster is one conversation of one split: the split seeds draw their held-out conversations from one
+  KdConv file, so a conversation can be held out in two splits, with a different model each time.
+
+    python benchmarks/levers/seed_grid.py benchmarks/results/levers/real_model_bf16_gold_entity_hist320_s0.json \\
+      benchmarks/results/levers/real_model_bf16_grposeed8_s0.json ... --out benchmarks/results/levers/seed_grid.json
+
+A turn is context-dependent when it has an earlier message (``turn > 0``; the eval's own rule for rows without a
+kind), checked against each result's ``ctx_dep_n``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
+
+RATIO_GOAL = 2.0  # context-dependent Recall@5 at least this many times concat_last3's
+INTENT_GOAL = 0.95
+DEFAULT_GRPO_SEED = 7  # trainer.seed in configs/query_rewrite_kdconv.yaml
+
+
+def _grpo_seed(overrides: list[str]) -> int:
+    seeds = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("trainer.seed=")]
+    return seeds[-1] if seeds else DEFAULT_GRPO_SEED
+
+
+def _load(path: Path) -> dict[str, Any]:
+    result = json.loads(path.read_text(encoding="utf-8"))
+    args = result["settings"]["args"]
+    samples = Path(args["work"]) / "eval" / "eval_samples.jsonl"
+    if not samples.is_file():
+        raise SystemExit(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
+    rows = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("gold")]
+    dependent = sum(r["turn"] > 0 for r in rows)
+    counted = result["final_eval"]["grpo"]["ctx_dep_n"]
+    if dependent != counted:
+        raise SystemExit(f"{path}: {dependent} turns with history but the eval counted {counted} context-dependent")
+    return {
+        "path": str(path),
+        "split": int(args["seed"]),
+        "grpo_seed": _grpo_seed(list(args.get("overrides") or [])),
+        "rows": rows,
+        "final": result["final_eval"],
+    }
+
+
+def _scores(rows: list[dict[str, Any]], system: str, dependent_only: bool = False) -> np.ndarray:
+    return np.array([r["systems"][system]["recall@5"] for r in rows if r["turn"] > 0 or not dependent_only])
+
+
+def _interval(a: np.ndarray, b: np.ndarray, groups: list[str]) -> dict[str, float]:
+    p = paired_bootstrap(a.tolist(), b.tolist(), groups=groups)
+    return {k: round(p[k], 4) for k in ("diff", "low", "high", "group_low", "group_high")} | {"n": int(p["n"])}
+
+
+def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
+    rows, final = run["rows"], run["final"]
+    groups = [r["conversation_id"] for r in rows]
+    vs_warmup = _interval(_scores(rows, "grpo"), _scores(rows, "warmup"), groups)
+    ratio = final["grpo"]["ctx_dep_recall@5"] / final["concat_last3"]["ctx_dep_recall@5"]
+    vs_reference = final["grpo"]["ctx_dep_recall@5"] - final["reference"]["ctx_dep_recall@5"]
+    return {
+        "split": run["split"],
+        "grpo_seed": run["grpo_seed"],
+        "result": run["path"],
+        "grpo_recall@5": round(final["grpo"]["recall@5"], 4),
+        "grpo_minus_warmup": vs_warmup,
+        "ctx_dep_x_concat_last3": round(ratio, 3),
+        "ctx_dep_grpo_minus_reference": round(vs_reference, 4),
+        "intent_kept": round(final["grpo"]["intent_kept"], 4),
+        "goals": {
+            "above_warmup_turns": vs_warmup["low"] > 0,
+            "above_warmup_conversations": vs_warmup["group_low"] > 0,
+            "ctx_dep_2x_concat_last3": ratio >= RATIO_GOAL,
+            "ctx_dep_at_least_reference": vs_reference >= 0,
+            "intent_kept_95": final["grpo"]["intent_kept"] >= INTENT_GOAL,
+        },
+    }
+
+
+def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
+    """The GRPO seeds averaged per turn within each split; the splits' turns then pooled."""
+    grpo, warmup, reference, concat, groups, dep = [], [], [], [], [], []
+    for split in splits:
+        mine = [r for r in runs if r["split"] == split]
+        base = mine[0]["rows"]
+        for r in mine[1:]:
+            if [x["last_turn"] for x in r["rows"]] != [x["last_turn"] for x in base]:
+                raise SystemExit(f"{r['path']} and {mine[0]['path']} (split {split}) do not hold the same turns")
+            for system in ("warmup", "reference", "concat_last3"):
+                if not np.array_equal(_scores(r["rows"], system), _scores(base, system)):
+                    raise SystemExit(f"{r['path']}: its {system} differs from {mine[0]['path']}'s on split {split}")
+        grpo.append(np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0))
+        warmup.append(_scores(base, "warmup"))
+        reference.append(_scores(base, "reference"))
+        concat.append(_scores(base, "concat_last3"))
+        groups += [f"{split}:{x['conversation_id']}" for x in base]
+        dep.append(np.array([x["turn"] > 0 for x in base]))
+    g, w, ref, c, d = (np.concatenate(v) for v in (grpo, warmup, reference, concat, dep))
+    dep_groups = [x for x, keep in zip(groups, d, strict=True) if keep]
+    return {
+        "splits": splits,
+        "runs": sum(r["split"] in splits for r in runs),
+        "turns": int(g.size),
+        "grpo_recall@5": round(float(g.mean()), 4),
+        "grpo_minus_warmup": _interval(g, w, groups),
+        "ctx_dep_x_concat_last3": round(float(g[d].mean() / c[d].mean()), 3),
+        "ctx_dep_grpo_minus_reference": _interval(g[d], ref[d], dep_groups),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, nargs="+", help="benchmarks/real_model.py result JSONs")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    runs = [_load(p) for p in args.results]
+    per_run = [_run_goals(r) for r in runs]
+    goals = list(per_run[0]["goals"])
+    splits = sorted({r["split"] for r in runs})
+    by_split: dict[int, list[int]] = defaultdict(list)
+    for r in runs:
+        by_split[r["split"]].append(r["grpo_seed"])
+    out = {
+        "grid": {str(s): sorted(v) for s, v in sorted(by_split.items())},
+        "runs": per_run,
+        "goals_met": {g: f"{sum(r['goals'][g] for r in per_run)} of {len(per_run)}" for g in goals},
+        "pooled_by_split": {str(s): _pooled(runs, [s]) for s in splits},
+        "pooled": _pooled(runs, splits),
+    }
+    text = json.dumps(out, ensure_ascii=False, indent=1)
+    print(text)
+    if args.out is not None:
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
