@@ -214,12 +214,11 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Left-pad token-id lists to ``(ids (N, P) long, mask (N, P) long)``; P = the longest."""
     width = max((len(s) for s in seqs), default=0)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        if s:
-            ids[row, width - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[row, width - len(s) :] = 1
+    if not seqs:
+        return torch.zeros((0, 0), dtype=torch.long), torch.zeros((0, 0), dtype=torch.long)
+    # built as Python lists, then one tensor each: two tensor ops in all instead of four per row
+    ids = torch.tensor([[pad_id] * (width - len(s)) + [int(t) for t in s] for s in seqs], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
     return ids, mask
 
 

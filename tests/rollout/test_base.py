@@ -48,6 +48,12 @@ def test_left_pad() -> None:
     assert ids.tolist() == [[5, 6, 7], [PAD, PAD, 8]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert ids.dtype == mask.dtype == torch.long
+    # an empty prompt is all padding; token tensors are read as ints; no rows: (0, 0)
+    ids, mask = left_pad([torch.tensor([3, 4]), []], PAD)
+    assert ids.tolist() == [[3, 4], [PAD, PAD]]
+    assert mask.tolist() == [[1, 1], [0, 0]]
+    assert [tuple(t.shape) for t in left_pad([], PAD)] == [(0, 0), (0, 0)]
+    assert [tuple(t.shape) for t in left_pad([[], []], PAD)] == [(2, 0), (2, 0)]
 
 
 def test_eos_response_mask_counts_up_to_and_including_the_first_eos() -> None:
@@ -145,3 +151,19 @@ def test_rollout_does_not_import_the_trainer() -> None:
                 names = [node.module or ""]
             for name in names:
                 assert not name.startswith(("queryrl.trainer", "queryrl.apps")), f"{path.name} imports {name}"
+
+
+def test_trained_token_ids_and_their_text_skip_masked_tokens() -> None:
+    from queryrl.trainer.scoring import decode_responses, trained_token_ids
+
+    out = _output([[11, 12], [11, 12]], [[5, EOS], [6, 7, 8, EOS]], [0, 0])
+    out.response_mask[1, 1] = 0.0  # a tool's tokens inside a response (the agent loop) are not trained
+    assert trained_token_ids(out) == [[5, EOS], [6, 8, EOS]]
+
+    class Tokenizer:
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            assert skip_special_tokens
+            assert all(type(i) is int for i in ids)
+            return " ".join(str(i) for i in ids if i != EOS)
+
+    assert decode_responses(Tokenizer(), out) == ["5", "6 8"]
