@@ -145,6 +145,7 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         "turns": int(g.size),
         "grpo_recall@5": round(float(g.mean()), 4),
         "grpo_minus_warmup": _interval(g, w, groups),
+        "grpo_minus_reference": _interval(g, ref, groups),
         "ctx_dep_x_concat_last3": round(float(g[d].mean() / c[d].mean()), 3),
         "ctx_dep_grpo_minus_reference": _interval(g[d], ref[d], dep_groups),
         "intent_kept_mean_of_runs": round(float(np.mean([r["intent_kept"] for r in runs if r["split"] in splits])), 4),
