@@ -152,10 +152,44 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
     }
 
 
+def _iv(x: dict[str, float], conversations: bool = True) -> str:
+    text = f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+    return text + (f" / [{x['group_low']:+.3f}, {x['group_high']:+.3f}]" if conversations else "")
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The log's tables: one row per run, then the pooled rows (per split and over all)."""
+    head = (
+        "| split, GRPO seed | GRPO Recall@5 | GRPO - warm-up: turns / conversations | ctx-dep x concat_last3 "
+        "| ctx-dep GRPO - reference | intent kept |\n| --- | ---: | --- | ---: | ---: | ---: |"
+    )
+    rows = [
+        f"| {r['split']}, {r['grpo_seed']} | {r['grpo_recall@5']:.3f} | {_iv(r['grpo_minus_warmup'])} "
+        f"| {r['ctx_dep_x_concat_last3']:.2f}x | {r['ctx_dep_grpo_minus_reference']:+.3f} "
+        f"| {100 * r['intent_kept']:.1f} % |"
+        for r in out["runs"]
+    ]
+    pooled = [("split " + k, v) for k, v in out["pooled_by_split"].items()] + [("all splits", out["pooled"])]
+    head2 = (
+        "| GRPO seeds averaged per turn | runs | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
+        "| ctx-dep x concat_last3 | ctx-dep GRPO - reference: turns / conversations | intent kept (mean of runs) |\n"
+        "| --- | ---: | ---: | --- | ---: | --- | ---: |"
+    )
+    rows2 = [
+        f"| {name} | {p['runs']} | {p['grpo_recall@5']:.3f} | {_iv(p['grpo_minus_warmup'])} "
+        f"| {p['ctx_dep_x_concat_last3']:.2f}x | {_iv(p['ctx_dep_grpo_minus_reference'])} "
+        f"| {100 * p['intent_kept_mean_of_runs']:.1f} % |"
+        for name, p in pooled
+    ]
+    met = ", ".join(f"{k} {v}" for k, v in out["goals_met"].items())
+    return "\n".join([head, *rows, "", head2, *rows2, "", f"Runs meeting each goal: {met}."])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, nargs="+", help="benchmarks/real_model.py result JSONs")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--markdown", action="store_true", help="print the log's tables instead of the JSON")
     args = parser.parse_args()
     runs = [_load(p) for p in args.results]
     per_run = [_run_goals(r) for r in runs]
@@ -172,7 +206,7 @@ def main() -> None:
         "pooled": _pooled(runs, splits),
     }
     text = json.dumps(out, ensure_ascii=False, indent=1)
-    print(text)
+    print(markdown(out) if args.markdown else text)
     if args.out is not None:
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(text + "\n", encoding="utf-8")
