@@ -55,8 +55,8 @@ def _load(path: Path) -> dict[str, Any]:
     samples = Path(args["work"]) / "eval" / "eval_samples.jsonl"
     if not samples.is_file():
         raise SystemExit(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
-    rows = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("gold")]
+    records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in records if r.get("gold")]
     dependent = sum(r["turn"] > 0 for r in rows)
     counted = result["final_eval"]["grpo"]["ctx_dep_n"]
     if dependent != counted:
@@ -67,19 +67,19 @@ def _load(path: Path) -> dict[str, Any]:
         "grpo_seed": _grpo_seed(list(args.get("overrides") or [])),
         "rows": rows,
         "final": result["final_eval"],
-        "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", samples),
+        "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", records),
     }
 
 
-def _intent_kept_now(data: Path, samples_path: Path) -> float:
-    """The share of every evaluated turn (gold or not) whose GRPO query today's offline check keeps."""
+def _intent_kept_now(data: Path, records: list[dict[str, Any]]) -> float:
+    """The share of every evaluated turn (gold or not; `records`: the eval's rows) whose GRPO query today's
+    offline check keeps."""
     from queryrl.apps.query_rewrite.eval.intent import offline_intents
     from queryrl.apps.query_rewrite.eval.samples import load_samples
 
-    records = [json.loads(line) for line in samples_path.read_text(encoding="utf-8").splitlines() if line.strip()]
     samples = load_samples(str(data), max_samples=len(records))
     if [s.contexts[-1]["content"] for s in samples] != [r["last_turn"] for r in records]:
-        raise SystemExit(f"{data} does not hold the turns of {samples_path} in the same order")
+        raise SystemExit(f"{data} does not hold the evaluated turns in the same order")
     verdicts = offline_intents(samples, [r["systems"]["grpo"]["query"] for r in records])
     return sum(v.kept for v in verdicts) / len(verdicts)
 

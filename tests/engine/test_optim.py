@@ -8,22 +8,17 @@ from torch import nn
 from queryrl.engine.optim import make_optimizer
 
 
-def _trained(foreach: bool | None, steps: int = 25) -> list[torch.Tensor]:
+def _trained(foreach: bool, steps: int = 25) -> list[torch.Tensor]:
+    """The parameters after `steps` AdamW steps, by torch's per-tensor loop or its multi-tensor path."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 8))
-    if foreach is None:
-        optimizer, scheduler = make_optimizer(model.parameters(), 1e-2, 0.01, (0.9, 0.999), 2, steps, "cosine")
-    else:  # torch's own AdamW with the same settings, per-tensor loop or multi-tensor
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=foreach)
-        scheduler = None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01, foreach=foreach)
     data = torch.Generator().manual_seed(1)
     for _ in range(steps):
         x = torch.randn(8, 16, generator=data)
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if scheduler is not None:
-            scheduler.step()
     return [p.detach().clone() for p in model.parameters()]
 
 
