@@ -62,16 +62,19 @@ from typing import Any
 import jieba
 
 from queryrl.apps.query_rewrite.intent.reading import (
+    BREAKS,
     CJK,
     DIGITS,
+    LINKS,
     Reading,
+    alternation,
     bounded,
     normalise,
     read_text,
     without_told_clauses,
     x_not_x,
 )
-from queryrl.apps.query_rewrite.intent.words import ANSWER_LINKS, ANSWER_VERBS, CLAUSE_BREAKS, QUESTION_MARKERS
+from queryrl.apps.query_rewrite.intent.words import ANSWER_VERBS, QUESTION_MARKERS
 from queryrl.rag.rewriters import is_chitchat, last_user_turn
 
 __all__ = [  # the reading's names the callers import from here
@@ -182,15 +185,11 @@ def _kept_name(name: str, rewrite: Reading) -> bool:
 def _answer(rewrite: Reading, last: Reading) -> str | None:
     """The answer `rewrite` states (a cue, a link and a value that asks nothing), unless the turn says it."""
     text = rewrite.compact
-    links = "|".join(re.escape(x) for x in ANSWER_LINKS)
-    heads = "|".join(re.escape(x) for x in sorted({*rewrite.cues, *ANSWER_VERBS}, key=len, reverse=True))
-    if not heads:
-        return None
-    breaks = re.escape(CLAUSE_BREAKS)
-    for match in re.finditer(rf"(?:{heads})(?:的)?(?:{links})?([^{breaks}]+)", text):
+    heads = alternation({*rewrite.cues, *ANSWER_VERBS})
+    for match in re.finditer(rf"(?:{heads})(?:的)?(?:{LINKS})?([^{BREAKS}]+)", text):
         head_only = match.group(0)[: len(match.group(0)) - len(match.group(1))]
         verb = any(head_only.startswith(v) for v in ANSWER_VERBS)
-        if not verb and not re.search(rf"(?:{links})$", head_only):
+        if not verb and not re.search(rf"(?:{LINKS})$", head_only):
             continue  # a cue with no 是/为/： after it: part of a query ("价格 max8"), not a statement
         value = match.group(1)
         if any(m in value for m in QUESTION_MARKERS) or x_not_x(value) or match.group(0) in last.compact:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import jieba
@@ -36,6 +36,9 @@ CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[a-z]")
 DIGITS = re.compile(r"[0-9]+")
 _SPACE = re.compile(r"\s+")
+BREAKS = re.escape(CLAUSE_BREAKS)  # inside a character class: what ends a clause
+LINKS = "|".join(re.escape(x) for x in ANSWER_LINKS)  # 是/为/： between a cue and the value it states
+_TOLD_BY_VERB = re.compile(rf"(?:{'|'.join(re.escape(x) for x in ANSWER_VERBS)})[^{BREAKS}]+")  # 位于朝阳区
 _CUES = sorted(QUESTION_CUES, key=lambda c: (-len(c), c))  # longest first: a longer cue wins its span
 
 
@@ -141,17 +144,20 @@ def _states_answer(clause: str, cues: Sequence[str]) -> bool:
     same pattern as a rewrite's invented answer (:func:`_answer`)."""
     if any(m in clause for m in QUESTION_MARKERS) or x_not_x(clause):
         return False
-    links = "|".join(re.escape(x) for x in ANSWER_LINKS)
-    verbs = "|".join(re.escape(x) for x in ANSWER_VERBS)
-    heads = "|".join(re.escape(x) for x in sorted(set(cues), key=len, reverse=True))
-    stated_cue = bool(heads) and re.search(rf"(?:{heads})(?:的)?(?:{links})[^{re.escape(CLAUSE_BREAKS)}]+", clause)
-    return bool(stated_cue) or re.search(rf"(?:{verbs})[^{re.escape(CLAUSE_BREAKS)}]+", clause) is not None
+    heads = alternation(cues)
+    stated_cue = bool(heads) and re.search(rf"(?:{heads})(?:的)?(?:{LINKS})[^{BREAKS}]+", clause)
+    return bool(stated_cue) or _TOLD_BY_VERB.search(clause) is not None
+
+
+def alternation(words: Iterable[str]) -> str:
+    """A regex alternation of `words`, longest first (a longer word wins where a shorter one is its start)."""
+    return "|".join(re.escape(x) for x in sorted(set(words), key=len, reverse=True))
 
 
 def without_told_clauses(text: str) -> str:
     """`text` without its clauses that tell a value beside a clause that asks (:func:`_states_answer`; the
     module doc), in its own characters; `text` itself when it has no such clause or nothing else asks."""
-    pieces = [p for p in re.split(rf"(?<=[{re.escape(CLAUSE_BREAKS)}])", text) if p.strip()]
+    pieces = [p for p in re.split(rf"(?<=[{BREAKS}])", text) if p.strip()]
     told, asks = [], []
     for piece in pieces:
         compact = normalise(piece).replace(" ", "")
