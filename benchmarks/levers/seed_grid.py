@@ -41,12 +41,13 @@ from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
 
 RATIO_GOAL = 2.0  # context-dependent Recall@5 at least this many times concat_last3's
 INTENT_GOAL = 0.95
-DEFAULT_GRPO_SEED = 7  # trainer.seed in configs/query_rewrite_kdconv.yaml
 
 
-def _grpo_seed(overrides: list[str]) -> int:
-    seeds = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("trainer.seed=")]
-    return seeds[-1] if seeds else DEFAULT_GRPO_SEED
+def _grpo_seed(work: Path) -> int:
+    """``trainer.seed`` of the GRPO run, from the config the run saved (``grpo_run/config.yaml``)."""
+    import yaml
+
+    return int(yaml.safe_load((work / "grpo_run" / "config.yaml").read_text(encoding="utf-8"))["trainer"]["seed"])
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def _load(path: Path) -> dict[str, Any]:
     return {
         "path": str(path),
         "split": int(args["seed"]),
-        "grpo_seed": _grpo_seed(list(args.get("overrides") or [])),
+        "grpo_seed": _grpo_seed(Path(args["work"])),
         "rows": rows,
         "final": result["final_eval"],
         "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", records),
