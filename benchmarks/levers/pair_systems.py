@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from queryrl.apps.query_rewrite.data.kdconv import doc_entity
 from queryrl.apps.query_rewrite.eval.metrics import group_interval, paired_bootstrap
 
 
@@ -39,7 +40,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _names_gold_entity(rows: list[dict[str, Any]], system: str) -> int:
-    return sum(any(g.split("::")[0] in r["systems"][system]["query"] for g in r["gold"]) for r in rows)
+    return sum(any(doc_entity(g) in r["systems"][system]["query"] for g in r["gold"]) for r in rows)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,10 @@ DEFAULT_KDCONV = Path(__file__).resolve().parents[2].parent / "shared" / "data" 
 
 def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference: str) -> dict[str, str]:
     """Each candidate's query for one turn (see the module doc)."""
+    from queryrl.apps.query_rewrite.data.kdconv import doc_entity
     from queryrl.apps.query_rewrite.data.kdconv_prep import gold_entity_query, gold_query, question_entity_query
 
-    entity = gold[0].split("::", 1)[0]
+    entity = doc_entity(gold[0])
     current = str(window[-1]["content"]).strip()
     return {
         "reference": reference,
@@ -55,13 +56,14 @@ def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference:
 
 def measure(rows: Any, search: Callable[[str], list[str]], history_chars: int) -> dict[str, Any]:
     """The counts of the module doc over `rows` (a data frame of prepared training rows)."""
+    from queryrl.apps.query_rewrite.data.kdconv import doc_entity
     from queryrl.apps.query_rewrite.data.kdconv_prep import history_window
     from queryrl.apps.query_rewrite.intent.check import check_intent
     from queryrl.apps.query_rewrite.reward.intent import intent_sources
     from queryrl.apps.query_rewrite.reward.modes import parse_answer
 
     counts: Counter[str] = Counter()
-    rr: Counter[str] = Counter()
+    rr: defaultdict[str, float] = defaultdict(float)  # summed reciprocal ranks
     turns = 0
     for _, row in rows.iterrows():
         info = row["extra_info"]
@@ -71,7 +73,7 @@ def measure(rows: Any, search: Callable[[str], list[str]], history_chars: int) -
         turns += 1
         contexts = list(info["contexts"])
         window = history_window(contexts, history_chars)
-        entity = gold[0].split("::", 1)[0]
+        entity = doc_entity(gold[0])
         counts["entity_in_window"] += any(entity in str(m["content"]) for m in window)
         ranks: dict[str, tuple[int, bool]] = {}
         parsed = parse_answer(info["sft_target"], answer_format="text")

@@ -24,6 +24,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from queryrl.apps.query_rewrite.data.kdconv import doc_entity
+
 # --- data -----------------------------------------------------------------------------------------
 
 
@@ -58,7 +60,7 @@ def gold_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], re
     """A training row's query built with its gold documents (``entity::attribute`` ids): the entity of
     the first gold document when the window shows it (else `reference`'s query), the current turn,
     then that entity's gold attributes that the query does not contain yet."""
-    entity = gold_doc_ids[0].split("::", 1)[0]
+    entity = doc_entity(gold_doc_ids[0])
     current = str(window[-1]["content"]).strip()
     if entity in current:
         query = current
@@ -78,7 +80,7 @@ def gold_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[s
     current turn, then the entity of the first gold document when the turn leaves it out and the window
     shows it (else `reference`'s query). No attribute words: the intent check refuses words the
     conversation never had, and the policy cannot see which attribute the label holds."""
-    entity = gold_doc_ids[0].split("::", 1)[0]
+    entity = doc_entity(gold_doc_ids[0])
     current = str(window[-1]["content"]).strip()
     if entity in current:
         return current
