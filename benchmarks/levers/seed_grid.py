@@ -18,6 +18,11 @@ spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON
     python benchmarks/levers/seed_grid.py benchmarks/results/levers/real_model_bf16_gold_entity_hist320_s0.json \\
       benchmarks/results/levers/real_model_bf16_grposeed8_s0.json ... --out benchmarks/results/levers/seed_grid.json
 
+A lever on the grid unit: ``--against BASELINE_JSONS...`` (the recipe's grid, from the same warm-ups) adds, per split
+and over the splits both grids hold, the lever's GRPO score minus the baseline's, each turn's score averaged over
+that grid's GRPO seeds on that split (paired over turns and over conversations, as above), and per GRPO seed held by
+both, the two runs' difference (the same seed orders the same turns and seeds the sampler alike).
+
 A turn is context-dependent when it has an earlier message (``turn > 0``; the eval's own rule for rows without a
 kind), checked against each result's ``ctx_dep_n``.
 
@@ -153,6 +158,47 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
     }
 
 
+def _seed_mean(runs: list[dict[str, Any]], split: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Each turn's GRPO Recall@5 averaged over the GRPO seeds of `split` in `runs`, and the turns' rows."""
+    mine = [r for r in runs if r["split"] == split]
+    return np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0), mine[0]["rows"]
+
+
+def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lever's grid (`runs`) against the recipe's (`baseline`) on the splits both hold: per split and pooled,
+    GRPO minus GRPO with each grid's seeds averaged per turn; per GRPO seed both hold, run minus run."""
+    splits = sorted({r["split"] for r in runs} & {r["split"] for r in baseline})
+    if not splits:
+        raise SystemExit("--against: the two grids share no split seed")
+    lever, base, groups, out = [], [], [], {}
+    for split in splits:
+        mine, rows = _seed_mean(runs, split)
+        theirs, base_rows = _seed_mean(baseline, split)
+        if [x["last_turn"] for x in rows] != [x["last_turn"] for x in base_rows]:
+            raise SystemExit(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
+        split_groups = [f"{split}:{x['conversation_id']}" for x in rows]
+        seeds = sorted({r["grpo_seed"] for r in runs if r["split"] == split})
+        same_seed = {}
+        for seed in seeds:
+            a, b = ([r for r in g if r["split"] == split and r["grpo_seed"] == seed] for g in (runs, baseline))
+            if a and b:
+                pair = (_scores(a[0]["rows"], "grpo"), _scores(b[0]["rows"], "grpo"))
+                same_seed[str(seed)] = _interval(*pair, split_groups)
+        out[str(split)] = {
+            "lever_seeds": seeds,
+            "baseline_seeds": sorted({r["grpo_seed"] for r in baseline if r["split"] == split}),
+            "lever_recall@5": round(float(mine.mean()), 4),
+            "baseline_recall@5": round(float(theirs.mean()), 4),
+            "lever_minus_baseline": _interval(mine, theirs, split_groups),
+            "same_seed": same_seed,
+        }
+        lever.append(mine)
+        base.append(theirs)
+        groups += split_groups
+    pooled = _interval(np.concatenate(lever), np.concatenate(base), groups)
+    return {"by_split": out, "pooled": {"splits": splits, "lever_minus_baseline": pooled}}
+
+
 def _iv(x: dict[str, float], conversations: bool = True) -> str:
     text = f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
     return text + (f" / [{x['group_low']:+.3f}, {x['group_high']:+.3f}]" if conversations else "")
@@ -183,7 +229,23 @@ def markdown(out: dict[str, Any]) -> str:
         for name, p in pooled
     ]
     met = ", ".join(f"{k} {v}" for k, v in out["goals_met"].items())
-    return "\n".join([head, *rows, "", head2, *rows2, "", f"Runs meeting each goal: {met}."])
+    lines = [head, *rows, "", head2, *rows2, "", f"Runs meeting each goal: {met}."]
+    if "against" in out:
+        lines += [
+            "",
+            "| lever - baseline, GRPO Recall@5 | lever seeds | baseline seeds | lever | baseline "
+            "| seeds averaged per turn: turns / conversations | same GRPO seed, run - run |",
+            "| --- | --- | --- | ---: | ---: | --- | --- |",
+        ]
+        for split, a in out["against"]["by_split"].items():
+            same = "; ".join(f"{k}: {_iv(v, False)}" for k, v in a["same_seed"].items())
+            lines.append(
+                f"| split {split} | {a['lever_seeds']} | {a['baseline_seeds']} | {a['lever_recall@5']:.3f} "
+                f"| {a['baseline_recall@5']:.3f} | {_iv(a['lever_minus_baseline'])} | {same} |"
+            )
+        pooled_against = out["against"]["pooled"]
+        lines.append(f"| all shared splits | | | | | {_iv(pooled_against['lever_minus_baseline'])} | |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -191,6 +253,7 @@ def main() -> None:
     parser.add_argument("results", type=Path, nargs="+", help="benchmarks/real_model.py result JSONs")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the log's tables instead of the JSON")
+    parser.add_argument("--against", type=Path, nargs="+", default=None, help="the baseline grid's result JSONs")
     args = parser.parse_args()
     runs = [_load(p) for p in args.results]
     per_run = [_run_goals(r) for r in runs]
@@ -206,6 +269,8 @@ def main() -> None:
         "pooled_by_split": {str(s): _pooled(runs, [s]) for s in splits},
         "pooled": _pooled(runs, splits),
     }
+    if args.against:
+        out["against"] = against(runs, [_load(p) for p in args.against])
     text = json.dumps(out, ensure_ascii=False, indent=1)
     print(markdown(out) if args.markdown else text)
     if args.out is not None:
