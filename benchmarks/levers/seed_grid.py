@@ -125,6 +125,12 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _seed_mean(runs: list[dict[str, Any]], split: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Each turn's GRPO Recall@5 averaged over the GRPO seeds of `split` in `runs`, and the turns' rows."""
+    mine = [r for r in runs if r["split"] == split]
+    return np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0), mine[0]["rows"]
+
+
 def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
     """The GRPO seeds averaged per turn within each split; the splits' turns then pooled."""
     grpo, warmup, reference, concat, groups, dep = [], [], [], [], [], []
@@ -137,7 +143,7 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
             for system in ("warmup", "reference", "concat_last3"):
                 if not np.array_equal(_scores(r["rows"], system), _scores(base, system)):
                     raise SystemExit(f"{r['path']}: its {system} differs from {mine[0]['path']}'s on split {split}")
-        grpo.append(np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0))
+        grpo.append(_seed_mean(runs, split)[0])
         warmup.append(_scores(base, "warmup"))
         reference.append(_scores(base, "reference"))
         concat.append(_scores(base, "concat_last3"))
@@ -156,12 +162,6 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         "ctx_dep_grpo_minus_reference": _interval(g[d], ref[d], dep_groups),
         "intent_kept_mean_of_runs": round(float(np.mean([r["intent_kept"] for r in runs if r["split"] in splits])), 4),
     }
-
-
-def _seed_mean(runs: list[dict[str, Any]], split: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Each turn's GRPO Recall@5 averaged over the GRPO seeds of `split` in `runs`, and the turns' rows."""
-    mine = [r for r in runs if r["split"] == split]
-    return np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0), mine[0]["rows"]
 
 
 def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
