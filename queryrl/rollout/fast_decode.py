@@ -19,7 +19,8 @@ copy; a preallocated KV cache written in place (a sliding-window layer reads onl
 slots); ``scaled_dot_product_attention`` with the G query heads of a KV head folded into its query
 rows (GQA without repeating K/V); RMSNorm; one fused gate/up matmul; ``addmm`` for each projection
 and its residual; the (tied or not) ``lm_head``. The n samples of a prompt share one prefill
-(``generate`` runs it n times).
+(``generate`` runs it n times), and distinct prompts that start with the same tokens (a system prompt)
+run those once (:func:`shared_prefix`), each prompt's own tokens attending to the shared keys.
 
 Weights are read from the Hugging Face module by every :meth:`FastDecoder.generate`: the QKV and
 gate/up matrices are concatenated afresh (a few ``torch.cat``; not at all when those copies would
