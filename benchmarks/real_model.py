@@ -30,18 +30,19 @@ the users' 8B model answers):
 3. ``grpo``: ``queryrl train`` from the warm-up model with LoRA, the query-rewrite ``mix`` reward against the
    embedded RAG over the knowledge base (``configs/query_rewrite_kdconv.yaml``), then ``queryrl export``;
 4. ``eval``: every system on the held-out rows with ``--compare grpo:warmup,warmup:zero_shot,grpo:zero_shot``
-   (and ``warmup:ref_sft``); with ``KDCONV_TEST``, the same on that file's turns (all of them).
+   (and ``warmup:ref_sft``); with ``KDCONV_TEST``, the baselines, warm-up and GRPO on that file's turns (all of
+   them; ``--external-systems all`` adds zero-shot and ref_sft there too, at about 0.66 s a turn a model).
 
 With ``--warmup-model`` (the ``warmup`` folder of an earlier run) steps 1 and 2 are skipped: GRPO starts from
 that model, and eval has no zero-shot system (a lever run: one GRPO change from the same start).
 
 Compute dtype: bfloat16 where the CPU has bf16 arithmetic (AMX or AVX512-BF16 in /proc/cpuinfo), else
 float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in float32 on the first
-`--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process (one
-torch thread by default); its wall time and peak RSS (``/usr/bin/time``'s ``%M``) are recorded, with the
-means of the trainer's per-step ``timing_s/<phase>``. Output: ``benchmarks/results/real_model_<name>.json``
-(atomic). Without the KdConv folder the bench prints why and exits 0. The numbers are what was measured,
-whatever they are.
+`--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process, with
+`--threads` torch threads (default: every core the bench may use); its wall time and peak RSS
+(``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``.
+Output: ``benchmarks/results/real_model_<name>.json`` (atomic). Without the KdConv folder the bench prints why
+and exits 0. The numbers are what was measured, whatever they are.
 """
 
 from __future__ import annotations
@@ -211,6 +212,15 @@ def external_rows(
     return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": len(convs)}
 
 
+def trained_systems(systems: str, compare: str) -> tuple[str, str]:
+    """`systems` (``--systems``) and `compare` (``--compare``) without the zero-shot and ref_sft models: what
+    ``--external-systems trained`` evaluates on KDCONV_TEST's file."""
+    untrained = ("zero_shot", "ref_sft")
+    kept = [s for s in systems.split(",") if s.split("=")[0] not in untrained]
+    pairs = [c for c in compare.split(",") if not any(name in c.split(":") for name in untrained)]
+    return ",".join(kept), ",".join(pairs)
+
+
 def warm_up(
     args: argparse.Namespace,
     work: Path,
@@ -303,7 +313,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")
     parser.add_argument("--max-prompt-length", type=int, default=1024, help="tokens")
     parser.add_argument("--max-response-length", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="torch threads per phase (default: every core this process may use; two benches side by side: 1 each)",
+    )
+    parser.add_argument(
+        "--external-systems",
+        choices=("trained", "all"),
+        default="trained",
+        help="the systems evaluated on KDCONV_TEST's file: the baselines, warm-up and GRPO (trained), or also zero-shot"
+        " and ref_sft (all: each model costs about 0.66 s a turn on 2 threads here)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for train")
     return parser.parse_args(argv)
 
@@ -446,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         compare += ",warmup:ref_sft,grpo:ref_sft"
     evals["final"] = evaluate("eval", test, systems, args.eval_samples, dtype, compare)
     if external is not None:
+        if args.external_systems == "trained":
+            systems, compare = trained_systems(systems, compare)
         evals["external"] = evaluate("eval_external", external["file"], systems, 0, dtype, compare)
 
     result = {
