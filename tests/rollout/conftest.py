@@ -7,15 +7,7 @@ from typing import Any
 import pytest
 from torch import nn
 
-from tests.rollout.helpers import with_lm_head_bias
-
-QUESTIONS = [
-    "hello",
-    "What is 3 + 4? Let's think step by step.",
-    "请问这款手机多少钱？",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-    "say hello",
-]
+from tests.rollout.helpers import QUESTIONS, with_lm_head_bias
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,14 @@ from torch import nn
 from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=8, n=2)
+# the rollout prompts' questions: five lengths, English and Chinese
+QUESTIONS = [
+    "hello",
+    "What is 3 + 4? Let's think step by step.",
+    "请问这款手机多少钱？",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "say hello",
+]
 
 
 def with_lm_head_bias(model: nn.Module, token_id: int, bias: float, sharpen: float = 1.0) -> nn.Module:

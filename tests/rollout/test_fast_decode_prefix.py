@@ -12,8 +12,7 @@ import queryrl.rollout.fast_decode as fast_decode
 from queryrl.rollout import SamplingParams
 from queryrl.rollout.base import left_pad
 from queryrl.rollout.fast_decode import shared_prefix
-from tests.rollout.conftest import QUESTIONS
-from tests.rollout.helpers import ARCHS, GREEDY, arch_model, assert_same_greedy, paths, with_lora
+from tests.rollout.helpers import ARCHS, GREEDY, QUESTIONS, arch_model, assert_same_greedy, paths, with_lora
 
 SYSTEM = "You rewrite the customer's last question into one standalone search query. 只输出改写后的查询。"
 
