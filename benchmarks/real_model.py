@@ -212,6 +212,25 @@ def external_rows(
     return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": len(convs)}
 
 
+def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:
+    """The GRPO run's config overrides: the bench's settings, then the user's own (which win)."""
+    return [
+        f"model.lora.rank={args.lora_rank}",
+        f"model.lora.target_modules=[{args.grpo_lora_targets}]",
+        f"trainer.total_steps={args.grpo_steps}",
+        f"data.train_batch_size={args.batch}",
+        f"rollout.n={args.n}",
+        f"actor.ppo_mini_batch_size={args.batch}",
+        f"actor.ppo_micro_batch_size={args.micro_batch}",
+        f"actor.lr={args.lr}",
+        f"data.max_prompt_length={args.max_prompt_length}",
+        f"data.max_response_length={args.max_response_length}",
+        f"trainer.num_threads={args.threads}",
+        *([f"model.compute_dtype={dtype}"] if dtype != "float32" else []),
+        *args.overrides,
+    ]
+
+
 def trained_systems(systems: str, compare: str) -> tuple[str, str]:
     """`systems` (``--systems``) and `compare` (``--compare``) without the zero-shot and ref_sft models: what
     ``--external-systems trained`` evaluates on KDCONV_TEST's file."""
@@ -429,21 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
-    train_settings = [
-        f"model.lora.rank={args.lora_rank}",
-        f"model.lora.target_modules=[{args.grpo_lora_targets}]",
-        f"trainer.total_steps={args.grpo_steps}",
-        f"data.train_batch_size={args.batch}",
-        f"rollout.n={args.n}",
-        f"actor.ppo_mini_batch_size={args.batch}",
-        f"actor.ppo_micro_batch_size={args.micro_batch}",
-        f"actor.lr={args.lr}",
-        f"data.max_prompt_length={args.max_prompt_length}",
-        f"data.max_response_length={args.max_response_length}",
-        f"trainer.num_threads={args.threads}",
-        *([f"model.compute_dtype={dtype}"] if dtype != "float32" else []),
-        *args.overrides,
-    ]
+    train_settings = grpo_settings(args, dtype)
     train = [queryrl, "train", "--config", str(CONFIG), f"model.path={warmup_model}", f"trainer.output_dir={work}"]
     train += [f"trainer.experiment_name={run.name}", f"data.train_files=[{data['files']['train']}]"]
     train += [

@@ -157,3 +157,21 @@ def test_the_external_file_gets_the_trained_systems() -> None:
     assert pairs == "grpo:warmup,grpo:concat_last3,grpo:reference"
     assert bench.parse_args(["--external-systems", "all"]).external_systems == "all"
     assert bench.parse_args([]).external_systems == "trained"
+
+
+def test_grpo_adapts_every_linear_layer_by_default_and_overrides_come_last() -> None:
+    """Lever 24's default reaches the train command as one override; a user's own overrides follow (and win)."""
+    from queryrl.config import load_config
+
+    settings = bench.grpo_settings(bench.parse_args(["--threads", "1"]), "bfloat16")
+    every = "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+    assert every in settings
+    assert "trainer.num_threads=1" in settings
+    assert "model.compute_dtype=bfloat16" in settings
+    cfg = load_config(str(bench.CONFIG), settings)
+    assert list(cfg.model.lora.target_modules) == list(bench.GRPO_LORA_TARGETS)
+    args = bench.parse_args(["--grpo-lora-targets", "q_proj,v_proj", "actor.lr=3e-4"])
+    settings = bench.grpo_settings(args, "float32")
+    assert "model.lora.target_modules=[q_proj,v_proj]" in settings
+    assert settings[-1] == "actor.lr=3e-4"
+    assert not any(s.startswith("model.compute_dtype") for s in settings)
