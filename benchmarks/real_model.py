@@ -84,7 +84,7 @@ KEPT = (
 )
 # the GRPO LoRA's layers: every linear layer of a Llama / Qwen2 / Gemma 3 block (lever 24 of the log: on split 0,
 # four GRPO seeds each, +0.027 Recall@5 [+0.002, +0.055] over adapters on the attention projections alone; level
-# over the three splits, +0.011 [-0.006, +0.028], with fewer seeds on splits 1 and 2)
+# over the three splits, +0.011 [-0.004, +0.026], with three seeds on splits 1 and 2)
 GRPO_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 COMPARE = "grpo:warmup,warmup:zero_shot,grpo:zero_shot,grpo:concat_last3,grpo:reference"
 
