@@ -231,12 +231,14 @@ def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:
     ]
 
 
-def trained_systems(systems: str, compare: str) -> tuple[str, str]:
-    """`systems` (``--systems``) and `compare` (``--compare``) without the zero-shot and ref_sft models: what
-    ``--external-systems trained`` evaluates on KDCONV_TEST's file."""
-    untrained = ("zero_shot", "ref_sft")
-    kept = [s for s in systems.split(",") if s.split("=")[0] not in untrained]
-    pairs = [c for c in compare.split(",") if not any(name in c.split(":") for name in untrained)]
+UNTRAINED = ("zero_shot", "ref_sft")  # what --external-systems trained leaves out on KDCONV_TEST's file
+
+
+def without_systems(systems: str, compare: str, names: Sequence[str]) -> tuple[str, str]:
+    """`systems` (``--systems``) and `compare` (``--compare``) without the systems called `names` and the pairs
+    that name one of them."""
+    kept = [s for s in systems.split(",") if s.split("=")[0] not in names]
+    pairs = [c for c in compare.split(",") if not any(name in c.split(":") for name in names)]
     return ",".join(kept), ",".join(pairs)
 
 
@@ -335,7 +337,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--threads",
         type=int,
-        default=len(os.sched_getaffinity(0)),
+        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         help="torch threads per phase (default: every core this process may use; two benches side by side: 1 each)",
     )
     parser.add_argument(
@@ -466,15 +468,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
     compare = COMPARE
     if not zero_shot:  # a lever run: the zero-shot model is not evaluated again
-        systems = f"{baselines},warmup={warmup_model},grpo={work / 'grpo'}"
-        compare = ",".join(c for c in COMPARE.split(",") if "zero_shot" not in c)
+        systems, compare = without_systems(systems, compare, ("zero_shot",))
     if ref_model is not None:
         systems += f",ref_sft={ref_model}"
         compare += ",warmup:ref_sft,grpo:ref_sft"
     evals["final"] = evaluate("eval", test, systems, args.eval_samples, dtype, compare)
     if external is not None:
         if args.external_systems == "trained":
-            systems, compare = trained_systems(systems, compare)
+            systems, compare = without_systems(systems, compare, UNTRAINED)
         evals["external"] = evaluate("eval_external", external["file"], systems, 0, dtype, compare)
 
     result = {

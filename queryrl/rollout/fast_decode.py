@@ -314,8 +314,10 @@ class FastDecoder:
         for window in {w.window for w in weights.layers}:
             near = (behind >= 0) if window is None else (behind >= 0) & (behind < window)
             masks[window] = (((near[None] & mask[:, None, :]) | (behind == 0))[:, None, c:], near[:c, :c])
-        # slot s of prompt i holds prefix token s - pad_i for s in [pad_i, pad_i + C), else column s of [prefix, rest]
-        source = torch.where((slot >= pad) & (slot < pad + c), slot - pad, slot)[:, None, :, None].expand(u, hkv, p, d)
+        # with a prefix, slot s of prompt i holds prefix token s - pad_i for s in [pad_i, pad_i + C), else column s
+        # of [prefix, rest]
+        in_prefix = (slot >= pad) & (slot < pad + c)
+        source = torch.where(in_prefix, slot - pad, slot)[:, None, :, None].expand(u, hkv, p, d) if c else None
         for i, w in enumerate(weights.layers):
             qkv = _project(self._norm(x, w.input_norm), w.qkv, w.qkv_lora).view(-1, hq + 2 * hkv, d)
             qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv :]
@@ -331,6 +333,7 @@ class FastDecoder:
                     pq, pk, pv, attn_mask=masks[w.window][1], scale=self.plan.scaling, enable_gqa=hq != hkv
                 )  # (1, Hq, C, D)
                 attn.append(out[0].transpose(0, 1).reshape(c, hq * d))
+                assert source is not None
                 k = torch.cat([pk.expand(u, -1, -1, -1), k], 2).gather(2, source)  # (U, Hkv, P, D)
                 v = torch.cat([pv.expand(u, -1, -1, -1), v], 2).gather(2, source)
             kv_cache[i][:, :hkv, :p] = k[rows]

@@ -152,7 +152,7 @@ def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Pat
 def test_the_external_file_gets_the_trained_systems() -> None:
     systems = "raw_turn,concat_last3,reference,zero_shot=/m,warmup=/w/warmup,grpo=/w/grpo,ref_sft=/w/ref_sft"
     compare = f"{bench.COMPARE},warmup:ref_sft,grpo:ref_sft"
-    kept, pairs = bench.trained_systems(systems, compare)
+    kept, pairs = bench.without_systems(systems, compare, bench.UNTRAINED)
     assert kept == "raw_turn,concat_last3,reference,warmup=/w/warmup,grpo=/w/grpo"
     assert pairs == "grpo:warmup,grpo:concat_last3,grpo:reference"
     assert bench.parse_args(["--external-systems", "all"]).external_systems == "all"
