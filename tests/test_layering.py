@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {
         "registry",
         "application",
+        "allocator",
         "atomic",
         "padding",
         "plugins",

@@ -272,6 +272,10 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N (the policy)
     ref_device: str = ""  # default: device
     num_threads: int = 0  # torch threads on CPU; 0 = leave as is
+    # glibc malloc (Linux): blocks under this many MiB come from the heap and 4x it of freed memory stays
+    # mapped, so a step reuses the last step's pages instead of faulting fresh ones (queryrl/allocator.py);
+    # 0 = glibc's defaults; a MALLOC_*_ environment variable or GLIBC_TUNABLES of the user's wins
+    malloc_mmap_threshold_mb: int = 64
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     log_every: int = 1  # write metrics every N steps
     eval_every: int = 0  # 0 = only at the end

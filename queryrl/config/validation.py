@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from queryrl.allocator import MAX_THRESHOLD_MB
 from queryrl.application import load_apps
 from queryrl.config.schema import ConfigError
 from queryrl.tracking import TRACKERS
@@ -151,6 +152,11 @@ def _check_placement(cfg: DictConfig) -> None:
     for key in ("ray.num_cpus_per_worker", "ray.call_timeout_s", "ray.collective_timeout_s"):
         if not OmegaConf.select(cfg, key) > 0:
             raise ConfigError(f"{key} must be > 0, got {OmegaConf.select(cfg, key)}")
+    if not 0 <= cfg.trainer.malloc_mmap_threshold_mb <= MAX_THRESHOLD_MB:
+        raise ConfigError(
+            f"trainer.malloc_mmap_threshold_mb must be 0..{MAX_THRESHOLD_MB} (0 = glibc's defaults), "
+            f"got {cfg.trainer.malloc_mmap_threshold_mb}"
+        )
     if cfg.ray.num_cpus < 0 or cfg.ray.num_threads < 0:
         raise ConfigError("ray.num_cpus and ray.num_threads must be >= 0")
     choice(cfg.ray.rollout, ["workers", "driver"], "ray.rollout")

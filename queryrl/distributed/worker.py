@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS, LossNormalizer
+from queryrl.allocator import keep_freed_memory
 from queryrl.engine.batch import Batch
 from queryrl.engine.update import micro_step_for, optimizer_step, role_settings
 from queryrl.models import PolicyBundle
@@ -121,6 +122,7 @@ class PolicyWorker:
             self.device = torch.device("cpu")
             if self.cfg.ray.num_threads > 0:
                 torch.set_num_threads(self.cfg.ray.num_threads)
+        keep_freed_memory(self.cfg.trainer.malloc_mmap_threshold_mb)
         seed_everything(self.cfg.trainer.seed)
         self.fsdp = False
         self.modules: dict[str, nn.Module] = {}

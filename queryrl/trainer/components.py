@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from queryrl.algos import ADVANTAGE_ESTIMATORS
+from queryrl.allocator import keep_freed_memory
 from queryrl.application import enabled_app
 from queryrl.data import PromptDataset, PromptLoader, build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
@@ -139,9 +140,10 @@ def _critic(
 
 
 def _prepare_process(cfg: DictConfig) -> None:
-    """Torch's threads; refuse a run without training data; warn that GPU counts need the Ray backend."""
+    """Torch's threads and malloc; refuse a run without training data; warn that GPU counts need the Ray backend."""
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
+    keep_freed_memory(cfg.trainer.malloc_mmap_threshold_mb)
     if not cfg.data.train_files:
         raise ValueError("data.train_files is empty: give at least one parquet/jsonl file (or builtin://NAME/SPLIT)")
     if cfg.trainer.backend == "local" and (cfg.trainer.n_gpus_per_node > 1 or cfg.trainer.nnodes > 1):

@@ -61,6 +61,7 @@ MAY_DIFFER = (
     "trainer.keep_last",
     "trainer.save_last",
     "trainer.num_threads",  # speed only
+    "trainer.malloc_mmap_threshold_mb",  # speed only
     "trainer.preflight",  # a check before step 1
     "reward.max_skipped_steps",  # when to give up, not how to score
     # where the services live and how patiently they are called (a restarted server gets a new port);

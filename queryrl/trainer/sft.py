@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from queryrl.allocator import keep_freed_memory
 from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.config import ConfigError, redacted, save_config
 from queryrl.data import build_prompt_dataset
@@ -398,6 +399,7 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     s = cfg.sft
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
+    keep_freed_memory(cfg.trainer.malloc_mmap_threshold_mb)
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     bundle = load_policy(cfg.model, device, None, need_ref=False)
