@@ -58,9 +58,13 @@ def one_thread() -> None:
         torch.set_num_interop_threads(1)
 
 
-def run_worker(python: str, script: Path, args: list[str], timeout: float = 1800) -> dict[str, Any]:
-    """Run ``python script args`` in a fresh one-thread process; return the JSON of its last stdout line."""
+def run_worker(
+    python: str, script: Path, args: list[str], timeout: float = 1800, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``python script args`` in a fresh one-thread process (`env_extra` added to its environment);
+    return the JSON of its last stdout line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env |= env_extra or {}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [python, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
@@ -69,6 +73,17 @@ def run_worker(python: str, script: Path, args: list[str], timeout: float = 1800
         raise RuntimeError(f"{script.name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def queryrl_malloc_env() -> dict[str, str]:
+    """The glibc malloc thresholds queryrl's trainer sets for itself (``trainer.malloc_mmap_threshold_mb``'s
+    default, ``queryrl/allocator.py``), as the environment variables that give another process the same:
+    the TRL benches' ``--trl-malloc same``."""
+    from queryrl.allocator import TRIM_FACTOR
+    from queryrl.config.schema import TrainerConfig
+
+    threshold = TrainerConfig().malloc_mmap_threshold_mb << 20
+    return {"MALLOC_MMAP_THRESHOLD_": str(threshold), "MALLOC_TRIM_THRESHOLD_": str(TRIM_FACTOR * threshold)}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -21,6 +21,10 @@ reported ratio is the median of the pairs' ratios. Step time is the wall time of
 step including its generation and scoring (queryrl: ``timing_s/step`` less checkpointing; TRL: a
 callback's ``on_step_begin`` to ``on_step_end``); the first ``--warmup`` steps are dropped and the
 median of the rest is the run's step time. Peak RSS is the worker process's ``ru_maxrss``.
+
+queryrl's trainer sets glibc's malloc thresholds for itself (``trainer.malloc_mmap_threshold_mb``, on by
+default), TRL runs with glibc's defaults; ``--trl-malloc same`` gives TRL's process the same thresholds
+through the environment (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``): the like-for-like ratio.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from common import (
     median,
     one_thread,
     peak_rss_mb,
+    queryrl_malloc_env,
     run_worker,
     table,
     version_of,
@@ -295,6 +300,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fast-decode", choices=["auto", "off"], default="auto", help="queryrl's rollout.fast_decode")
     parser.add_argument("--python-trl", default=sys.executable, help="interpreter with trl installed")
+    parser.add_argument(
+        "--trl-malloc",
+        choices=["default", "same"],
+        default="default",
+        help="TRL's glibc malloc: its defaults, or the thresholds queryrl's trainer sets for itself",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "trl_vs_queryrl.json")
     args = parser.parse_args()
     if args.worker:
@@ -314,13 +325,16 @@ def main() -> None:
         "fast_decode": args.fast_decode,
     }
     blob = json.dumps(settings)
+    trl_env = queryrl_malloc_env() if args.trl_malloc == "same" else {}
     pairs = []
     for i in range(args.pairs):
         order = ["queryrl", "trl"] if i % 2 == 0 else ["trl", "queryrl"]
         pair: dict[str, Any] = {"order": order}
         for name in order:
             python = args.python_trl if name == "trl" else sys.executable
-            pair[name] = summarize_run(run_worker(python, SCRIPT, ["--worker", name, "--settings", blob]), args.warmup)
+            env = trl_env if name == "trl" else {}
+            run = run_worker(python, SCRIPT, ["--worker", name, "--settings", blob], env_extra=env)
+            pair[name] = summarize_run(run, args.warmup)
             print(
                 f"pair {i + 1} {name:8s} median step {pair[name]['median_step_s']:.4f} s, "
                 f"peak RSS {pair[name]['peak_rss_mb']} MB",
@@ -351,6 +365,8 @@ def main() -> None:
             f"rollout.fast_decode={args.fast_decode}",
             "trl": "loss_type=dapo, epsilon=0.2, beta=0, scale_rewards=group, num_iterations=1, "
             "gradient_accumulation_steps=1, per_device_train_batch_size=batch*n, use_cpu, bf16=False",
+            "trl_malloc": args.trl_malloc,
+            "trl_env": trl_env,
         },
         "versions": {name: pairs[0][name]["versions"] for name in ("queryrl", "trl")},
         "machine": machine() | {"shared": True},

@@ -33,6 +33,9 @@ its matmuls and streaming the weights once at the measured memory bandwidth. Two
 prefills each distinct prompt once, the update does not share) and ``shared_prompt`` runs each distinct
 prompt once in the update too. The update is a forward and the input-gradient half of a backward (the
 base weights are frozen), plus LoRA's matmuls. Attention scores are counted; norms and activations are not.
+
+``--trl-malloc same``: TRL's process gets the glibc malloc thresholds queryrl's trainer sets for itself
+(as in benchmarks/trl_vs_queryrl.py).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from common import (
     median,
     one_thread,
     peak_rss_mb,
+    queryrl_malloc_env,
     run_worker,
     version_of,
     write_json,
@@ -455,6 +459,12 @@ def main() -> None:
     parser.add_argument("--python-trl", default=sys.executable, help="interpreter with trl installed")
     parser.add_argument("--queryrl-override", action="append", default=[], help="extra queryrl config (key=value)")
     parser.add_argument(
+        "--trl-malloc",
+        choices=["default", "same"],
+        default="default",
+        help="TRL's glibc malloc: its defaults, or the thresholds queryrl's trainer sets for itself",
+    )
+    parser.add_argument(
         "--lever",
         action="append",
         default=[],
@@ -491,13 +501,15 @@ def main() -> None:
     compute = "bfloat16" if bf16 else "float32"
     limit = physical_limit(settings, probe["matmul_gflops"][compute], probe["bandwidth_gbs"], 2 if bf16 else 4)
     print(f"matmul peak {probe['matmul_gflops']} GFLOP/s, bandwidth {probe['bandwidth_gbs']} GB/s; limit {limit}")
+    trl_env = queryrl_malloc_env() if args.trl_malloc == "same" else {}
     pairs = []
     for i in range(args.pairs):
         order = ["queryrl", "trl"] if i % 2 == 0 else ["trl", "queryrl"]
         pair: dict[str, Any] = {"order": order}
         for name in order:
             python = args.python_trl if name == "trl" else sys.executable
-            run = run_worker(python, SCRIPT, ["--worker", name, "--settings", blob], timeout=7200)
+            env = trl_env if name == "trl" else {}
+            run = run_worker(python, SCRIPT, ["--worker", name, "--settings", blob], timeout=7200, env_extra=env)
             pair[name] = summarize_run(run, args.warmup)
             print(
                 f"pair {i + 1} {name:8s} step CPU {pair[name]['median_step_cpu_s']:.2f} s "
@@ -533,6 +545,8 @@ def main() -> None:
             "trl": "GRPOTrainer + peft LoraConfig (same rank, alpha, targets), loss_type=dapo, epsilon=0.2, "
             "beta=0, scale_rewards=group, num_iterations=1, gradient_accumulation_steps=1, "
             f"per_device_train_batch_size=batch*n, use_cpu, bf16={bf16}, gradient_checkpointing=False",
+            "trl_malloc": args.trl_malloc,
+            "trl_env": trl_env,
         },
         "versions": {n: pairs[0][n]["versions"] for n in ("queryrl", "trl")},
         "machine": machine() | {"shared": True},

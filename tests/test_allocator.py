@@ -8,17 +8,20 @@ where it stays after ``free`` (``fordblks``, the heap's free bytes).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
 from queryrl.config import ConfigError, load_config
+from queryrl.config.schema import TrainerConfig
 
 glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc malloc only (Linux)"
@@ -94,6 +97,24 @@ def test_the_users_own_malloc_settings_win(env: dict[str, str], named: str) -> N
     got = probe(64, env=env)
     assert got["said"] == [f"glibc malloc: left to {named}"]
     assert got["mapped"] == 1  # glibc's defaults: nothing was set over the user's
+
+
+@glibc
+def test_the_benches_give_trl_the_same_thresholds_through_the_environment() -> None:
+    """``--trl-malloc same`` (benchmarks/common.py ``queryrl_malloc_env``): glibc does as under the trainer."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_common", Path(__file__).resolve().parents[1] / "benchmarks" / "common.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    env = common.queryrl_malloc_env()
+    assert env == {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+    through_env, through_trainer = probe(0, env=env), probe(TrainerConfig().malloc_mmap_threshold_mb)
+    assert through_env["mapped"] == through_trainer["mapped"] == 0
+    assert through_env["free_heap_mib"] >= 40
+    assert through_trainer["free_heap_mib"] >= 40
 
 
 def test_a_threshold_out_of_range_is_refused_by_name() -> None:
