@@ -194,8 +194,17 @@ class FastDecoder:
         x = F.embedding(ids, w.embed)
         return x if w.embed_scale is None else x * w.embed_scale
 
-    @torch.no_grad()
     def generate(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, eos_token_id: int, pad_token_id: int
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`_generate` under ``torch.inference_mode`` (no version counters or view tracking on its
+        ~400 small ops a decode step), its outputs copied out as normal tensors: the update gathers with
+        the response ids, and autograd cannot save an inference tensor."""
+        with torch.inference_mode():
+            response_ids, logprobs = self._generate(prompt_ids, prompt_mask, params, eos_token_id, pad_token_id)
+        return response_ids.clone(), logprobs.clone()
+
+    def _generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams, eos_token_id: int, pad_token_id: int
     ) -> tuple[Tensor, Tensor]:
         """Sample continuations of left-padded prompts.

@@ -241,6 +241,22 @@ def test_bfloat16_matches_generate_up_to_rounding_ties(name: str, tiny_bundle: A
     torch.testing.assert_close(a.rollout_logprobs, logprobs, atol=2 * tie, rtol=0)
 
 
+def test_generated_tensors_train_like_any_other(tiny_bundle: Any, prompts: list[list[int]]) -> None:
+    """FastDecoder generates in inference mode; what it returns is a normal tensor, so the update can gather the
+    response tokens' log-probs with it and backpropagate (autograd cannot save an inference tensor)."""
+    model = copy.deepcopy(tiny_bundle.model)
+    tok = tiny_bundle.tokenizer
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    params = SamplingParams(temperature=1.0, max_new_tokens=6)
+    response_ids, logprobs = FastDecoder(model).generate(ids, mask, params, tok.eos_token_id, tok.pad_token_id)
+    assert not response_ids.is_inference()
+    assert not logprobs.is_inference()
+    t = response_ids.shape[1]
+    logits = model(input_ids=torch.cat([ids, response_ids], 1)).logits[:, -t - 1 : -1]
+    logits.log_softmax(-1).gather(-1, response_ids[..., None]).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 def test_in_place_optimizer_steps_are_seen(tiny_bundle: Any, prompts: list[list[int]]) -> None:
     """Colocated: the trainer steps the very module the backend generates with."""
     tok = tiny_bundle.tokenizer
