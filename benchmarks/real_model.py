@@ -40,7 +40,9 @@ Compute dtype: bfloat16 where the CPU has bf16 arithmetic (AMX or AVX512-BF16 in
 float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in float32 on the first
 `--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process, with
 `--threads` torch threads (default: every core the bench may use); its wall time and peak RSS
-(``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``.
+(``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
+eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
+``queryrl eval --processes``).
 Output: ``benchmarks/results/real_model_<name>.json`` (atomic). Without the KdConv folder the bench prints why
 and exits 0. The numbers are what was measured, whatever they are.
 """
@@ -341,6 +343,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="torch threads per phase (default: every core this process may use; two benches side by side: 1 each)",
     )
     parser.add_argument(
+        "--eval-processes",
+        type=int,
+        default=0,
+        help="models an eval generates at once, each in its own process (queryrl eval --processes; 0 = --threads:"
+        " one thread each)",
+    )
+    parser.add_argument(
         "--external-systems",
         choices=("trained", "all"),
         default="trained",
@@ -354,6 +363,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _eval_cmd(queryrl: str, data: str, kb: Path, args: argparse.Namespace, dtype: str, samples: int) -> list[str]:
     cmd = [queryrl, "eval", "--config", str(CONFIG), "--data", data, "--corpus", f"kdconv:{kb}"]
     cmd += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--batch-size", "8"]
+    cmd += ["--processes", str(args.eval_processes or args.threads)]
     return cmd + (["--max-samples", str(samples)] if samples else [])
 
 

@@ -175,3 +175,15 @@ def test_grpo_adapts_every_linear_layer_by_default_and_overrides_come_last() -> 
     assert "model.lora.target_modules=[q_proj,v_proj]" in settings
     assert settings[-1] == "actor.lr=3e-4"
     assert not any(s.startswith("model.compute_dtype") for s in settings)
+
+
+def test_evals_generate_their_models_one_process_a_thread_unless_told() -> None:
+    """``queryrl eval --processes``: as many as ``--threads`` by default, ``--eval-processes`` when given."""
+
+    def processes(argv: list[str]) -> str:
+        cmd = bench._eval_cmd("queryrl", "d.parquet", Path("kb.json"), bench.parse_args(argv), "bfloat16", 0)
+        return cmd[cmd.index("--processes") + 1]
+
+    assert processes(["--threads", "2"]) == "2"
+    assert processes(["--threads", "1"]) == "1"
+    assert processes(["--threads", "2", "--eval-processes", "1"]) == "1"

@@ -226,6 +226,10 @@ def eval_(
         str | None,
         typer.Option(help="float32, bfloat16 or float16 for each model (default: its config.json's, or float32)."),
     ] = None,
+    processes: Annotated[
+        int,
+        typer.Option(help="Model systems generated at once, each in its own process with a share of the threads."),
+    ] = 1,
     debug: Debug = False,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart.
@@ -272,6 +276,7 @@ def eval_(
             max_samples=max_samples,
             dtype=dtype,
             compare=compare,
+            processes=processes,
             echo=typer.echo,
             warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
         )

@@ -71,7 +71,7 @@ from omegaconf import DictConfig, OmegaConf
 from queryrl.apps.query_rewrite.config import QueryRewriteJudgeConfig, QueryRewriteRAGConfig, settings_of
 from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_services
 from queryrl.apps.query_rewrite.eval.compare import compare_systems, parse_compare, per_sample_values
-from queryrl.apps.query_rewrite.eval.generation import check_dtype, model_answers, model_dtype
+from queryrl.apps.query_rewrite.eval.generation import answers_in_processes, check_dtype, model_answers, model_dtype
 from queryrl.apps.query_rewrite.eval.intent import (
     SystemIntents,
     assess_intents,
@@ -121,6 +121,7 @@ def evaluate(
     device: str | None = None,
     dtype: str | None = None,
     compare: str | Sequence[str] | None = None,
+    processes: int = 1,
     echo: Callable[[str], None] | None = print,
     warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -137,6 +138,8 @@ def evaluate(
         n_boot, seed: the bootstrap.
         max_samples, cache_dir: only the first rows (None / 0: all); where ``builtin://`` data is made.
         compare: ``--compare``: ``A:B`` pairs of system names (:func:`~.eval_compare.parse_compare`).
+        processes: model systems generated at once, each in its own process with its share of the torch
+            threads (1: one after another in this process).
         echo, warn: where progress and the tables go (None: silent), and warnings (default: stderr).
 
     Raises:
@@ -144,7 +147,7 @@ def evaluate(
     """
     cfg = cfg if cfg is not None else _defaults()
     rag, judge_node = cfg.app.query_rewrite.rag, cfg.app.query_rewrite.judge if judge else None
-    judge_check = _check_arguments(rag, judge_node, batch_size, max_new_tokens, n_boot, dtype)
+    judge_check = _check_arguments(rag, judge_node, batch_size, max_new_tokens, n_boot, dtype, processes)
     say = echo or (lambda _: None)
     specs, pairs = _systems(systems, compare)
     samples = load_samples(data, max_samples, cache_dir)
@@ -152,7 +155,7 @@ def evaluate(
     _check_services(judge_check, rag, say)  # the judge and the RAG service answer, before any model is loaded
     client = config_rag_client(cfg)
     asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # a probe: a service that is down costs no model time
-    answers = {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
+    answers = _all_answers(specs, samples, batch_size, max_new_tokens, device, dtype, processes, say)
     references, candidates = asyncio.run(retrieve(client, samples, answers, rag.url))
     results = {s.name: list(references) if s.kind == "reference" else candidates[s.name] for s in specs}
     outcomes = _judge_systems(judge_node, judge_check, specs, samples, results, references, int(rag.top_k), say)
@@ -164,6 +167,7 @@ def evaluate(
     values = _per_sample_values(specs, samples, results)
     run = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "decoding": "greedy", "bootstrap": n_boot}
     run |= {"compare": [f"{a}:{b}" for a, b in pairs], "ci": 0.95, "seed": seed, "max_samples": max_samples}
+    run["processes"] = processes
     report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run, intents)
     records = sample_records(samples, specs, answers, results, verdicts, values, intents)
     write_outputs(report, records, Path(out), say)
@@ -253,7 +257,7 @@ def _report(
 
 
 def _check_arguments(
-    rag: Any, judge: Any | None, batch_size: int, max_new_tokens: int, n_boot: int, dtype: str | None
+    rag: Any, judge: Any | None, batch_size: int, max_new_tokens: int, n_boot: int, dtype: str | None, processes: int
 ) -> JudgeClient | None:
     """The checks that cost nothing; returns the OpenAI-compatible judge's client (None: offline or none)."""
     llm = judge if judge is not None and judge.backend == "openai" else None
@@ -268,8 +272,8 @@ def _check_arguments(
             f"app.query_rewrite.rag.top_k (--top-k) must be at least {HEADLINE_K} "
             f"(recall@{HEADLINE_K} is the headline metric)"
         )
-    if batch_size < 1 or max_new_tokens < 1 or n_boot < 1:
-        raise EvalError("--batch-size, --max-new-tokens and --bootstrap must be >= 1")
+    if batch_size < 1 or max_new_tokens < 1 or n_boot < 1 or processes < 1:
+        raise EvalError("--batch-size, --max-new-tokens, --bootstrap and --processes must be >= 1")
     check_dtype(dtype)
     return judge_check
 
@@ -293,6 +297,32 @@ def config_rag_client(cfg: DictConfig) -> RAGClient:
         return rag_client(rag)
     except (OSError, ValueError) as exc:
         raise EvalError(f"corpus {rag.corpus!r}: {exc}") from None
+
+
+def _all_answers(
+    specs: Sequence[SystemSpec],
+    samples: Sequence[Sample],
+    batch_size: int,
+    max_new_tokens: int,
+    device: str | None,
+    dtype: str | None,
+    processes: int,
+    say: Callable[[str], None],
+) -> dict[str, list[Answer] | None]:
+    """Every system's answers (:func:`_answers`); with `processes` > 1, the model systems' several at once."""
+    models = {s.name: s.path for s in specs if s.kind == "model" and s.path is not None}
+    if processes < 2 or len(models) < 2:
+        return {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
+    for name, path in models.items():
+        say(f"{name}: generating with {path} ({model_dtype(path, dtype)}) ...")
+    say(f"... {min(processes, len(models))} models at once, each in its own process")
+    done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype)
+    return {
+        spec.name: done[spec.name]
+        if spec.name in done
+        else _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say)
+        for spec in specs
+    }
 
 
 def _answers(

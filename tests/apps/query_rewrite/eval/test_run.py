@@ -152,6 +152,61 @@ def test_model_folder_system_counts_format_failures(tmp_path: Path, tiny_cfg: Di
         assert tiny["loss"] == 4
 
 
+@pytest.mark.slow
+def test_models_generated_in_processes_answer_as_in_one(
+    tmp_path: Path, tiny_cfg: DictConfig, model_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``processes=2``: two model systems decode side by side in spawned processes; each gets its own replies,
+    the ones it gets in this process (float32: no rounding ties)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import queryrl.apps.query_rewrite.eval.run as run
+    from queryrl.models.loading import resolve_model_path
+
+    folder = resolve_model_path(tiny_cfg.model)
+    other = tmp_path / "other"
+    shutil.copytree(folder, other)
+    model = AutoModelForCausalLM.from_pretrained(other)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.5 * torch.randn_like(param))
+    model.save_pretrained(other)
+    pooled: list[int] = []
+    in_processes = run.answers_in_processes
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        pooled.append(args[4])
+        return in_processes(*args, **kwargs)
+
+    monkeypatch.setattr(run, "answers_in_processes", counted)
+    replies: dict[int, dict[str, list[str]]] = {}
+    for processes in (1, 2):
+        out = tmp_path / f"p{processes}" / "eval.json"
+        report = evaluate(
+            DATA,
+            ["raw_turn", f"tiny={folder}", f"other={other}"],
+            out,
+            _cfg(),
+            max_samples=6,
+            batch_size=4,
+            max_new_tokens=8,
+            n_boot=50,
+            cache_dir=str(model_cache),
+            processes=processes,
+            echo=None,
+        )
+        assert report["settings"]["processes"] == processes
+        rows = _samples(out)
+        replies[processes] = {name: [r["systems"][name]["raw"] for r in rows] for name in ("tiny", "other")}
+    assert pooled == [2]
+    assert replies[2] == replies[1]
+    assert replies[1]["tiny"] != replies[1]["other"]
+
+
 def test_parse_systems(tmp_path: Path) -> None:
     folder = tmp_path / "grpo_final"
     folder.mkdir()
