@@ -40,7 +40,7 @@ def user_malloc_setting() -> str | None:
 
 def keep_freed_memory(mmap_threshold_mb: int) -> str:
     """Blocks under `mmap_threshold_mb` MiB come from the heap, and up to ``TRIM_FACTOR`` times that of
-    freed memory stays mapped; 0 leaves glibc's defaults. Returns what was done, in words (a run logs it).
+    freed memory stays mapped; 0 leaves glibc's defaults. Returns what was done, in words.
     Once per process: a second call with another value keeps the first.
 
     Raises:

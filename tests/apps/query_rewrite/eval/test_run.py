@@ -205,6 +205,8 @@ def test_models_generated_in_processes_answer_as_in_one(
     assert pooled == [2]
     assert replies[2] == replies[1]
     assert replies[1]["tiny"] != replies[1]["other"]
+    with pytest.raises(EvalError, match="--processes must be >= 1"):
+        evaluate(DATA, ["raw_turn"], tmp_path / "p0" / "eval.json", _cfg(), processes=0, echo=None)
 
 
 def test_parse_systems(tmp_path: Path) -> None:
