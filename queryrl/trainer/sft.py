@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
-from torch import Tensor, nn
+from torch import nn
 
 from queryrl.allocator import keep_freed_memory
 from queryrl.atomic import atomic_dir, readable_as_umask
@@ -38,32 +37,19 @@ from queryrl.data import build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
 from queryrl.data.records import DataError
 from queryrl.engine.optim import make_optimizer
-from queryrl.engine.policy import causal_lm_logits
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import clip_and_step
 from queryrl.models import load_policy
 from queryrl.trainer.components import resolve_device
+from queryrl.trainer.sft_batch import (
+    SFTExample,
+    collate,
+    sum_prompt_and_target_loss,
+    sum_target_loss,
+)
 
-IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
 CONFIG_NAME = "sft_config.yaml"  # the redacted config, next to the model files
-
-
-@dataclass
-class SFTExample:
-    """One prompt and its target reply, as token ids.
-
-    Attributes:
-        prompt_ids: the chat prompt with the assistant turn opened, ``(P,)``.
-        target_ids: the target reply followed by EOS (cut at ``data.max_response_length``), ``(T,)``.
-        source: the file the row came from.
-        index: the row's 0-based index in that file.
-    """
-
-    prompt_ids: list[int]
-    target_ids: list[int]
-    source: str
-    index: int
 
 
 @dataclass
@@ -161,68 +147,6 @@ def build_sft_data(
                 target = target[:max_response_length]
             data.examples.append(SFTExample(list(item.input_ids), target, source, item.index))
     return data
-
-
-def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels``, each ``(N, L)``.
-
-    ``labels`` hold the token id at target positions and :data:`IGNORE_INDEX` at prompt and
-    padding positions; ``L`` is the longest prompt + target of these examples.
-    """
-    length = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
-    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    labels = torch.full((len(examples), length), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for i, e in enumerate(examples):
-        p, t = len(e.prompt_ids), len(e.target_ids)
-        input_ids[i, : p + t] = torch.tensor(e.prompt_ids + e.target_ids)
-        labels[i, p : p + t] = torch.tensor(e.target_ids)
-        attention_mask[i, : p + t] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-# --- the loss -----------------------------------------------------------------------------------
-
-
-def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.device) -> tuple[Tensor, int]:
-    """The summed cross-entropy of the target tokens of `batch` and how many there are.
-
-    Only the positions from the earliest target token on reach the LM head (the prompts'
-    logits would be masked out anyway).
-    """
-    input_ids = batch["input_ids"].to(device)
-    labels = batch["labels"].to(device)
-    length = labels.shape[1]
-    targets = (labels != IGNORE_INDEX).any(dim=0).nonzero()
-    first = max(int(targets[0]) if len(targets) else length - 1, 1)  # the first target column
-    # position t predicts token t + 1: columns first - 1 .. L - 2 score the tokens first .. L - 1
-    logits = causal_lm_logits(
-        model, length - first + 1, input_ids=input_ids, attention_mask=batch["attention_mask"].to(device)
-    )
-    logits = logits[:, :-1].float()
-    labels = labels[:, first:]
-    loss = F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
-    return loss, int((labels != IGNORE_INDEX).sum())
-
-
-def sum_prompt_and_target_loss(
-    model: nn.Module, batch: dict[str, Tensor], device: torch.device
-) -> tuple[Tensor, int, Tensor, int]:
-    """The summed cross-entropy of the target tokens and of the prompt tokens, and their counts.
-
-    One forward over every position: each prompt token after the first is predicted from the ones
-    before it (language modelling on the whole prompt, system prompt included), each target token
-    as in :func:`sum_target_loss`. Padding carries no loss.
-    """
-    input_ids = batch["input_ids"].to(device)
-    mask = batch["attention_mask"].to(device)
-    logits = causal_lm_logits(model, input_ids.shape[1], input_ids=input_ids, attention_mask=mask)[:, :-1].float()
-    ce = F.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")  # (N, L - 1)
-    target = batch["labels"].to(device)[:, 1:] != IGNORE_INDEX
-    prompt = mask[:, 1:].bool() & ~target
-    return (ce * target).sum(), int(target.sum()), (ce * prompt).sum(), int(prompt.sum())
 
 
 def accumulate_gradients(

@@ -17,7 +17,7 @@ from queryrl.engine.policy import (
     logprobs_from_logits,
     response_logits,
 )
-from queryrl.trainer.sft import IGNORE_INDEX, SFTExample, collate, sum_target_loss
+from queryrl.trainer.sft_batch import IGNORE_INDEX, SFTExample, collate, sum_target_loss
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 
 
@@ -145,7 +145,8 @@ def test_model_without_logits_to_keep_is_sliced_after() -> None:
 
 
 def full_sft_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    logits = model(**inputs, use_cache=False).logits
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].float().reshape(-1, logits.shape[-1]),
         batch["labels"][:, 1:].reshape(-1),
@@ -162,7 +163,7 @@ def test_sft_loss_projects_targets_only(policy: Any) -> None:
         SFTExample(torch.randint(3, vocab, (pl,), generator=gen).tolist(), list(range(5, 5 + tl)), "s", i)
         for i, (pl, tl) in enumerate([(7, 3), (4, 5), (9, 2)])
     ]
-    batch = collate(examples, pad_id=0)  # L = 11; the earliest target starts at column 4
+    batch = collate(examples, pad_id=0)  # L = 11, left-padded: every target ends in column 10, the longest has 5
     params = [p for p in model.parameters() if p.requires_grad]
     ref = full_sft_loss(model, batch)
     ref.backward()
@@ -175,7 +176,7 @@ def test_sft_loss_projects_targets_only(policy: Any) -> None:
     loss.backward()
 
     assert tokens == 10
-    assert rows == [11 - 4 + 1]  # columns 3 .. 10 (the last is dropped), not all 11
+    assert rows == [5 + 1]  # columns 5 .. 10 (the last is dropped), not all 11
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-6)
     for param, expected in zip(params, ref_grads, strict=True):
         torch.testing.assert_close(param.grad, expected, atol=1e-6, rtol=0)

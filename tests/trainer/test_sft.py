@@ -15,14 +15,8 @@ from queryrl.cli import app
 from queryrl.config import load_config
 from queryrl.data import DataError, encode_prompt
 from queryrl.trainer import sft as sft_module
-from queryrl.trainer.sft import (
-    IGNORE_INDEX,
-    accumulate_gradients,
-    build_sft_data,
-    collate,
-    run_sft,
-    train_sft,
-)
+from queryrl.trainer.sft import accumulate_gradients, build_sft_data, run_sft, train_sft
+from queryrl.trainer.sft_batch import IGNORE_INDEX, collate
 
 TARGET = "hello world"
 PROMPTS = ["Say hello.", "Greet the world.", "What do you say?", "Reply please."]
@@ -110,18 +104,23 @@ def test_labels_mask_the_prompt_and_the_padding(tmp_path: Path, tiny_bundle: Any
     p, t = len(short.prompt_ids), len(short.target_ids)
     width = len(long_.prompt_ids) + len(long_.target_ids)
     assert batch["labels"].shape == (2, width)
+    pad = width - p - t  # left padding: every target ends in the last column
     for j in range(width):  # token by token: only the target carries a label
-        label, token, attended = (int(batch[k][0, j]) for k in ("labels", "input_ids", "attention_mask"))
-        if j < p:
-            assert (label, token, attended) == (IGNORE_INDEX, short.prompt_ids[j], 1), j
-        elif j < p + t:
-            assert (label, token, attended) == (target_ids[j - p], target_ids[j - p], 1), j
+        label, token, attended, position = (
+            int(batch[k][0, j]) for k in ("labels", "input_ids", "attention_mask", "position_ids")
+        )
+        if j < pad:
+            assert (label, token, attended, position) == (IGNORE_INDEX, tokenizer.pad_token_id, 0, 0), j
+        elif j < pad + p:
+            assert (label, token, attended, position) == (IGNORE_INDEX, short.prompt_ids[j - pad], 1, j - pad), j
         else:
-            assert (label, token, attended) == (IGNORE_INDEX, tokenizer.pad_token_id, 0), j
+            k = j - pad - p
+            assert (label, token, attended, position) == (target_ids[k], target_ids[k], 1, p + k), j
+    assert batch["position_ids"][1].tolist() == list(range(width))  # the longest row has no padding
 
     # And the gradient agrees: the logits that predict prompt tokens (and the EOS position's,
     # which predicts nothing) get none; every logit that predicts a target token gets some.
-    from queryrl.trainer.sft import sum_target_loss
+    from queryrl.trainer.sft_batch import sum_target_loss
 
     policy = tiny_bundle.model
     captured: list[torch.Tensor] = []
