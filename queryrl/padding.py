@@ -50,3 +50,9 @@ def cat_padded(tensors: Sequence[Tensor], width: int, value: float, *, left: boo
         left: pad on the left (prompts) or the right (responses).
     """
     return torch.cat([pad_to(x, width, value, left=left) for x in tensors])
+
+
+def mask_positions(attention_mask: Tensor) -> Tensor:
+    """Each row's own token positions from 0 (``cumsum(mask) - 1``), 0 on left padding: the
+    ``position_ids`` of a left-padded batch, so a padded row sees the positions it would alone."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from queryrl.padding import cat_padded, pad_to
+from queryrl.padding import cat_padded, mask_positions, pad_to
 
 if TYPE_CHECKING:
     from queryrl.rollout import RolloutOutput
@@ -168,8 +168,7 @@ class Batch:
         """``(input_ids, attention_mask, position_ids)``, each (N, P + T), prompt then response."""
         input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
         attention_mask = torch.cat([self.prompt_mask, self.response_attention_mask], dim=1).long()
-        position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-        return input_ids, attention_mask, position_ids
+        return input_ids, attention_mask, mask_positions(attention_mask)
 
     def pad_responses_to(self, width: int, values: Tensor, fill: float = 0.0) -> Tensor:
         """Right-pad a (n, t) tensor computed on a trimmed batch back to (n, width)."""

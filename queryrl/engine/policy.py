@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from queryrl.algos import entropy_from_logits
 from queryrl.engine.batch import Batch
 from queryrl.models.loading import compute_autocast
+from queryrl.padding import mask_positions
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -121,7 +122,7 @@ def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     through Shared-Prefix Forward"); this is an implementation with transformers' cache.
     """
     prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows].long()
-    prompt_positions = (prompt_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    prompt_positions = mask_positions(prompt_mask)
     with compute_autocast(model):
         out = model(
             input_ids=prompt_ids,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from queryrl.engine.policy import causal_lm_logits
+from queryrl.padding import mask_positions
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
 
@@ -50,8 +51,12 @@ def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, Tensor]:
         input_ids[i, start:] = torch.tensor(e.prompt_ids + e.target_ids)
         labels[i, length - t :] = torch.tensor(e.target_ids)
         attention_mask[i, start:] = 1
-    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "labels": labels}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": mask_positions(attention_mask),
+        "labels": labels,
+    }
 
 
 def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.device) -> tuple[Tensor, int]:
