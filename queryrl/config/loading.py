@@ -45,7 +45,8 @@ def known_keys() -> list[str]:
 
 def _unknown_key_message(given: str, key: str) -> str:
     """'unknown key ...; did you mean ...?' with the closest known keys (difflib)."""
-    candidates = known_keys()
+    named = {given.lstrip("+"), key}
+    candidates = [k for k in dict.fromkeys(known_keys()) if k not in named]  # never the key itself, never twice
     close = difflib.get_close_matches(given.lstrip("+"), candidates, n=2, cutoff=0.75)
     if not close and given.lstrip("+") != key:  # a verl alias that resolved to a bad queryrl key
         close = difflib.get_close_matches(key, candidates, n=2, cutoff=0.75)
@@ -93,12 +94,13 @@ def _set(cfg: DictConfig, key: str, value: Any, where: str, given: str | None = 
     if isinstance(value, str) and value != "???" and is_list:
         value = [value]  # verl scripts give one file (or one logger) as a plain string
     free = next((f for f in _free_form() if key.startswith(f + ".")), None)
+    whole = key in _free_form()  # a whole free-form mapping (``document_fields={doc_id: id}``) replaces it
     try:
-        if free is None:
+        if free is None and not whole:
             OmegaConf.update(cfg, key, value, merge=True)
         else:  # a free-form mapping (e.g. reward.kwargs) takes any key
-            with open_dict(OmegaConf.select(cfg, free)):
-                OmegaConf.update(cfg, key, value, merge=True)
+            with open_dict(OmegaConf.select(cfg, key if whole else free)):
+                OmegaConf.update(cfg, key, value, merge=not whole)
     except (ConfigKeyError, ConfigAttributeError):
         raise ConfigError(f"{where}: {_unknown_key_message(given or key, key)}") from None
     except OmegaConfBaseException as exc:
