@@ -12,14 +12,16 @@ backoff_base_s * 2**(n-1))``; other 4xx are not retried. :meth:`chat_8b` and :me
 :class:`RAGError` when the call still fails (or answers a status other than ``"success"``); :meth:`both`
 never raises: each side is the response dict or a :class:`RAGFailure`.
 
-The response contract, checked on every HTTP answer (:func:`contract_problem`): a JSON object whose
-``response`` is a list of documents, each an object with ``doc_id``, ``title`` and ``content`` (``score``
-optional). An answer that breaks it fails the call, naming the missing fields and the ones it has (a
-service that says ``knowledge_id``/``question``/``answer`` instead): scored on empty documents, a judge
-would compare nothing and the run would train on it silently. Not retried. A service whose documents use
-other names maps them with ``document_fields`` (``app.query_rewrite.rag.document_fields``: ours -> its,
-e.g. ``{"doc_id": "knowledge_id", "title": "question", "content": "answer"}``,
-:func:`map_document_fields`), applied before the check.
+The response contract (docs/your-data.md), checked on every answer (:func:`contract_problem`): a JSON
+object with ``"status": "success"`` whose ``response`` is a list of documents, each an object with
+``doc_id`` (a non-empty string), ``title`` and ``content`` (strings) and optionally ``score`` (a number).
+An answer that breaks it fails the call with one line naming the field, its value and what was expected
+(for a missing document field, also the fields the document has: a service that says
+``knowledge_id``/``question``/``answer`` instead): scored on empty or ``null`` documents, a judge would
+compare nothing (or the text "None") and the run would train on it silently. Not retried. A service
+whose documents use other names maps them with ``document_fields`` (``app.query_rewrite.rag.document_fields``:
+ours -> its, e.g. ``{"doc_id": "knowledge_id", "title": "question", "content": "answer"}``,
+:func:`map_document_fields`; a mapped integer id becomes a string), applied before the check.
 
 Tokens. With ``token_env`` (``app.query_rewrite.rag.token_env``) every request carries
 ``Authorization: Bearer <the variable's value>``, as ``serve-rag --token-env`` wants; the value is
@@ -222,9 +224,6 @@ class RAGClient:
             with self._lock:
                 self._latency_sum += time.perf_counter() - start
                 self._latency_n += 1
-        if result.get("status") != "success":
-            self._add("rag/failed", 1)
-            raise RAGError(endpoint, f"status {result.get('status')!r}: {result.get('error', '')}")
         return result
 
     async def _with_retries(self, endpoint: str, fields: dict[str, Any]) -> dict[str, Any]:
@@ -245,13 +244,18 @@ class RAGClient:
     async def _once(self, endpoint: str, fields: dict[str, Any]) -> dict[str, Any]:
         if isinstance(self.target, InProcessRAG):
             method = self.target.chat_8b if endpoint == "chat_8b" else self.target.chat
-            return await asyncio.wait_for(method(**fields), self.timeout_s)
-        response = await self._client().post(endpoint_url(self.target, endpoint), json=fields)
-        if response.status_code >= 500 or response.status_code == 429:
-            raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
-        if response.status_code >= 400:
-            raise RAGError(endpoint, f"HTTP {response.status_code}: {response.text[:300]}")
-        body: dict[str, Any] = map_document_fields(response.json(), self.document_fields)
+            body: dict[str, Any] = await asyncio.wait_for(method(**fields), self.timeout_s)
+        else:
+            response = await self._client().post(endpoint_url(self.target, endpoint), json=fields)
+            if response.status_code >= 500 or response.status_code == 429:
+                raise _Retryable(f"HTTP {response.status_code}: {response.text[:200]}")
+            if response.status_code >= 400:
+                raise RAGError(endpoint, f"HTTP {response.status_code}: {response.text[:300]}")
+            try:
+                answer = response.json()
+            except ValueError:
+                raise RAGError(endpoint, f"the answer is not JSON: {response.text[:200]!r}") from None
+            body = map_document_fields(answer, self.document_fields)
         problem = contract_problem(body, self.document_fields)
         if problem is not None:
             raise RAGError(endpoint, problem)
@@ -304,17 +308,22 @@ def map_document_fields(body: Any, mapping: dict[str, str]) -> Any:
     for doc in body["response"]:
         if isinstance(doc, dict):
             doc = {**doc, **{ours: doc[theirs] for ours, theirs in mapping.items() if theirs in doc}}
-            if "doc_id" in doc and not isinstance(doc["doc_id"], str):
-                doc["doc_id"] = str(doc["doc_id"])  # a numeric knowledge_id
+            if "doc_id" in mapping and isinstance(doc.get("doc_id"), int) and not isinstance(doc["doc_id"], bool):
+                doc["doc_id"] = str(doc["doc_id"])  # a numeric knowledge_id (null stays null: the check names it)
         docs.append(doc)
     return {**body, "response": docs}
 
 
 def contract_problem(body: Any, mapping: dict[str, str] | None = None) -> str | None:
-    """Why a RAG service's answer breaks the response contract (see the module docstring), or None;
-    `mapping` (the configured ``document_fields``) is named in the message when a field is missing."""
+    """Why a RAG service's answer breaks the response contract (see the module docstring), or None: one
+    line naming the field, its value and what was expected. `mapping` (the configured ``document_fields``)
+    is named where a field is missing or a mapped one is bad."""
     if not isinstance(body, dict):
         return f"the answer is a JSON {type(body).__name__}, not an object with a 'response' list of documents"
+    if body.get("status") != "success":
+        value = f"is {shown_value(body['status'])}" if "status" in body else "is missing"
+        error = f"; its 'error': {shown_value(body['error'])}" if body.get("error") not in (None, "") else ""
+        return f"field 'status' {value} (expected \"success\"){error}"
     docs = body.get("response")
     if not isinstance(docs, list):
         return (
@@ -332,7 +341,35 @@ def contract_problem(body: Any, mapping: dict[str, str] | None = None) -> str | 
                 "service's names with app.query_rewrite.rag.document_fields, e.g. "
                 '{"doc_id": "knowledge_id", "title": "question", "content": "answer"}'
             )
+        problem = _field_problem(doc, mapping or {})
+        if problem is not None:
+            return f"document {i} of 'response': {problem}"
     return None
+
+
+_EXPECTED = {"doc_id": "a non-empty string", "title": "a string", "content": "a string", "score": "a number"}
+
+
+def _field_problem(doc: dict[str, Any], mapping: dict[str, str]) -> str | None:
+    """The first field of `doc` whose value the contract refuses (see :data:`_EXPECTED`), or None."""
+    for name, expected in _EXPECTED.items():
+        if name not in doc:
+            continue  # a missing doc_id/title/content is named above; score is optional
+        value = doc[name]
+        if name == "score":
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, str) and (bool(value) or name != "doc_id")
+        if not ok:
+            theirs = f" (the service's {mapping[name]!r} by document_fields)" if name in mapping else ""
+            return f"field {name!r}{theirs} is {shown_value(value)} (expected {expected})"
+    return None
+
+
+def shown_value(value: Any, limit: int = 80) -> str:
+    """`value` as JSON writes it (``null``, ``""``, ``3``, ``"error"``), cut to `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def endpoint_url(base_url: str, endpoint: str) -> str:
