@@ -83,6 +83,13 @@ def prepare_conversations(
     fill_down: Annotated[
         bool, typer.Option(help="Fill blank conversation-level cells (merged cells) from the row above.")
     ] = True,
+    empty_messages: Annotated[
+        str,
+        typer.Option(
+            help="skip: drop and count messages with an empty text (stickers, images, recalled messages) and "
+            "conversations left without a user message; error: stop on them as bad rows."
+        ),
+    ] = "skip",
     val_fraction: Annotated[float, typer.Option(help="Share of conversations for validation.")] = 0.1,
     test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
@@ -93,6 +100,7 @@ def prepare_conversations(
     ] = None,
 ) -> None:
     """Conversation logs -> one query-rewrite prompt per user turn (verl parquet, split by conversation)."""
+    from queryrl.apps.query_rewrite.data.conversations import check_empty_messages
     from queryrl.apps.query_rewrite.data.log_import import check_columns, parse_json_option, role_table
     from queryrl.apps.query_rewrite.data.splits import prepare_conversation_data
     from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
@@ -104,6 +112,7 @@ def prepare_conversations(
         mapping = check_columns(parse_json_option("--columns", columns), "--columns")
         role_values = parse_json_option("--roles", roles)
         role_table(role_values, "--roles")
+        check_empty_messages(empty_messages, "--empty-messages")
         result = prepare_conversation_data(
             input,
             out,
@@ -116,6 +125,7 @@ def prepare_conversations(
             header_row=header_row,
             order_by=order_by,
             fill_down=fill_down,
+            empty_messages=empty_messages,
             domain=domain,
             answer_fields=fields,
             answer_format=fmt,

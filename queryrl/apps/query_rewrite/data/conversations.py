@@ -17,7 +17,11 @@ merged (blank) conversation-level cells filled down -- is
                      (full-width too), or a JSON list string
 
 Messages whose role maps to ``skip`` (系统 / system: notices, not dialogue) are dropped and
-counted. Without turn or time the file order is kept; sorting is stable, so ties keep it too.
+counted. So are empty messages (``empty_messages="skip"``, the default): stickers, images and recalled
+messages export as an empty text cell (None, NaN, whitespace); they are counted per role (an empty user
+message gives no prompt, an empty assistant message is left out of the history), and a conversation left
+without a user message is dropped and counted too. ``empty_messages="error"`` reports them as bad rows.
+Without turn or time the file order is kept; sorting is stable, so ties keep it too.
 
 Output: every user turn gives one row (the first turn too: its history is empty, which is the
 no-rewrite-needed case the policy must also learn). The prompt is :func:`build_messages` of the conversation
@@ -76,6 +80,11 @@ __all__ = ["FIELDS", "REQUIRED", "ROLE_ALIASES", "SUFFIXES"]  # re-exported: the
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
 MAX_REPORTED = 20
 MAX_ROLES_LISTED = 10
+EMPTY_MESSAGES = ("skip", "error")  # what an empty message is: dropped and counted, or a bad row
+EMPTY_HELP = (
+    "empty message (stickers, images and recalled messages export as empty text; --empty-messages skip "
+    "drops and counts them)"
+)
 _SPLIT_IDS = re.compile(r"[;,；，]")
 
 
@@ -151,9 +160,23 @@ def parse_doc_ids(value: Any) -> list[str]:
     raise ValueError(f"expected a list or a separated string of ids, got {type(value).__name__}")
 
 
-def _missing(value: Any) -> str:
-    """What a blank required cell is: a formula without a saved result (with the way out), or a missing value."""
-    return UNCOMPUTED_HELP.format(formula=value.formula) if isinstance(value, Uncomputed) else "missing value"
+def _missing(value: Any, name: str = "") -> str:
+    """What a blank required cell is: a formula without a saved result (with the way out), an empty message
+    (`name` ``text``), or a missing value."""
+    if isinstance(value, Uncomputed):
+        return UNCOMPUTED_HELP.format(formula=value.formula)
+    return EMPTY_HELP if name == "text" else "missing value"
+
+
+def check_empty_messages(value: str, option: str = "empty_messages") -> str:
+    """`value` if it is one of :data:`EMPTY_MESSAGES`.
+
+    Raises:
+        ValueError: anything else, naming `option`.
+    """
+    if value not in EMPTY_MESSAGES:
+        raise ValueError(f"{option}: use {' or '.join(EMPTY_MESSAGES)}, got {value!r}")
+    return value
 
 
 def _parse_message(
@@ -164,7 +187,7 @@ def _parse_message(
     get = values.get
     for name in REQUIRED:
         if blank(get(name)):
-            problems.append((columns[name], _missing(get(name))))
+            problems.append((columns[name], _missing(get(name), name)))
     turn: int | None = None
     if not blank(get("turn")):
         try:
@@ -235,6 +258,7 @@ def load_conversation_log(
     header_row: int | None = None,
     order_by: str | None = None,
     fill_down: bool = True,
+    empty_messages: str = "skip",
 ) -> ConversationLog:
     """Read a message log into conversations (in order of first appearance) and a report.
 
@@ -246,12 +270,16 @@ def load_conversation_log(
         header_row: the header's 1-based row (default: found in the first 10 rows).
         order_by: a date/time column that orders each conversation (overrides the turn column).
         fill_down: fill blank conversation-level cells (merged cells) from the row above.
+        empty_messages: ``skip`` (drop and count messages with an empty text, and conversations left without a
+            user message) or ``error`` (each one a bad row).
 
     Raises:
-        ValueError: a key of `columns` that is not a field, a role that is not user/assistant/skip.
+        ValueError: a key of `columns` that is not a field, a role that is not user/assistant/skip, or a bad
+            `empty_messages`.
         DataError: an unreadable file, missing required columns, or bad rows (all reported).
     """
     path = Path(path)
+    skip_empty = check_empty_messages(empty_messages) == "skip"
     overrides = check_columns(columns)
     if order_by is not None:
         overrides["time"] = order_by
@@ -262,9 +290,12 @@ def load_conversation_log(
         raise DataError(f"{path}: file not found")
     required = (*REQUIRED, "time") if order_by is not None else REQUIRED
     tables, report = read_tables(path, overrides, sheet=sheet, header_row=header_row, required=required, fill=fill_down)
-    by_id = _collect(path, tables, role_map, order_by is not None, report)
+    by_id = _collect(path, tables, role_map, (order_by is not None, skip_empty), report)
     out = []
     for conv_id, messages in by_id.items():
+        if not any(m.role == "user" for m in messages):  # no prompt to make: e.g. every user message was empty
+            report.skipped["conversation(s) without a user message"] += 1
+            continue
         ordered, how = _order(messages, order_by is not None)
         report.order[f"by {report.columns.get(how, how)}" if how != "file order" else "in file order"] += 1
         out.append(Conversation(conv_id, ordered))
@@ -272,9 +303,11 @@ def load_conversation_log(
 
 
 def _collect(
-    path: Path, tables: list[Table], role_map: Mapping[str, str], time_required: bool, report: LogReport
+    path: Path, tables: list[Table], role_map: Mapping[str, str], how: tuple[bool, bool], report: LogReport
 ) -> dict[str, list[Message]]:
-    """Messages by conversation id, in file order; skipped ones counted; every problem in one DataError."""
+    """Messages by conversation id, in file order; skipped ones (`how`'s second: empty ones too) counted; every
+    problem in one DataError. `how`'s first: the time column orders the messages (a blank one is a problem)."""
+    time_required, skip_empty = how
     errors: list[str] = []
     unknown: Counter[str] = Counter()
     first_unknown: dict[str, Row] = {}
@@ -285,6 +318,10 @@ def _collect(
             role = role_map.get(raw_role.lower())
             if role == "skip":
                 report.skipped[f"message(s) with role {raw_role!r}"] += 1
+                continue
+            text = row.values.get("text")
+            if skip_empty and (role is not None or not raw_role) and blank(text) and not isinstance(text, Uncomputed):
+                report.skipped[f"empty {role} message(s)" if role else "empty message(s) without a role"] += 1
                 continue
             if role is None and raw_role:
                 unknown[raw_role] += 1
@@ -311,11 +348,11 @@ def load_conversations(
     header_row: int | None = None,
     order_by: str | None = None,
     fill_down: bool = True,
+    empty_messages: str = "skip",
 ) -> list[Conversation]:
     """:func:`load_conversation_log`'s conversations (the same arguments)."""
-    log = load_conversation_log(
-        path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
-    )
+    options: dict[str, Any] = {"header_row": header_row, "order_by": order_by, "fill_down": fill_down}
+    log = load_conversation_log(path, columns, sheet, roles=roles, empty_messages=empty_messages, **options)
     return log.conversations
 
 

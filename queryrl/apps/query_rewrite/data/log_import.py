@@ -104,13 +104,19 @@ def _norm(name: Any) -> str:
     return re.sub(r"[\s_\-]+", "", str(name)).lower()
 
 
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"  # zero-width characters: a cell of only these shows as empty
+
+
 def blank(value: Any) -> bool:
-    """None, NaN, whitespace only, or a formula without a saved result (:class:`~.log_files.Uncomputed`)."""
+    """None, NaN (pandas' ``NA`` / ``NaT`` too), whitespace or zero-width characters only, or a formula without
+    a saved result (:class:`~.log_files.Uncomputed`)."""
     if value is None or isinstance(value, Uncomputed):
         return True
     if isinstance(value, float) and math.isnan(value):
         return True
-    return isinstance(value, str) and not value.strip()
+    if type(value).__name__ in ("NAType", "NaTType"):  # pandas' missing values, without importing pandas
+        return True
+    return isinstance(value, str) and not value.strip().strip(_INVISIBLE).strip()
 
 
 def fields_help() -> str:
@@ -255,7 +261,9 @@ class LogReport:
         if self.blank_rows:
             dropped.append(f"{self.blank_rows} blank row(s)")
         if dropped:
-            out.append("skipped: " + ", ".join(dropped))
+            empty = any(why.startswith("empty ") for why in self.skipped)
+            hint = " (empty: stickers, images, recalled messages; --empty-messages error stops on them)"
+            out.append("skipped: " + ", ".join(dropped) + (hint if empty else ""))
         return out + self.notes
 
 

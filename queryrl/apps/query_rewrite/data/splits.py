@@ -106,6 +106,7 @@ def prepare_conversation_data(
     header_row: int | None = None,
     order_by: str | None = None,
     fill_down: bool = True,
+    empty_messages: str = "skip",
     domain: str | None = None,
     answer_fields: str | Sequence[str] | None = None,
     answer_format: str = "json",
@@ -124,7 +125,7 @@ def prepare_conversation_data(
         name: ``data_source`` is ``query_rewrite/<name>`` (default: the input file's stem).
         sheet: one Excel sheet (default: all that have the columns).
         lang: the prompt language.
-        roles, header_row, order_by, fill_down: as in :func:`load_conversation_log`.
+        roles, header_row, order_by, fill_down, empty_messages: as in :func:`load_conversation_log`.
         domain: the prompt's domain line, e.g. ``"电子产品销售客服"`` (default neutral: ``"客服对话"``).
         answer_fields: the keys the policy answers with, a sequence or ``"rewritten_query,user_profile"``
             (default only ``rewritten_query``; :func:`~.prompts.check_answer_fields`).
@@ -138,9 +139,8 @@ def prepare_conversation_data(
     fields = check_answer_fields(answer_fields)
     fmt = check_answer_format(answer_format, fields)
     input_path = Path(input_path)
-    log = load_conversation_log(
-        input_path, columns, sheet, roles=roles, header_row=header_row, order_by=order_by, fill_down=fill_down
-    )
+    options: dict[str, Any] = {"header_row": header_row, "order_by": order_by, "fill_down": fill_down}
+    log = load_conversation_log(input_path, columns, sheet, roles=roles, empty_messages=empty_messages, **options)
     splits = split_conversations(log.conversations, val_fraction, test_fraction, seed)
     source = name or input_path.stem
     from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets

@@ -198,8 +198,9 @@ def test_message_text_never_fills_down_and_no_fill_down_turns_it_off(tmp_path: P
     book = openpyxl.load_workbook(export)
     book["会话记录"].cell(4, 4).value = None  # S-1001's first user message loses its text
     book.save(export)
-    with pytest.raises(DataError, match=r"1 bad row\(s\):\n.*row 4: column '消息内容': missing value"):
-        load_conversations(export)
+    assert "星辰 X3 多少钱？" not in [m.text for c in load_conversations(export) for m in c.messages]  # not filled
+    with pytest.raises(DataError, match=r"1 bad row\(s\):\n.*row 4: column '消息内容': empty message"):
+        load_conversations(export, empty_messages="error")
 
 
 def test_a_formula_without_a_saved_result_is_named_with_the_way_out(tmp_path: Path) -> None:
@@ -506,7 +507,8 @@ def test_cli_passes_every_import_option(tmp_path: Path) -> None:
     assert cli.exit_code == 0, cli.output
     for skipped in ("8 message(s) with role '客户'", "1 message(s) with role '顾客'", "2 message(s) with role '系统'"):
         assert skipped in cli.output
-    assert "train: 4 conversations, 6 messages, 0 user turns (rows)" in cli.output
+    assert "4 conversation(s) without a user message" in cli.output  # dropped: they give no prompt
+    assert "train: 0 conversations, 0 messages, 0 user turns (rows)" in cli.output
     assert "warning: train has 0 rows" in cli.output
 
 

@@ -142,12 +142,12 @@ def test_bad_rows_are_reported_by_file_sheet_row_and_column(tmp_path: Path) -> N
         pd.DataFrame(SHEET_A).to_excel(writer, sheet_name="A", index=False)
         pd.DataFrame(bad_b).to_excel(writer, sheet_name="B", index=False)
     with pytest.raises(DataError) as info:
-        load_conversations(path)
+        load_conversations(path, empty_messages="error")
     message = str(info.value)
     assert "2 bad row(s)" in message
     # spreadsheet numbering: header is row 1, so the second data row is row 3
     assert f"{path}: column 'role': 1 unknown role value(s): '主管' x1 (first at sheet 'B': row 3)" in message
-    assert f"{path}: sheet 'B': row 4: column 'text': missing value" in message
+    assert f"{path}: sheet 'B': row 4: column 'text': empty message" in message
     assert f"{path}: sheet 'B': row 5: column 'turn': not an integer" in message
     assert "sheet 'A'" not in message
 
