@@ -49,11 +49,14 @@ from queryrl.trainer.scoring import apply_scores, batch_advantages, generate_and
 from queryrl.trainer.skips import (
     NoSignalWatch,
     NothingToLearn,
+    NothingTrained,
     RewardFunctionRaised,
     RewardsFailing,
     SkipWatch,
     has_signal,
+    nothing_trained_message,
 )
+from queryrl.trainer.validation import validate
 
 
 class Trainer:
@@ -80,6 +83,7 @@ class Trainer:
             cfg.algo.kl_ctrl.type, cfg.algo.kl_ctrl.kl_coef, cfg.algo.kl_ctrl.target_kl, cfg.algo.kl_ctrl.horizon
         )
         self.step = 0
+        self.updated_steps = 0  # the steps of this process that updated the weights
         self.skips = SkipWatch(cfg.reward.max_skipped_steps)
         self.no_signal = NoSignalWatch(cfg.trainer.max_no_signal_steps, problem_of=learning_problem_check(cfg))
         self._data_prints: dict[str, Any] | None = None  # the training files' fingerprints, for checkpoints
@@ -122,10 +126,14 @@ class Trainer:
         """Train until ``total_steps`` (or, if given, stop after step `max_steps` with a checkpoint).
 
         Returns the last step's metrics.
+
+        Raises:
+            NothingTrained: no step of this call updated the weights (every one skipped, in a row or not).
         """
         cfg = self.cfg.trainer
         stop_at = min(self.c.total_steps, max_steps) if max_steps is not None else self.c.total_steps
         metrics: dict[str, float] = {}
+        first = self.step + 1
         from queryrl.tracking import Tracker
 
         with Tracker(
@@ -140,38 +148,9 @@ class Trainer:
             if cfg.eval_before_train and self.step == 0 and self.c.val_datasets:
                 tracker.log(self.validate(), step=0)
             while self.step < stop_at:
-                self.step += 1
-                timer = PhaseTimer()
-                pending: ckpt.Pending | None = None
-                with timer("step"):
-                    metrics = self.train_step(self.c.loader.next_batch(), timer)
-                    last = self.step == self.c.total_steps
-                    if self.c.val_datasets and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
-                        with timer("testing"):
-                            metrics |= self.validate()
-                    # the run's last step obeys trainer.save_last; an early stop (max_steps) always saves, to resume
-                    if (cfg.save_every and self.step % cfg.save_every == 0) or (
-                        self.step == stop_at and (cfg.save_last or not last)
-                    ):
-                        with timer("save_checkpoint"):
-                            pending = self._write_checkpoint()
-                            echo = "console" in cfg.logger
-                            metrics["checkpoint/size_mb"] = ckpt.report_size(pending.tmp, echo, pending.final)
-                metrics |= timer.metrics()
-                metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / max(
-                    metrics["timing_s/step"], 1e-9
-                )
-                metrics["training/epoch"] = float(self.c.loader.epoch)
-                stop = self.skips.stop_message()
-                quiet = self.no_signal.stop_message()
-                if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop or quiet:
-                    tracker.log(metrics, step=self.step)
-                if pending is not None:  # after the row: a kill in between redoes the step, row included
-                    pending.commit()
-                if stop:
-                    self._stop(RewardsFailing(stop), saved=pending is not None)
-                if quiet:
-                    self._stop(NothingToLearn(quiet), saved=pending is not None)
+                metrics = self._next_step(tracker, stop_at)
+        if self.step >= first and not self.updated_steps:  # skips not in a row never reached max_skipped_steps
+            raise NothingTrained(nothing_trained_message(self.skips, first, self.step))
         if cfg.plot and self.step == self.c.total_steps:
             from queryrl.report import write_report
             from queryrl.trainer.plot import plot_run
@@ -181,6 +160,43 @@ class Trainer:
                 write_report(self.run_dir)
             except Exception as exc:
                 warnings.warn(f"report.html not written: {exc!r}", stacklevel=2)
+        return metrics
+
+    def _next_step(self, tracker: Any, stop_at: int) -> dict[str, float]:
+        """Train, validate, checkpoint and log step ``self.step + 1``; stop the run if it cannot learn."""
+        cfg = self.cfg.trainer
+        self.step += 1
+        timer = PhaseTimer()
+        pending: ckpt.Pending | None = None
+        with timer("step"):
+            metrics = self.train_step(self.c.loader.next_batch(), timer)
+            last = self.step == self.c.total_steps
+            if self.c.val_datasets and ((cfg.eval_every and self.step % cfg.eval_every == 0) or last):
+                with timer("testing"):
+                    metrics |= self.validate()
+            # the run's last step obeys trainer.save_last; an early stop (max_steps) always saves, to resume;
+            # nothing is saved while no step has trained: those would be the starting weights, the steps lost
+            due = (cfg.save_every and self.step % cfg.save_every == 0) or (
+                self.step == stop_at and (cfg.save_last or not last)
+            )
+            if due and self.updated_steps:
+                with timer("save_checkpoint"):
+                    pending = self._write_checkpoint()
+                    echo = "console" in cfg.logger
+                    metrics["checkpoint/size_mb"] = ckpt.report_size(pending.tmp, echo, pending.final)
+        metrics |= timer.metrics()
+        metrics["perf/throughput"] = metrics.get("perf/total_num_tokens", 0.0) / max(metrics["timing_s/step"], 1e-9)
+        metrics["training/epoch"] = float(self.c.loader.epoch)
+        stop = self.skips.stop_message()
+        quiet = self.no_signal.stop_message()
+        if self.step % max(cfg.log_every, 1) == 0 or self.step == stop_at or stop or quiet:
+            tracker.log(metrics, step=self.step)
+        if pending is not None:  # after the row: a kill in between redoes the step, row included
+            pending.commit()
+        if stop:
+            self._stop(RewardsFailing(stop), saved=pending is not None)
+        if quiet:
+            self._stop(NothingToLearn(quiet), saved=pending is not None)
         return metrics
 
     def train_step(self, items: list[Any], timer: PhaseTimer) -> dict[str, float]:
@@ -228,6 +244,7 @@ class Trainer:
             with timer("update_actor"):
                 metrics |= self._update_actor(batch)
             c.rollout.update_weights(c.policy.model)
+        self.updated_steps += int(c.critic is not None or self.step > cfg.critic.warmup_steps)
         metrics |= data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length) | c.data_stats
         if cfg.rollout.multi_turn.enable:
             from queryrl.agent import episode_metrics
@@ -395,48 +412,9 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) generation on every validation set; scores per ``data_source``."""
-        c = self.c
-        per_source: dict[str, list[float]] = {}
-        lengths: list[float] = []
-        failed = unscored = 0
-        for dataset in c.val_datasets:
-            items = dataset.items[: self.cfg.data.max_val_samples or None]
-            for start in range(0, len(items), self.cfg.data.val_batch_size):
-                chunk = items[start : start + self.cfg.data.val_batch_size]
-                batch, results = generate_and_score(
-                    c.rollout,
-                    c.reward,
-                    c.policy.tokenizer,
-                    chunk,
-                    self.val_sampling,
-                    PhaseTimer(),
-                    c.device,
-                    step=self.step,  # a TRL-style function's trainer_state.global_step, as in TRL's evaluation
-                    progress=self._progress(),
-                )
-                fatal = next((r for r in results if r.stop), None)
-                if fatal is not None:  # a TRL-style function raised in validation: TRL stops there too
-                    raise RewardFunctionRaised(redact(f"stopped in validation at step {self.step}: {fatal.error}"))
-                for row, result in zip(batch.non_tensor["row"], results, strict=True):
-                    if result.score is None:
-                        failed += 1
-                        continue
-                    if result.unscored:  # TRL's nanmean leaves it out of the mean
-                        unscored += 1
-                        continue
-                    per_source.setdefault(str(row.get("data_source", "")), []).append(result.score)
-                lengths += batch.response_lengths.float().tolist()
-        metrics = {f"val/{src}/score/mean": sum(v) / len(v) for src, v in per_source.items()}
-        every = [s for v in per_source.values() for s in v]
-        if every:
-            metrics["val/score/mean"] = sum(every) / len(every)
-        if lengths:
-            metrics["val/response_length/mean"] = sum(lengths) / len(lengths)
-        metrics["val/reward/failed"] = float(failed)
-        if unscored:
-            metrics["val/reward/unscored"] = float(unscored)
-        return metrics
+        """Greedy (by default) generation on every validation set; scores per ``data_source``
+        (:func:`queryrl.trainer.validation.validate`)."""
+        return validate(self.c, self.cfg, self.val_sampling, self.step, self._progress())
 
     def _save_samples(self, batch: Batch | None) -> None:
         """``samples/step_N.jsonl``: the first ``trainer.save_samples`` rows of `batch` (the rows that train;

@@ -1,5 +1,6 @@
 """Stop a run that cannot learn: ``reward.max_skipped_steps`` skipped steps in a row end it, and so do
-``trainer.max_no_signal_steps`` steps in a row that had nothing to learn from.
+``trainer.max_no_signal_steps`` steps in a row that had nothing to learn from; a run that updated the
+weights in none of its steps ends with :class:`NothingTrained`, whatever those limits say.
 
 A step is skipped when more than ``reward.max_failed_frac`` of its samples failed their reward
 (:meth:`queryrl.trainer.loop.Trainer._scored_batch`). One such step is a hiccup (a judge timing out
@@ -31,6 +32,11 @@ class NothingToLearn(RewardsFailing):
     """``trainer.max_no_signal_steps`` steps in a row gave no learning signal: the run stops (exit 3)."""
 
 
+class NothingTrained(RewardsFailing):
+    """Every step the run took was skipped (or had nothing to update): the weights are the starting ones, so the
+    run ends non-zero (exit 3) instead of printing "done", and writes no checkpoint of them."""
+
+
 class RewardFunctionRaised(RewardsFailing):
     """A TRL-style reward function raised (or returned something that is not one number or None per
     completion): the run stops at once with its name and the error, as TRL's trainer raises it (exit 3)."""
@@ -51,12 +57,17 @@ class SkipWatch:
     last_step: int = -1
     trained_step: int = -1
     trained_any: bool = False  # some step of this process got its rewards
+    skipped_steps: int = 0  # the steps of this process skipped, in a row or not
+    run_error: str | None = None  # the first failed sample's error of this process
 
     def skipped(self, step: int, results: Sequence[RewardResult]) -> None:
         """A generation batch of step `step` failed because of `results`: the step counts once, and not at
         all when another batch of it (``algo.filter_groups`` generates several) got its rewards."""
         if step in (self.last_step, self.trained_step):
             return
+        self.skipped_steps += 1
+        if self.run_error is None:
+            self.run_error = next((r.error for r in results if r.failed and r.error), None)
         if self.streak == 0:
             self.first_step = step
             self.first_error = next((r.error for r in results if r.failed and r.error), None)
@@ -78,6 +89,27 @@ class SkipWatch:
             f"stopped: the rewards failed in {self.streak} steps in a row ({steps}; "
             f"reward.max_skipped_steps={self.limit}), so nothing was learned from them; first failure: {first}"
         )
+
+
+def nothing_trained_message(watch: SkipWatch, first_step: int, last_step: int) -> str:
+    """Why a run whose steps `first_step`..`last_step` (those of this process) updated nothing ends non-zero:
+    how many were skipped (in a row or not, so ``reward.max_skipped_steps`` did not stop it) and the first
+    failed sample's error."""
+    steps = last_step - first_step + 1
+    which = f"steps {first_step}-{last_step}" if steps > 1 else f"step {first_step}"
+    if watch.skipped_steps >= steps:
+        why = f"{'every one' if steps > 1 else 'it'} was skipped because its rewards failed"
+    else:
+        why = (
+            f"{watch.skipped_steps} were skipped because their rewards failed, the others had no group whose "
+            "samples scored differently (algo.filter_groups)"
+        )
+    first = watch.run_error or "no sample was scored"
+    return redact(
+        f"stopped: no step trained: the run took {steps} step{'s' if steps > 1 else ''} ({which}) and {why} "
+        f"(reward.max_failed_frac, reward.max_skipped_steps={watch.limit}); the weights are the starting ones, "
+        f"so no checkpoint was written; first failure: {first}"
+    )
 
 
 def has_signal(scores: Tensor, group_ids: Tensor) -> bool:

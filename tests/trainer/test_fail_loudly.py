@@ -17,7 +17,14 @@ from omegaconf import DictConfig
 from queryrl.config import ConfigError, load_config
 from queryrl.errors import user_error
 from queryrl.trainer.loop import Trainer
-from queryrl.trainer.skips import NothingToLearn, RewardsFailing, SkipWatch, has_signal
+from queryrl.trainer.skips import (
+    NothingToLearn,
+    NothingTrained,
+    RewardsFailing,
+    SkipWatch,
+    has_signal,
+    nothing_trained_message,
+)
 from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,10 +67,15 @@ def params(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def fit_changes_weights(cfg: DictConfig) -> bool:
-    """Train `cfg`'s run; whether any policy weight moved."""
+    """Train `cfg`'s run; whether any policy weight moved. A run that trained no step ends with
+    :class:`NothingTrained` and no checkpoint (checked here), and its weights did not move."""
     with Trainer(cfg) as trainer:
         before = params(trainer)
-        trainer.fit()
+        try:
+            trainer.fit()
+        except NothingTrained:
+            assert trainer.updated_steps == 0
+            assert not (trainer.run_dir / "checkpoints").exists()
         return any(not torch.equal(before[k], v) for k, v in params(trainer).items())
 
 
@@ -106,13 +118,57 @@ def test_a_step_that_trains_ends_the_streak_and_the_stop_keeps_what_was_learned(
     assert (other / "runs" / "toy_grpo" / "checkpoints" / "step_5" / "state.json").is_file()
 
 
-def test_max_skipped_steps_0_never_stops(tmp_path: Path, model_cache: Path) -> None:
+def test_max_skipped_steps_0_never_stops_but_training_nothing_fails(
+    tmp_path: Path, model_cache: Path
+) -> None:
     cfg = make_cfg(
         tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=4", "reward.max_skipped_steps=0"
     )
+    with Trainer(cfg) as trainer, pytest.raises(NothingTrained, match=r"^stopped: no step trained: the run took 4"):
+        trainer.fit()
+    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]  # it did not stop early
+    assert not (tmp_path / "runs" / "toy_grpo" / "checkpoints").exists()  # not the starting weights as "final"
+
+
+@pytest.mark.slow
+def test_every_step_skipped_but_fewer_than_max_skipped_steps_exits_3(tmp_path: Path, model_cache: Path) -> None:
+    """2 skipped steps never reach reward.max_skipped_steps=3 in a row; the run still trained on none of them."""
+    cfg = make_cfg(tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=2")
+    with Trainer(cfg) as trainer, pytest.raises(NothingTrained) as stopped:
+        trainer.fit()
+    message = str(stopped.value)
+    assert message.startswith("stopped: no step trained: the run took 2 steps (steps 1-2) and every one was skipped")
+    assert message.endswith("RuntimeError: judge unreachable (call 0)")
+    assert user_error(stopped.value) == (message, 3)
+    assert not (tmp_path / "runs" / "toy_grpo" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_skips_not_in_a_row_around_a_trained_step_let_the_run_complete(tmp_path: Path, model_cache: Path) -> None:
+    # steps 1 and 3 fail (16 samples a step), step 2 trains; reward.max_skipped_steps=2 is never reached in a row
+    fails = "k < 16 or k >= 32"
+    cfg = make_cfg(
+        tmp_path, model_cache, reward_file(tmp_path, fails), "trainer.total_steps=3", "reward.max_skipped_steps=2"
+    )
     with Trainer(cfg) as trainer:
         trainer.fit()
-    assert [r["step"] for r in rows(tmp_path)] == [1, 2, 3, 4]
+        assert (trainer.updated_steps, trainer.skips.skipped_steps) == (1, 2)
+    assert [r.get("reward/step_skipped", 0.0) for r in rows(tmp_path)] == [1.0, 0.0, 1.0]
+    assert (tmp_path / "runs" / "toy_grpo" / "checkpoints" / "step_3" / "state.json").is_file()
+
+
+def test_the_nothing_trained_message_counts_skips_in_a_row_or_not() -> None:
+    watch = SkipWatch(limit=3)
+    watch.skipped(1, [])
+    watch.trained(2)  # a step whose group filter then left nothing to update (algo.filter_groups)
+    watch.skipped(3, [])
+    assert (watch.skipped_steps, watch.streak, watch.stop_message()) == (2, 1, None)
+    message = nothing_trained_message(watch, 1, 3)
+    assert message.startswith("stopped: no step trained: the run took 3 steps (steps 1-3) and 2 were skipped")
+    assert "algo.filter_groups" in message
+    one = SkipWatch(limit=0)
+    one.skipped(5, [])  # a resumed run's only step
+    assert "the run took 1 step (step 5) and it was skipped" in nothing_trained_message(one, 5, 5)
 
 
 def test_max_skipped_steps_must_not_be_negative(tmp_path: Path) -> None:
