@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from queryrl.rag import BM25Index, HeuristicRewriter, InProcessRAG, RAGClient, RAGError, RAGFailure, make_app
@@ -176,26 +176,36 @@ def test_a_field_mapping_reads_documents_under_other_names() -> None:
         RAGClient("http://127.0.0.1:1", document_fields={"title": ""})
 
 
-def test_the_preflight_probe_finds_a_broken_contract_before_training() -> None:
-    from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_rag_contract
+def test_the_service_check_finds_a_broken_contract_before_training() -> None:
+    """One request per endpoint with a row's fields, checked as training checks every answer."""
+    from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
+    from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_rag_endpoint
 
     app = FastAPI()
     doc = {"knowledge_id": "k1", "question": "颐和园门票多少钱", "answer": "30元"}
+    seen: list[dict[str, Any]] = []
 
     @app.post("/rag/chat")
-    async def other_names() -> Any:
+    async def other_names(request: Request) -> Any:
+        seen.append(await request.json())
         return {**OK_BODY, "response": [doc]}
 
     @app.post("/needs_ids/rag/chat")
     async def picky() -> Any:
         return JSONResponse({"detail": "tenant_id required"}, status_code=422)
 
+    info = {**chat_8b_body(), "kind": "price"}
     with running_server(app, max_lifetime_s=60) as url:
+        rag = QueryRewriteRAGConfig(url=base(url), timeout_s=5.0, max_retries=0)
         with pytest.raises(ServiceCheckFailed, match="lacks doc_id, title, content"):
-            check_rag_contract(base(url), 5.0)
-        mapping = {"doc_id": "knowledge_id", "title": "question", "content": "answer"}
-        assert "answered 1 documents" in check_rag_contract(base(url), 5.0, mapping)
-        assert "not probed" in check_rag_contract(base(url) + "/needs_ids", 5.0)  # checked on every answer
+            check_rag_endpoint(rag, "chat", info, "row 0")
+        rag.document_fields = {"doc_id": "knowledge_id", "title": "question", "content": "answer"}
+        assert "with row 0 answered 1 documents" in check_rag_endpoint(rag, "chat", info, "row 0")
+        rag.url = base(url) + "/needs_ids"
+        with pytest.raises(ServiceCheckFailed, match=r"POST .*/needs_ids/rag/chat with row 0: HTTP 422"):
+            check_rag_endpoint(rag, "chat", info, "row 0")
+    ids = {k: info[k] for k in ("tenant_id", "contact_id", "account_id", "message_id")}
+    assert seen[0] == {**ids, "contexts": info["contexts"]}  # /rag/chat gets the row's ids and conversation
 
 
 def free_port() -> int:

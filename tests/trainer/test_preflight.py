@@ -131,9 +131,12 @@ def test_every_check_passes_against_live_services(tmp_path: Path, monkeypatch: p
         lines: list[str] = []
         run_preflight(cfg, lines.append, service_checks(cfg), reward_spec(cfg))
         assert services.judge_stats.requests == 1  # one tiny request with the run's settings
-    assert len(lines) == 4
+    assert len(lines) == 5
     assert "judge" in lines[0]
     assert f"RAG service at {services.rag_url}" in lines[1]
-    assert "RAG contract: POST" in lines[2]  # its documents carry doc_id, title and content
-    assert "queryrl.apps.query_rewrite.reward scored the first row of builtin://sales_demo/train" in lines[3]
+    first = "with the first row of builtin://sales_demo/train answered"  # one request each, checked as in training
+    assert f"POST {services.rag_url}/rag/chat_8b {first}" in lines[2]
+    assert f"POST {services.rag_url}/rag/chat {first}" in lines[3]
+    assert services.rag_requests["chat_8b"] == 1
+    assert "queryrl.apps.query_rewrite.reward scored the first row of builtin://sales_demo/train" in lines[4]
     assert not list((tmp_path / "cache").glob("tiny-qwen2-*"))

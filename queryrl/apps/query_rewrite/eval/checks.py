@@ -1,10 +1,13 @@
 """``queryrl eval``'s checks before any model is loaded: the services answer, the systems are model folders.
 
 Generating with a model takes minutes to hours; a judge key that is not exported, a judge that refuses
-a setting, a RAG service that is down, or a training checkpoint given where a model folder is expected
-must each cost one clear message, not that time. :func:`check_services` runs first (after the cheap
-argument checks): the judge's :meth:`~queryrl.rewards.judge.JudgeClient.check` (key variable, ``GET
-/models``, one tiny request with the judge's settings) and the RAG service's ``GET /health``.
+a setting, a RAG service that is down or breaks the response contract, or a training checkpoint given
+where a model folder is expected must each cost one clear message, not that time. :func:`check_services`
+runs first (after the cheap argument checks): the judge's :meth:`~queryrl.rewards.judge.JudgeClient.check`
+(key variable, ``GET /models``, one tiny request with the judge's settings), the RAG service's ``GET
+/health`` and, given a row, :func:`check_rag_endpoint` for ``/rag/chat_8b`` and ``/rag/chat``: one request
+each with the fields training sends for that row, validated as training validates every answer (the
+same check ``queryrl train``'s preflight makes with the first training row).
 :func:`not_a_model_message` says what a folder without ``config.json`` is instead, and for a queryrl
 checkpoint (``checkpoints/step_N``: ``state.json``, ``actor/``, ``optim.pt``, ``rng.pt``; see
 :mod:`queryrl.trainer.checkpoint`) the ``queryrl export`` command that makes a model folder of it.
@@ -12,12 +15,14 @@ checkpoint (``checkpoints/step_N``: ``state.json``, ``actor/``, ``optim.pt``, ``
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
     from queryrl.rewards.judge import JudgeClient
 
 CHECKPOINT_FILES = ("state.json", "actor")  # what every queryrl checkpoint holds (optim.pt, rng.pt too)
@@ -100,37 +105,48 @@ def check_rag(rag_url: str, timeout_s: float) -> str:
     return f"RAG service at {rag_url}: /health HTTP {response.status_code}"
 
 
-PROBE_TURN = [{"role": "user", "content": "你好，介绍一下你们的产品"}]
+def probe_query(info: Mapping[str, Any]) -> str:
+    """The rewrite a service check sends for a row's ``extra_info``: its current (last) user turn as written."""
+    turns = [str(m.get("content") or "") for m in info.get("contexts") or [] if m.get("role") == "user"]
+    return next((t.strip() for t in reversed(turns) if t.strip()), "") or "你好"
 
 
-def check_rag_contract(
-    rag_url: str, timeout_s: float, document_fields: dict[str, str] | None = None, token_env: str | None = None
-) -> str:
-    """One ``POST /rag/chat`` with a one-turn conversation: an answer that breaks the response contract
-    (:func:`~queryrl.rag.client.contract_problem`, after `document_fields`) raises
-    :class:`ServiceCheckFailed` naming the fields; an answer that is not a success (a service that needs
-    real ids) leaves the contract to be checked on every answer during the run, and says so."""
-    import httpx
+def check_rag_endpoint(rag: QueryRewriteRAGConfig, endpoint: str, info: Mapping[str, Any], row: str) -> str:
+    """One ``POST`` to `endpoint` (``chat_8b`` or ``chat``) of the service at ``rag.url`` with the fields
+    training sends for the row whose ``extra_info`` is `info` (:func:`~.reward.rag.rag_request_fields`, the
+    rewrite being :func:`probe_query`), through a :class:`~queryrl.rag.RAGClient` made as training's (the
+    same retries, token, ``document_fields`` and contract check). `row` names the row in messages.
 
-    from queryrl.rag.client import check_document_fields, contract_problem, endpoint_url, map_document_fields
-    from queryrl.service_auth import bearer_header
+    Raises:
+        ServiceCheckFailed: the call failed or its answer breaks the contract: one line naming the URL
+            and the field, its value and what was expected.
+    """
+    from queryrl.apps.query_rewrite.reward.rag import make_rag_client, rag_request_fields
+    from queryrl.rag import RAGError
+    from queryrl.rag.client import CHAT_FIELDS, endpoint_url
 
-    fields = check_document_fields(document_fields or {})
-    url = endpoint_url(rag_url.rstrip("/"), "chat")
-    body = {"tenant_id": "", "contact_id": "", "account_id": "", "message_id": "", "contexts": PROBE_TURN}
+    assert rag.url is not None, "an external RAG service is checked, not the embedded one"
+    fields = rag_request_fields(info, probe_query(info))
+    if endpoint == "chat":
+        fields = {k: v for k, v in fields.items() if k in CHAT_FIELDS}
     try:
-        headers = bearer_header(token_env, "app.query_rewrite.rag.token_env")
-        response = httpx.post(url, json=body, timeout=timeout_s, headers=headers)
-        answer = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as exc:
-        return f"RAG contract not probed ({type(exc).__name__}); every answer is checked during the run"
-    if answer is None or (isinstance(answer, dict) and answer.get("status") not in (None, "success")):
-        return f"RAG contract not probed (POST {url}: HTTP {response.status_code}); every answer is checked"
-    problem = contract_problem(map_document_fields(answer, fields), fields)
-    if problem is not None:
-        raise ServiceCheckFailed(f"RAG service at {rag_url}: POST {url}: {problem}")
-    docs = answer.get("response") or []
-    return f"RAG contract: POST {url} answered {len(docs)} documents with doc_id, title, content"
+        client = make_rag_client(rag)
+    except (OSError, ValueError) as exc:  # TokenError: the token variable is not set
+        raise ServiceCheckFailed(f"RAG service at {rag.url}: {exc}") from None
+    url = endpoint_url(rag.url, endpoint)
+
+    async def call() -> dict[str, Any]:
+        try:
+            return await (client.chat_8b(**fields) if endpoint == "chat_8b" else client.chat(**fields))
+        finally:
+            await client.aclose()
+
+    try:
+        answer = asyncio.run(call())
+    except RAGError as exc:
+        raise ServiceCheckFailed(f"RAG service at {rag.url}: POST {url} with {row}: {exc.error}") from None
+    n = len(answer["response"])
+    return f"RAG service: POST {url} with {row} answered {n} documents that keep the contract"
 
 
 def check_judge(client: JudgeClient) -> str:
@@ -146,11 +162,20 @@ def check_judge(client: JudgeClient) -> str:
 
 
 def check_services(
-    judge: JudgeClient | None, rag_url: str | None, rag_timeout_s: float, say: Callable[[str], None]
+    judge: JudgeClient | None,
+    rag_url: str | None,
+    rag_timeout_s: float,
+    say: Callable[[str], None],
+    endpoints: tuple[QueryRewriteRAGConfig, Mapping[str, Any], str] | None = None,
 ) -> None:
     """The judge (when an OpenAI-compatible one is used) and the external RAG service (when `rag_url`),
-    in that order; each check prints one line. Raises :class:`ServiceCheckFailed` at the first failure."""
+    in that order; with `endpoints` (the RAG settings, a row's ``extra_info``, how to name the row) also
+    both endpoints (:func:`check_rag_endpoint`). Each check prints one line. Raises
+    :class:`ServiceCheckFailed` at the first failure."""
     if judge is not None:
         say(f"checked {check_judge(judge)}")
     if rag_url is not None:
         say(f"checked {check_rag(rag_url, rag_timeout_s)}")
+        if endpoints is not None:
+            for endpoint in ("chat_8b", "chat"):
+                say(f"checked {check_rag_endpoint(endpoints[0], endpoint, endpoints[1], endpoints[2])}")

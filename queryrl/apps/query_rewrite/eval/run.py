@@ -152,7 +152,8 @@ def evaluate(
     specs, pairs = _systems(systems, compare)
     samples = load_samples(data, max_samples, cache_dir)
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
-    _check_services(judge_check, rag, say)  # the judge and the RAG service answer, before any model is loaded
+    # the judge and the RAG service answer (both endpoints, with the first sample), before any model is loaded
+    _check_services(judge_check, rag, say, samples[0], data)
     client = config_rag_client(cfg)
     asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # a probe: a service that is down costs no model time
     answers = _all_answers(specs, samples, batch_size, max_new_tokens, device, dtype, processes, say)
@@ -201,9 +202,15 @@ def _systems(systems: str | Sequence[str], compare: str | Sequence[str] | None) 
         raise EvalError(str(exc)) from None
 
 
-def _check_services(judge_check: JudgeClient | None, rag: Any, say: Callable[[str], None]) -> None:
+def _check_services(
+    judge_check: JudgeClient | None, rag: Any, say: Callable[[str], None], first: Sample, data: str
+) -> None:
+    settings = OmegaConf.to_object(rag)
+    assert isinstance(settings, QueryRewriteRAGConfig)
+    info = {**first.ids, "contexts": first.contexts, "user_profile": first.user_profile}
+    info["history_summary"] = first.history_summary
     try:
-        check_services(judge_check, rag.url, float(rag.timeout_s), say)
+        check_services(judge_check, rag.url, float(rag.timeout_s), say, (settings, info, f"the first row of {data}"))
     except ServiceCheckFailed as exc:
         raise EvalError(str(exc)) from None
 

@@ -1,6 +1,9 @@
-"""The query-rewrite reward's RAG side: the embedded service over a corpus and the shared clients.
+"""The query-rewrite reward's RAG side: the requests, the embedded service over a corpus and the shared clients.
 
-One :class:`~queryrl.rag.RAGClient` per configuration (HTTP to a service, or an embedded
+What a data row sends: :func:`rag_request_fields` makes the ``/rag/chat_8b`` fields (``/rag/chat`` takes
+those of :data:`~queryrl.rag.client.CHAT_FIELDS`) from the row's ``extra_info`` and a rewrite; the reward,
+the preflight and ``queryrl eval``'s service check all build their requests with it. One
+:class:`~queryrl.rag.RAGClient` per configuration (HTTP to a service, or an embedded
 :class:`~queryrl.rag.InProcessRAG`), made on first use and kept for the process (:func:`rag_client`); the
 reward's step metrics read every client's counters (:func:`rag_clients`).
 """
@@ -19,6 +22,31 @@ from queryrl.rag.rewriters import missing_parameters
 
 _LOCK = threading.Lock()
 _RAG_CLIENTS: dict[tuple[Any, ...], RAGClient] = {}
+
+
+ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
+
+
+def row_contexts(info: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The conversation of a row's ``extra_info`` as sent: ``{"role", "content"}`` strings, oldest first."""
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
+
+
+def rag_request_fields(
+    info: Mapping[str, Any], query: str, user_profile: str = "", history_summary: str = ""
+) -> dict[str, Any]:
+    """The ``POST /rag/chat_8b`` fields for a row's ``extra_info`` `info` and the rewrite `query`: the four ids
+    (strings, ``""`` where absent), ``contexts`` (:func:`row_contexts`), the policy's `user_profile` /
+    `history_summary` where it gave them, else the row's own, and ``rewritten_query``. ``/rag/chat`` gets
+    those among :data:`~queryrl.rag.client.CHAT_FIELDS`."""
+    fields: dict[str, Any] = {k: "" if info.get(k) is None else str(info[k]) for k in ID_FIELDS}
+    fields.update(
+        contexts=row_contexts(info),
+        user_profile=user_profile or str(info.get("user_profile") or ""),
+        history_summary=history_summary or str(info.get("history_summary") or ""),
+        rewritten_query=query,
+    )
+    return fields
 
 
 KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
@@ -119,13 +147,25 @@ def rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClien
     with _LOCK:
         client = _RAG_CLIENTS.get(key)
         if client is None:
-            target: str | InProcessRAG = rag.url if rag.url is not None else embedded_rag(rag.corpus, top_k, **embedded)
-            token = rag.token_env if rag.url is not None else None
-            client = RAGClient(
-                target, timeout_s=rag.timeout_s, max_retries=rag.max_retries, token_env=token, document_fields=fields
-            )
-            _RAG_CLIENTS[key] = client
+            client = _RAG_CLIENTS[key] = make_rag_client(rag, top_k)
         return client
+
+
+def make_rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClient:
+    """A new client of the settings `rag`, made as :func:`rag_client` makes the shared one (the same target,
+    timeouts, retries, token and ``document_fields``: the same checks on every answer)."""
+    top_k = int(depth if depth is not None else rag.top_k)
+    if rag.url is not None:
+        return RAGClient(
+            rag.url,
+            timeout_s=rag.timeout_s,
+            max_retries=rag.max_retries,
+            token_env=rag.token_env,
+            document_fields=dict(rag.document_fields),
+        )
+    embedded = {k: getattr(rag, k) for k in EMBEDDED_OPTIONS if getattr(rag, k) is not None}
+    target = embedded_rag(rag.corpus, top_k, **embedded)
+    return RAGClient(target, timeout_s=rag.timeout_s, max_retries=rag.max_retries)
 
 
 def rag_clients() -> list[RAGClient]:

@@ -105,13 +105,13 @@ from queryrl.apps.query_rewrite.reward.modes import (
     retrieval_entity_reward,
     retrieval_rank_reward,
 )
-from queryrl.apps.query_rewrite.reward.rag import rag_client
+from queryrl.apps.query_rewrite.reward.rag import ID_FIELDS as ID_FIELDS  # where eval/samples.py reads it
+from queryrl.apps.query_rewrite.reward.rag import rag_client, rag_request_fields, row_contexts
 from queryrl.rag import (
     RAGError,
 )
 from queryrl.rag.client import CHAT_FIELDS
 
-ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
 ENTITY = "retrieval_entity"  # the graded entity component, computed only where weighted
 
 
@@ -217,16 +217,10 @@ async def _retrieve_both(
     info: Mapping[str, Any],
     parsed: ParsedRewrite,
     query: str,
-    contexts: list[dict[str, str]],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The RAG service's answers for the candidate (``/rag/chat_8b``) and the reference (``/rag/chat``)."""
-    fields: dict[str, Any] = {k: str(info.get(k, "")) for k in ID_FIELDS}
-    fields.update(  # the policy's profile/summary where it gave them, else the row's own (the input)
-        contexts=contexts,
-        user_profile=parsed.user_profile or str(info.get("user_profile") or ""),
-        history_summary=parsed.history_summary or str(info.get("history_summary") or ""),
-        rewritten_query=query,
-    )
+    # the policy's profile/summary where it gave them, else the row's own (the input)
+    fields = rag_request_fields(info, query, parsed.user_profile, parsed.history_summary)
     depth = fetch_depth(rag)
     client = rag_client(rag, depth)
     if not query.strip():  # nothing to search with: no /rag/chat_8b call, no documents
@@ -323,10 +317,10 @@ async def score_reply(
             cut["empty_query"] = float(not query)
         decided_score = {**_abstain_score(decided, weights, s, info, no_retrieval, abstained=not query), **cut}
         return with_intent(decided_score, intent, penalty, mode, weights)
-    contexts = [{"role": str(m["role"]), "content": str(m["content"])} for m in info.get("contexts") or []]
+    contexts = row_contexts(info)
     # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
     cut["empty_query"] = float(not query)
-    candidate, reference = await _retrieve_both(s.rag, info, parsed, query, contexts)
+    candidate, reference = await _retrieve_both(s.rag, info, parsed, query)
     ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
     if s.rag.rank_depth:
         candidate, reference = first_documents(candidate, s.rag.top_k), first_documents(reference, s.rag.top_k)
