@@ -170,6 +170,8 @@ class OpenAICompatibleRewriter:
     ) -> None:
         from queryrl.rewards.judge import JudgeClient
 
+        # a rewrite is not a verdict: the first {"rewritten_query": ...} in the reply is taken, prose around it too
+        client_kwargs.setdefault("whole_reply", False)
         self.client = JudgeClient(base_url, model, api_key_env=api_key_env, **client_kwargs)
         self.fallback: Rewriter = fallback or LastTurnRewriter()
 

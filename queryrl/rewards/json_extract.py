@@ -21,6 +21,10 @@ Top-level arrays are not returned, only objects (an object inside an array is).
 Work is bounded: the first ``MAX_CHARS`` characters are scanned, from at most ``MAX_STARTS``
 object starts.
 
+A judge's verdict is stricter (:func:`reply_object`, :func:`parse_verdict`): the reply must BE the
+object -- the object alone, or one fenced block that is the whole reply apart from whitespace (a leading
+``<think>...</think>`` block is dropped first). An object found inside prose is never a verdict.
+
 :func:`validate` checks an object against a subset of JSON Schema (so the same dict can be sent
 as an API's ``response_format`` schema):
 
@@ -303,16 +307,64 @@ def _validate_array(obj: list[Any], schema: dict[str, Any], path: str) -> list[s
     return problems
 
 
-def parse_verdict(raw: str, schema: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, str | None]:
-    """(verdict, None) or (None, why): the first JSON object in `raw` that passes `schema`."""
+# A reply that is a verdict: the JSON object alone, or one fenced block that is the whole reply (see parse_verdict)
+_WHOLE_FENCE = re.compile(r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\r?\n(.*?)```\Z", re.DOTALL)
+_THINK = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
+
+
+def reply_object(raw: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON object that IS the reply, None) or (None, why it is not one); never raises.
+
+    A reply is an object only when it is one: after a leading ``<think>...</think>`` block (a reasoning
+    model served without a reasoning parser) and surrounding whitespace, the text is one JSON object, or one
+    fenced block (```` ```json ```` or bare ```` ``` ````) holding one JSON object and nothing else. The
+    tolerance of :func:`json_objects` inside that object (trailing commas, single quotes, Python literals,
+    raw newlines in strings) still applies. An object inside prose is not the reply: a refusal that shows
+    an example ("I cannot evaluate this; a verdict would look like {...}") must never be scored as one.
+    """
+    if not isinstance(raw, str):
+        return None, "unparseable verdict: the reply is not text"
+    text = _THINK.sub("", raw[:MAX_CHARS], count=1).strip()
+    fence = _WHOLE_FENCE.match(text)
+    if fence is not None and "```" not in fence.group(1):
+        text = fence.group(1).strip()
+    obj, end = (None, 0)
+    if text.startswith("{"):
+        try:
+            obj, end = _parse_at(text, 0)
+        except Exception:  # RecursionError, MemoryError in a pathological reply
+            obj = None
+    if obj is not None and end == len(text):
+        return obj, None
+    # redacted before the cut: a server echoing the key must not leave its first characters here
+    shown = f"({redact(raw)[:120]!r})"
+    if json_objects(raw):
+        return None, f"unparseable verdict: a JSON object inside other text is not a verdict {shown}"
+    return None, f"unparseable verdict: no JSON object in the reply {shown}"
+
+
+def parse_verdict(
+    raw: str, schema: dict[str, Any] | None = None, whole_reply: bool = True
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(verdict, None) or (None, why): the JSON object that is the whole reply (:func:`reply_object`),
+    when it passes `schema`. ``whole_reply=False`` (not for a judge: e.g. a rewriter's answer) takes the
+    first object anywhere in the reply that passes `schema`."""
+    if not whole_reply:
+        return _first_valid(raw, schema)
+    obj, error = reply_object(raw)
+    if obj is None:
+        return None, error
+    problems = validate(obj, schema) if schema is not None else []
+    if problems:
+        return None, "schema-invalid verdict: " + "; ".join(problems[:5])
+    return obj, None
+
+
+def _first_valid(raw: str, schema: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
     objects = json_objects(raw)
     if not objects:
-        # redacted before the cut: a server echoing the key must not leave its first characters here
         return None, f"unparseable verdict: no JSON object in the reply ({redact(raw)[:120]!r})"
-    if schema is None:
-        return objects[0], None
     for obj in objects:
-        if not validate(obj, schema):
+        if schema is None or not validate(obj, schema):
             return obj, None
-    problems = validate(objects[0], schema)
-    return None, "schema-invalid verdict: " + "; ".join(problems[:5])
+    return None, "schema-invalid verdict: " + "; ".join(validate(objects[0], schema or {})[:5])

@@ -13,6 +13,12 @@ is sent as JSON). ``usage`` is approximate: :func:`approx_tokens` = ``ceil(chara
 summed over the messages' contents for ``prompt_tokens``. A ``max_tokens`` limit cuts the reply to
 ``4 * max_tokens`` characters with ``finish_reason="length"``.
 
+A reasoning model (``reasoning_tokens``, e.g. 512, or per ``reasoning_effort`` such as ``{"low": 200,
+"high": 2000}``): every reply first spends that many hidden tokens, reported in
+``usage.completion_tokens_details.reasoning_tokens`` and counted in ``completion_tokens``, out of the same
+token limit. When reasoning uses the limit up the reply is empty (``content: ""``) with
+``finish_reason: "length"``, as GPT-5 answers then.
+
 Strict mode (``strict=True``): the request is checked as OpenAI's API checks it, and refused with its
 status, message and ``param`` / ``code`` (:mod:`.openai_rules`). With ``api_key`` (either mode) every
 route but ``GET /health`` (FastAPI's ``/docs`` and ``/openapi.json`` too) wants ``Authorization: Bearer
@@ -157,15 +163,18 @@ def make_app(
     api_key: str | None = None,
     served_models: Sequence[str] | None = None,
     list_models: bool = True,
+    reasoning_tokens: int | Mapping[str, int] = 0,
 ) -> FastAPI:
     """The server app. `latency_ms` delays every successful reply; `chaos` (a :class:`Chaos`, or a
     sequence / rates mapping for one) injects faults; `model_name` is listed by ``/v1/models`` (with
-    `served_models`, those are). `strict`, `api_key`, `served_models`, `list_models`: see the module doc."""
+    `served_models`, those are). `strict`, `api_key`, `served_models`, `list_models`, `reasoning_tokens`: see the
+    module doc."""
     if chaos is not None and not isinstance(chaos, Chaos):
         chaos = Chaos(rates=chaos) if isinstance(chaos, Mapping) else Chaos(sequence=list(chaos))
     app = FastAPI(title="queryrl judge server")
     stats = app.state.stats = ServerStats()
-    rules = ServerRules(strict, api_key, tuple(served_models) if served_models is not None else None)
+    served = tuple(served_models) if served_models is not None else None
+    rules = ServerRules(strict, api_key, served, reasoning_tokens)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -259,18 +268,28 @@ async def _complete(
         content = GARBAGE_REPLY
     elif fault == "truncated":
         content = content[: max(1, len(content) // 2)]
-    return _completion(body, messages, content, model_name)
+    return _completion(body, messages, content, model_name, rules.reasoning_tokens)
 
 
-def _completion(body: dict[str, Any], messages: list[dict[str, Any]], content: str, model_name: str) -> JSONResponse:
-    """The chat.completion reply carrying `content`, cut at the request's token limit (finish_reason
-    ``length``), with approximate token usage."""
+def _completion(
+    body: dict[str, Any],
+    messages: list[dict[str, Any]],
+    content: str,
+    model_name: str,
+    reasoning: int | Mapping[str, int] = 0,
+) -> JSONResponse:
+    """The chat.completion reply carrying `content` after `reasoning` hidden tokens (the module doc), cut at
+    the request's token limit (finish_reason ``length``), with approximate token usage."""
     finish_reason = "stop"
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(limit, int) and approx_tokens(content) > limit:
-        content, finish_reason = content[: 4 * limit], "length"
+    spent = reasoning.get(str(body.get("reasoning_effort")), 0) if isinstance(reasoning, Mapping) else reasoning
+    if isinstance(limit, int):
+        spent = min(spent, limit)
+        if approx_tokens(content) > limit - spent:
+            content, finish_reason = content[: 4 * (limit - spent)], "length"
     prompt_tokens = sum(approx_tokens(message_text(m)) for m in messages)
-    completion_tokens = approx_tokens(content)
+    completion_tokens = spent + approx_tokens(content)
+    details = {"completion_tokens_details": {"reasoning_tokens": spent}} if reasoning else {}
     choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}
     return JSONResponse(
         {
@@ -283,6 +302,7 @@ def _completion(body: dict[str, Any], messages: list[dict[str, Any]], content: s
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
+                **details,
             },
         }
     )

@@ -150,6 +150,7 @@ class ServerRules:
     strict: bool
     api_key: str | None
     served_models: tuple[str, ...] | None
+    reasoning_tokens: int | Mapping[str, int] = 0  # hidden tokens each reply spends first (judge_server's doc)
 
     def auth(self, authorization: str | None) -> JSONResponse | None:
         """401 as OpenAI answers it, when a key is configured and this one is missing or wrong."""

@@ -2,7 +2,7 @@
 and per-step accounting. Used by the query-rewrite judge (ARCHITECTURE.md §6) and by any reward function::
 
     client = JudgeClient("https://api.openai.com/v1", "gpt-5", reasoning_effort="low", cache_dir="~/.cache/judge")
-    print(client.check_sync())  # before a long job: the key, GET /models, one tiny request with these settings
+    print(client.check_sync())  # before a long job: the key, GET /models, one small request with these settings
     result = await client.judge(messages, schema=PAIRWISE_VERDICT_SCHEMA)
     if result.verdict is None:
         ...  # failed: result.error says why. Never replace it with a neutral score (seed 000 returns 0.5).
@@ -22,18 +22,17 @@ name ``token_limit_param`` (default ``max_completion_tokens``, which OpenAI's re
 current servers accept; ``"max_tokens"`` for old servers), ``reasoning_effort`` (``minimal`` / ``low`` /
 ``medium`` / ``high``, ...; None: not sent) and ``extra_body`` (merged into the JSON body as given).
 
-Accounting (``pop_stats`` / ``collect_judge_metrics``, all sums since the last pop):
-
-- ``judge/requests``: ``judge()`` invocations (cache hits included); ``judge/calls``: HTTP requests sent,
-  retries included; ``judge/retries``: the re-sends among them;
-- ``judge/cache_hits``; ``judge/failed``: results with ``verdict=None``; ``judge/invalid``: the part of
-  ``failed`` whose call succeeded but whose reply was unparseable or schema-invalid;
-  ``judge/client_errors``: the part of ``failed`` answered with a 4xx that is not retried (a setting the
-  server rejects, a bad key, an unknown model); ``judge/repeat_refusals``: the part of ``failed`` that was
-  such a refusal remembered, not re-sent; ``judge/config_errors``: :class:`JudgeConfigError` raised;
-- ``judge/prompt_tokens``, ``judge/completion_tokens``: the API's ``usage`` (0 when absent);
-- ``judge/latency_s``: seconds spent in HTTP calls, summed over calls (failed and retried ones too);
-  ``judge/latency_s_mean`` = ``latency_s / calls``, recomputed after summing across clients.
+Accounting (``pop_stats`` / ``collect_judge_metrics``, sums since the last pop): ``judge/requests``
+(``judge()`` invocations, cache hits included), ``judge/calls`` (HTTP requests, retries included),
+``judge/retries``, ``judge/cache_hits``; ``judge/failed`` (``verdict=None``), of them ``judge/invalid`` (the
+reply was unparseable, schema-invalid or cut off), ``judge/cut_off`` (stopped at the token limit:
+``finish_reason: length``, the error names the setting to raise, :func:`~.usage.cut_off_error`),
+``judge/client_errors`` (a 4xx that is not retried: a setting, the key, the model name),
+``judge/repeat_refusals`` (such a refusal remembered, not re-sent); ``judge/config_errors``
+(:class:`JudgeConfigError` raised); ``judge/prompt_tokens``, ``judge/completion_tokens``,
+``judge/reasoning_tokens`` (the API's ``usage``, 0 when absent; reasoning is part of completion and billed
+as output); ``judge/latency_s`` (seconds in HTTP calls, failed and retried ones too) and
+``judge/latency_s_mean`` (``latency_s / calls``, recomputed after summing across clients).
 
 ``JudgeResult.latency_s``: one ``judge()``'s wall time from its concurrency slot on (attempts, waits).
 
@@ -73,6 +72,7 @@ from queryrl.rewards.judge.policy import (
     is_retryable,
     scrub_echoed_key,
 )
+from queryrl.rewards.judge.usage import STAT_KEYS, cut_off_error, read_reply, with_mean
 
 if TYPE_CHECKING:  # openai takes ~1 s to import: only when a judge is used
     import openai
@@ -81,21 +81,6 @@ log = logging.getLogger(__name__)
 
 NO_KEY_PLACEHOLDER = "EMPTY"
 CACHE_VERSION = 1
-PROBE_MAX_TOKENS = 16  # check(): the token limit of the one tiny request (when a limit is configured)
-STAT_KEYS = (
-    "judge/requests",
-    "judge/calls",
-    "judge/retries",
-    "judge/cache_hits",
-    "judge/failed",
-    "judge/invalid",
-    "judge/client_errors",
-    "judge/repeat_refusals",
-    "judge/config_errors",
-    "judge/prompt_tokens",
-    "judge/completion_tokens",
-    "judge/latency_s",
-)
 
 # Seed 000 §3.2: {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}, sums in [0, 40].
 _SIDE_SCHEMA: dict[str, Any] = {
@@ -155,6 +140,11 @@ class JudgeClient:
             ``xhigh`` for the models that take them).
         extra_body: extra JSON fields merged into the request body as given (the SDK's ``extra_body``).
         backoff_base_s, backoff_max_s, retry_after_max_s: the wait before a retry (:class:`~.judge_policy.Backoff`).
+        setting_prefix: where these settings live in a config (e.g. ``app.query_rewrite.judge``): a failure
+            names the key to change there.
+        whole_reply: the verdict is the whole reply (or its one fenced block), never an object inside
+            prose (:func:`~queryrl.rewards.json_extract.reply_object`); False takes the first object that
+            passes the schema anywhere in the reply (for a non-judge use such as a rewriter).
     """
 
     def __init__(
@@ -174,6 +164,8 @@ class JudgeClient:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 8.0,
         retry_after_max_s: float = 30.0,
+        setting_prefix: str | None = None,
+        whole_reply: bool = True,
     ) -> None:
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ValueError(
@@ -193,6 +185,8 @@ class JudgeClient:
         self.token_limit_param = token_limit_param
         self.reasoning_effort = reasoning_effort
         self.extra_body = dict(extra_body) if extra_body else None
+        self.setting_prefix = setting_prefix
+        self.whole_reply = whole_reply
         self._backoff = Backoff(backoff_base_s, backoff_max_s, retry_after_max_s)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -271,13 +265,15 @@ class JudgeClient:
 
         In order: the key variable is set; ``GET {base_url}/models`` answers (not served -- 404, 405 -- is
         fine: local servers may lack it); one tiny chat request with this client's settings (temperature,
-        token limit capped at :data:`PROBE_MAX_TOKENS`, reasoning effort, extra body) is accepted, so a
-        setting the model rejects fails here rather than on every sample. The request is retried as a
-        judge call is; its reply text is not read. It counts in ``judge/calls`` (it is a paid call).
+        the configured token limit, reasoning effort, extra body) is accepted and not cut off at that limit,
+        so a setting the model rejects, or a limit its reasoning uses up, fails here rather than on every
+        sample. The request is retried as a judge call is; its reply text is not parsed. It counts in
+        ``judge/calls`` and the token counters (it is a paid call).
 
         Raises:
             JudgeConfigError: the key variable is not set.
-            JudgeUnavailable: no answer, the key refused, or the request refused (the server's message).
+            JudgeUnavailable: no answer, the key refused, the request refused (the server's message), or
+                the reply cut off at the token limit (:func:`~.usage.cut_off_error`).
         """
         import openai
 
@@ -301,15 +297,19 @@ class JudgeClient:
         except (openai.APIConnectionError, TimeoutError) as e:
             raise JudgeUnavailable(f"{where} does not answer: {self._describe(e)}") from None
         probe = [{"role": "user", "content": 'Reply with the JSON object {"ok": true} and nothing else.'}]
-        limit = min(self.max_tokens, PROBE_MAX_TOKENS) if self.max_tokens is not None else None
         retrying = self._retrying()
         try:
-            await retrying(self._call_once, sdk, probe, limit)
+            reply = read_reply(await retrying(self._call_once, sdk, probe))
         except Exception as e:
             if (cause := config_error(e)) is not None:
                 raise cause from None
             hint = f" ({unlisted})" if unlisted else ""
             raise JudgeUnavailable(f"{where}: a test request failed: {self._describe(e)}{hint}") from None
+        self._add("judge/prompt_tokens", reply.prompt_tokens)
+        self._add("judge/completion_tokens", reply.completion_tokens)
+        self._add("judge/reasoning_tokens", reply.reasoning_tokens)
+        if reply.cut_off:
+            raise JudgeUnavailable(f"{where}: {cut_off_error(reply, self.max_tokens, self.setting_prefix)}")
         if unlisted:  # served all the same (an alias, a proxy): say so, it may still be a typo
             listed = f"{listed}, not {self.model!r}{closest_names(self.model, ids)}"
         return f"{where}: {listed}; a test request with the judge's settings succeeded"
@@ -344,7 +344,7 @@ class JudgeClient:
 
     def pop_stats(self) -> dict[str, float]:
         """This client's ``judge/*`` counters since the last pop (see the module doc), then reset."""
-        return _with_mean(self._pop_raw())
+        return with_mean(self._pop_raw())
 
     # --- one request ------------------------------------------------------------------------------
 
@@ -365,20 +365,25 @@ class JudgeClient:
             attempts = retrying.statistics.get("attempt_number", 1)
             failure = f"call failed after {attempts} attempt(s): {self._describe(e)}"
             return JudgeResult(None, None, failure, latency_s=time.perf_counter() - start, refused=refused)
-        usage = getattr(completion, "usage", None)
-        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-        self._add("judge/prompt_tokens", prompt_tokens)
-        self._add("judge/completion_tokens", completion_tokens)
-        choices = getattr(completion, "choices", None) or []
-        raw = getattr(getattr(choices[0], "message", None), "content", None) if choices else None
-        if isinstance(raw, str) and raw:
-            verdict, error = parse_verdict(raw, schema)
+        reply = read_reply(completion)
+        self._add("judge/prompt_tokens", reply.prompt_tokens)
+        self._add("judge/completion_tokens", reply.completion_tokens)
+        self._add("judge/reasoning_tokens", reply.reasoning_tokens)
+        verdict: dict[str, Any] | None = None
+        if reply.cut_off:  # a verdict cut off is no verdict, even when what arrived happens to parse
+            error: str | None = cut_off_error(reply, self.max_tokens, self.setting_prefix)
+            self._add("judge/cut_off", 1)
+        elif reply.content is not None:
+            verdict, error = parse_verdict(reply.content, schema, self.whole_reply)
         else:
-            raw, verdict, error = None, None, "unparseable verdict: the reply has no text content"
+            error = "unparseable verdict: the reply has no text content"
         if verdict is None:
             self._add("judge/invalid", 1)
-        return JudgeResult(verdict, raw, error, False, prompt_tokens, completion_tokens, time.perf_counter() - start)
+        tokens = (reply.prompt_tokens, reply.completion_tokens)
+        latency = time.perf_counter() - start
+        return JudgeResult(
+            verdict, reply.content, error, False, *tokens, latency, reasoning_tokens=reply.reasoning_tokens
+        )
 
     def request_options(self, max_tokens: int | None = None) -> dict[str, Any]:
         """The SDK keyword arguments of a request: only the settings that are set (see the module doc)."""
@@ -490,9 +495,4 @@ def collect_judge_metrics() -> dict[str, float]:
     for client in clients:
         for key, value in client._pop_raw().items():
             totals[key] += value
-    return _with_mean(totals)
-
-
-def _with_mean(stats: dict[str, float]) -> dict[str, float]:
-    calls = stats["judge/calls"]
-    return {**stats, "judge/latency_s_mean": stats["judge/latency_s"] / calls if calls else 0.0}
+    return with_mean(totals)

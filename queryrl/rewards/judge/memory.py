@@ -42,6 +42,7 @@ class JudgeResult:
     completion_tokens: int = 0
     latency_s: float = 0.0
     refused: bool = False  # the server answered a 4xx that is not retried: the request itself is wrong
+    reasoning_tokens: int = 0  # the part of completion_tokens the model spent reasoning (billed as output)
 
     @property
     def ok(self) -> bool:
@@ -75,6 +76,7 @@ class VerdictCache:
                 cached=True,
                 prompt_tokens=int(data.get("prompt_tokens", 0)),
                 completion_tokens=int(data.get("completion_tokens", 0)),
+                reasoning_tokens=int(data.get("reasoning_tokens", 0)),
             )
         except Exception as e:  # a torn or hand-edited file: ignore it, the next success overwrites it
             log.warning("judge cache: ignoring unreadable %s (%s)", path, type(e).__name__)

@@ -219,7 +219,7 @@ def test_unparseable_reply_fails_and_is_not_cached(fault: str, tmp_path: Path) -
 
 
 def test_schema_invalid_verdict_fails() -> None:
-    app = make_app(lambda messages: 'Verdict: {"better": "maybe", "score": {}}')
+    app = make_app(lambda messages: '{"better": "maybe", "score": {}}')  # the whole reply (test_verdict_reply.py)
     with running_server(app) as url:
         client = _client(url)
         strict, loose = _judge(client, (MESSAGES, PAIRWISE_VERDICT_SCHEMA), (_user("no schema"), None))

@@ -173,7 +173,7 @@ def test_cache_key_covers_the_new_settings() -> None:
 # --- check(): before a long job --------------------------------------------------------------------
 
 
-def test_check_passes_and_spends_one_tiny_request(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_passes_and_spends_one_small_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUERYRL_TEST_JUDGE_KEY", KEY)
     app = make_app(constant_judge, strict=True, api_key=KEY, served_models=["gpt-5"])
     with running_server(app) as url:
@@ -185,7 +185,8 @@ def test_check_passes_and_spends_one_tiny_request(monkeypatch: pytest.MonkeyPatc
     )
     assert app.state.stats.model_lists == 1
     assert app.state.stats.requests == 1
-    assert app.state.stats.last_body["max_completion_tokens"] == 16  # capped: a probe, not a verdict
+    # the configured limit (it was capped at 16, so a limit that reasoning uses up passed the check: issue 49)
+    assert app.state.stats.last_body["max_completion_tokens"] == 500
     assert app.state.stats.last_body["reasoning_effort"] == "low"
 
 

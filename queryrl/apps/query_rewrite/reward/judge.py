@@ -50,6 +50,7 @@ def judge_client(judge: QueryRewriteJudgeConfig) -> JudgeClient:
                 token_limit_param=judge.token_limit_param,
                 reasoning_effort=judge.reasoning_effort,
                 extra_body=dict(judge.extra_body) or None,
+                setting_prefix="app.query_rewrite.judge",
             )
         return client
 
