@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from omegaconf import DictConfig, OmegaConf
 
 from queryrl.allocator import MAX_THRESHOLD_MB
@@ -60,6 +62,19 @@ _RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
 )
 
 
+# the settings that must also be finite: an infinite learning rate or loss weight turns the weights into NaN at
+# the first update (grad_clip and the clip ratios may be infinite: no clipping)
+_FINITE = frozenset(
+    {
+        *(f"{node}.{key}" for node in ("actor", "critic", "sft") for key in ("lr", "weight_decay")),
+        "actor.kl_loss_coef",
+        "actor.entropy_coeff",
+        "algo.kl_ctrl.kl_coef",
+        "sft.prompt_loss_weight",
+    }
+)
+
+
 def _range_text(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
     if high is None:
         return f"{'>' if low_open else '>='} {low:g}"
@@ -79,6 +94,8 @@ def check_ranges(cfg: DictConfig) -> None:
         )
         if not ok:
             bad.append(f"{key} must be {_range_text(low, high, low_open, high_open)}, got {value}")
+        elif key in _FINITE and not math.isfinite(value):
+            bad.append(f"{key} must be a finite number, got {value}")
     if len(bad) == 1:
         raise ConfigError(bad[0])
     if bad:
@@ -183,6 +200,7 @@ def _check_sizes(cfg: DictConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
+    _check_length(cfg)
     mini = cfg.actor.ppo_mini_batch_size
     if mini < 0 or (mini and cfg.data.train_batch_size % mini):
         raise ConfigError(
@@ -203,6 +221,23 @@ def _check_sizes(cfg: DictConfig) -> None:
             f"{mt.max_tool_response_length})"
         )
     choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
+
+
+def _check_length(cfg: DictConfig) -> None:
+    """A run of at least one step: ``trainer.total_steps`` > 0, or 0 and ``trainer.total_epochs`` >= 1 (likewise
+    ``sft.max_steps`` and ``sft.epochs``); a negative count or zero epochs trained nothing and printed "done"."""
+    t, s = cfg.trainer, cfg.sft
+    if t.total_steps < 0:
+        raise ConfigError(
+            f"trainer.total_steps must be >= 0 (0 = trainer.total_epochs over the train data), got {t.total_steps}"
+        )
+    if t.total_steps == 0 and t.total_epochs < 1:
+        raise ConfigError(
+            f"trainer.total_epochs must be >= 1 when trainer.total_steps=0 (the run would train no step), "
+            f"got {t.total_epochs}"
+        )
+    if s.max_steps == 0 and s.epochs < 1:
+        raise ConfigError(f"sft.epochs must be >= 1 when sft.max_steps=0 (SFT would train no step), got {s.epochs}")
 
 
 def _check_stop_rules(cfg: DictConfig) -> None:
