@@ -23,6 +23,7 @@ from queryrl.apps.query_rewrite.config import (
     resolve_seed_keys,
     validate_settings,
 )
+from queryrl.config import ConfigError
 
 DEMO_PREFIX = "builtin://sales_demo"
 DEMO_DATA_SOURCE = "query_rewrite/sales_demo"
@@ -67,17 +68,13 @@ class QueryRewriteApp(Application):
 
     def validate(self, cfg: DictConfig) -> None:
         validate_settings(cfg)
+        if cfg.app.query_rewrite.enable:
+            check_no_other_reward(cfg)
 
     def reward(self, cfg: DictConfig) -> AppReward:
         from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
-        from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
 
-        function = cfg.reward.function.path
-        if function and function != REWARD_FUNCTION:
-            raise ValueError(
-                f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function!r} "
-                "would replace it: remove one of the two"
-            )
+        check_no_other_reward(cfg)
         label, manager = self.reward_plan(cfg)
         return AppReward(QueryRewriteReward.from_config(cfg), manager=manager, label=label)
 
@@ -144,6 +141,29 @@ class QueryRewriteApp(Application):
         fallback = demo_fallback_problem(cfg)
         if fallback:
             problem(fallback)
+
+
+def check_no_other_reward(cfg: DictConfig) -> None:
+    """The application scores with its own reward: a ``reward.function.path`` (other than the application's
+    function) or ``reward.functions`` would be ignored, so either is a config error (``--dry-run`` says it too).
+
+    Raises:
+        ConfigError: naming the key to remove.
+    """
+    from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
+
+    function = cfg.reward.function.path
+    if function and function != REWARD_FUNCTION:
+        raise ConfigError(
+            f"app.query_rewrite.enable=true brings its own reward; reward.function.path={function!r} "
+            "would replace it: remove one of the two"
+        )
+    if cfg.reward.functions:
+        named = ", ".join(f"{f.path}:{f.name}" for f in cfg.reward.functions)
+        raise ConfigError(
+            f"app.query_rewrite.enable=true brings its own reward; reward.functions ({named}) would replace it: "
+            "remove one of the two"
+        )
 
 
 # imported when used: finding the plugin (every queryrl command) must not import torch
