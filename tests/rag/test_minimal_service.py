@@ -92,3 +92,25 @@ def test_a_service_that_breaks_the_contract_stops_train_at_the_preflight(tmp_pat
     assert "Traceback" not in result.output
     assert not list((tmp_path / "cache").glob("tiny-qwen2-*")), "the model was built before the check failed"
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_queryrl_eval_makes_the_same_check_before_it_generates(tmp_path: Path) -> None:
+    data = "builtin://sales_demo/test"
+    broken = variant(minimal_service_source(), *BROKEN["no status"][0])
+    out = tmp_path / "eval.json"
+    with serve_minimal_service(tmp_path / "service", sales_demo_corpus(), broken) as service:
+        args = ["eval", "--data", data, "--systems", "raw_turn,reference", "--out", str(out), "--max-samples", "2"]
+        result = CliRunner().invoke(app, [*args, "--rag-url", service.url])
+        assert service.requests("chat_8b") == 1  # the check's one request; nothing was generated after it
+    assert result.exit_code == 2, result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error: ")]
+    expected = BROKEN["no status"][1]
+    where = f"POST {service.url}/rag/chat_8b with the first row of {data}"
+    assert line == f"error: RAG service at {service.url}: {where}: {expected}"
+    assert not out.exists()
+    with serve_minimal_service(tmp_path / "good", sales_demo_corpus()) as service:
+        result = CliRunner().invoke(app, [*args, "--rag-url", service.url])
+    assert result.exit_code == 0, result.output
+    assert f"POST {service.url}/rag/chat_8b with the first row of {data} answered 5 documents" in result.output
+    assert f"POST {service.url}/rag/chat with the first row of {data} answered 5 documents" in result.output
