@@ -47,6 +47,8 @@ CHARTS: tuple[tuple[str, str], ...] = (
     ("Step time (s)", r"^timing_s/step$"),
     ("Phase times (s)", r"^timing_s/(?!step$)"),
     ("SFT loss", r"^sft/(loss|val_loss|prompt_loss)$"),
+    ("Judge tokens per step", r"^judge/(prompt|completion|reasoning)_tokens$"),
+    ("Judge cost per step (estimated)", r"^judge/cost$"),
 )
 MAX_SERIES = 4  # curves on one chart at most; more become small multiples
 OWN_CHARTS = {"Reward parts"}  # families on different scales (judge in [-1, 1], rank in [0, 2], ...): always split
@@ -116,6 +118,25 @@ def _curves(run_dir: Path) -> list[dict[str, Any]]:
         elif series:
             charts.append({"title": title, "series": series})
     return charts
+
+
+def judge_spend_line(points: dict[str, dict[int, float]]) -> str | None:
+    """The judge's spend over the whole run, summed from ``metrics.jsonl``'s per-step ``judge/*``: tokens
+    (reasoning among the completion tokens, billed as output), the estimated cost when the run had prices,
+    failed and cut-off calls. None when no step has judge tokens."""
+    if "judge/prompt_tokens" not in points:
+        return None
+    total = {key: sum(points.get(f"judge/{key}", {}).values()) for key in _SPEND}
+    line = (
+        f"Judge, whole run: {total['prompt_tokens']:,.0f} prompt tokens, {total['completion_tokens']:,.0f} "
+        f"completion tokens ({total['reasoning_tokens']:,.0f} of them reasoning, billed as output)"
+    )
+    if "judge/cost" in points:
+        line += f", estimated cost {total['cost']:.4g} at the configured prices"
+    return line + f"; {total['failed']:.0f} failed judgments, {total['cut_off']:.0f} cut off at the token limit."
+
+
+_SPEND = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cost", "failed", "cut_off")
 
 
 def _sample_steps(run_dir: Path) -> tuple[list[int], list[int], int]:
@@ -247,13 +268,16 @@ def write_report(run_dir: Path) -> Path:
         ]
     )
     out = run_dir / "report.html"
-    atomic_write_text(out, _page(f"queryrl run: {info['run']}", body, examples=True))
+    spend = judge_spend_line(_points(run_dir))
+    judge = f'<p id="judgespend">{html.escape(spend)}</p>' if spend else ""
+    atomic_write_text(out, _page(f"queryrl run: {info['run']}", body, examples=True, judge=judge))
     return out
 
 
-def _page(title: str, body: str, examples: bool) -> str:
-    """The page skeleton filled: `title`, the data tags `body`, and the eval-examples section when `examples`."""
-    page = PAGE.replace("@TITLE@", html.escape(title)).replace("@DATA@", body)
+def _page(title: str, body: str, examples: bool, judge: str = "") -> str:
+    """The page skeleton filled: `title`, the data tags `body`, the eval-examples section when `examples`, and
+    the `judge` spend paragraph (HTML, escaped by the caller)."""
+    page = PAGE.replace("@TITLE@", html.escape(title)).replace("@DATA@", body).replace("@JUDGE@", judge)
     page = page.replace("@CSS@", CSS + (EXAMPLES_CSS if examples else "")).replace(
         "@JS@", JS + (EXAMPLES_JS if examples else "")
     )

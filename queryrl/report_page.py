@@ -1,5 +1,5 @@
 """The run page's static parts (:func:`queryrl.report.write_report` fills them): the HTML skeleton with its
-``@TITLE@``, ``@CSS@``, ``@JS@``, ``@DATA@`` and eval-examples placeholders, the style sheet and the script
+``@TITLE@``, ``@CSS@``, ``@JS@``, ``@DATA@``, ``@JUDGE@`` and eval-examples placeholders, the style sheet and the script
 that draws the curves, the evaluation table and the rollout inspector from the page's JSON data tags."""
 
 PAGE = """<!DOCTYPE html>
@@ -12,7 +12,7 @@ PAGE = """<!DOCTYPE html>
 value="0.6"> <span id="smoothingvalue">0.60</span></label>
 <span class="hint">an exponential moving average (debiased, as TensorBoard's); the raw values are drawn faint
 behind. Click a legend entry to hide or show its curve; drag across a plot to zoom.</span></div>
-<div id="charts"></div></section>
+@JUDGE@<div id="charts"></div></section>
 <section id="evalsec"><h2>Evaluation</h2><div id="evaltable"></div></section>
 @EXAMPLES@
 <section id="inspector"><h2>Rollout inspector</h2>

@@ -36,6 +36,12 @@ DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
     "actor/entropy",
     "response_length/mean",
     "timing_s/step",
+    # the judge's spend and failures this step (present only when an LLM judge is used; cost only with prices)
+    "judge/prompt_tokens",
+    "judge/completion_tokens",
+    "judge/reasoning_tokens",
+    "judge/cost",
+    "judge/failed",
 )
 # Short labels for the console; any other key is shown as itself.
 _SHORT_NAMES = {
@@ -45,6 +51,11 @@ _SHORT_NAMES = {
     "actor/entropy": "entropy",
     "response_length/mean": "resp_len",
     "timing_s/step": "step_s",
+    "judge/prompt_tokens": "judge_in",
+    "judge/completion_tokens": "judge_out",
+    "judge/reasoning_tokens": "judge_reasoning",
+    "judge/cost": "judge_cost",
+    "judge/failed": "judge_failed",
 }
 
 
@@ -111,7 +122,8 @@ class _ConsoleBackend:
         parts = []
         for key in self.keys:
             if (value := _to_float(metrics.get(key))) is not None:  # NaN shown: it must be seen
-                parts.append(f"{_SHORT_NAMES.get(key, key)}={value:.4g}")
+                whole = key.endswith("_tokens") and value.is_integer()  # 123456, not 1.235e+05
+                parts.append(f"{_SHORT_NAMES.get(key, key)}={int(value) if whole else format(value, '.4g')}")
         return " ".join(parts)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:

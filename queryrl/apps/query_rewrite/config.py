@@ -70,6 +70,10 @@ class QueryRewriteJudgeConfig:
     # queryrl eval with backend openai also asks the judge whether each rewrite keeps the customer's intent
     # (intent_kept_judge; one more call per system and turn): false = only the offline check
     intent_check: bool = True
+    # your prices per million tokens (reasoning tokens are billed as output): with both, the console, the run
+    # page and eval.json show an estimated judge/cost; null = no cost shown (there is no built-in price list)
+    price_per_million_input: float | None = None
+    price_per_million_output: float | None = None
 
 
 @dataclass
@@ -225,6 +229,12 @@ def check_settings(qr: DictConfig) -> None:
         raise ConfigError(f"app.query_rewrite.judge.temperature must be in [0, 2] or null, got {judge.temperature}")
     if judge.max_tokens is not None and judge.max_tokens < 1:
         raise ConfigError(f"app.query_rewrite.judge.max_tokens must be >= 1 or null, got {judge.max_tokens}")
+    prices = (judge.price_per_million_input, judge.price_per_million_output)
+    if (prices[0] is None) != (prices[1] is None) or any(p is not None and not 0 <= p < float("inf") for p in prices):
+        raise ConfigError(
+            "app.query_rewrite.judge.price_per_million_input and price_per_million_output: set both (numbers >= 0) "
+            f"or neither, got {prices[0]} and {prices[1]}"
+        )
     depth = qr.rag.rank_depth
     if depth is not None and not qr.rag.top_k <= depth <= RANK_DEPTH_MAX:
         raise ConfigError(

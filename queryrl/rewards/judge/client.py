@@ -12,9 +12,9 @@ Failure policy (:mod:`.judge_policy`): transient failures are retried with backo
 refuses is sent once, a failed judgment is ``verdict=None`` with ``error`` saying why, a missing key is
 :class:`JudgeConfigError`. :meth:`JudgeClient.check` tests the service before a long job depends on it.
 
-The API key is read from ``os.environ[api_key_env]`` at each request (the SDK's key-provider hook) and is
-never stored on the client, written to the cache, put in ``repr`` or in an error text (a server echoing
-it back is scrubbed). ``api_key_env=None`` sends the placeholder ``"EMPTY"`` (local / vLLM servers).
+The API key is read from ``os.environ[api_key_env]`` at each request (the SDK's key-provider hook), never
+stored, cached, put in ``repr`` or an error text (a server echoing it is scrubbed); ``api_key_env=None``
+sends the placeholder ``"EMPTY"`` (local / vLLM servers).
 
 Request settings. Only what is set is sent: ``temperature`` (default None: not sent, the model's default;
 GPT-5 and o-series reject any other value with HTTP 400), a token limit ``max_tokens`` sent under the
@@ -32,9 +32,8 @@ reply was unparseable, schema-invalid or cut off), ``judge/cut_off`` (stopped at
 (:class:`JudgeConfigError` raised); ``judge/prompt_tokens``, ``judge/completion_tokens``,
 ``judge/reasoning_tokens`` (the API's ``usage``, 0 when absent; reasoning is part of completion and billed
 as output); ``judge/latency_s`` (seconds in HTTP calls, failed and retried ones too) and
-``judge/latency_s_mean`` (``latency_s / calls``, recomputed after summing across clients).
-
-``JudgeResult.latency_s``: one ``judge()``'s wall time from its concurrency slot on (attempts, waits).
+``judge/latency_s_mean`` (``latency_s / calls``, recomputed after summing across clients); with the user's
+prices, ``judge/cost``. ``JudgeResult.latency_s``: one ``judge()``'s wall time from its concurrency slot on.
 
 Concurrency: at most ``max_concurrency`` requests in flight per event loop (an ``asyncio.Semaphore``
 made lazily in the running loop, next to that loop's SDK client). Cache: with ``cache_dir``, successful
@@ -72,7 +71,16 @@ from queryrl.rewards.judge.policy import (
     is_retryable,
     scrub_echoed_key,
 )
-from queryrl.rewards.judge.usage import STAT_KEYS, cut_off_error, read_reply, with_mean
+from queryrl.rewards.judge.usage import (
+    STAT_KEYS,
+    ReplyUsage,
+    check_prices,
+    cut_off_error,
+    judge_cost,
+    read_reply,
+    register,
+    with_mean,
+)
 
 if TYPE_CHECKING:  # openai takes ~1 s to import: only when a judge is used
     import openai
@@ -102,10 +110,6 @@ PAIRWISE_VERDICT_SCHEMA: dict[str, Any] = {
 class _LoopState:
     semaphore: asyncio.Semaphore
     sdk: openai.AsyncOpenAI
-
-
-_LIVE_CLIENTS: weakref.WeakSet[JudgeClient] = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()  # clients may be made in one thread while the trainer collects in another
 
 
 def _read_key(env: str | None) -> str:
@@ -140,11 +144,11 @@ class JudgeClient:
             ``xhigh`` for the models that take them).
         extra_body: extra JSON fields merged into the request body as given (the SDK's ``extra_body``).
         backoff_base_s, backoff_max_s, retry_after_max_s: the wait before a retry (:class:`~.judge_policy.Backoff`).
-        setting_prefix: where these settings live in a config (e.g. ``app.query_rewrite.judge``): a failure
-            names the key to change there.
-        whole_reply: the verdict is the whole reply (or its one fenced block), never an object inside
-            prose (:func:`~queryrl.rewards.json_extract.reply_object`); False takes the first object that
-            passes the schema anywhere in the reply (for a non-judge use such as a rewriter).
+        setting_prefix: where these settings live in a config (``app.query_rewrite.judge``), named in errors.
+        whole_reply: the verdict is the whole reply or its one fenced block (json_extract.reply_object);
+            False: the first object passing the schema anywhere in it (not for a judge: e.g. a rewriter).
+        price_per_million_input, price_per_million_output: the user's prices per million prompt / completion
+            tokens (reasoning is billed as completion): with both, ``judge/cost`` is counted. No built-in prices.
     """
 
     def __init__(
@@ -166,6 +170,8 @@ class JudgeClient:
         retry_after_max_s: float = 30.0,
         setting_prefix: str | None = None,
         whole_reply: bool = True,
+        price_per_million_input: float | None = None,
+        price_per_million_output: float | None = None,
     ) -> None:
         if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0:
             raise ValueError(
@@ -186,16 +192,16 @@ class JudgeClient:
         self.reasoning_effort = reasoning_effort
         self.extra_body = dict(extra_body) if extra_body else None
         self.setting_prefix = setting_prefix
+        self.prices = check_prices(price_per_million_input, price_per_million_output)
         self.whole_reply = whole_reply
         self._backoff = Backoff(backoff_base_s, backoff_max_s, retry_after_max_s)
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self._stats = dict.fromkeys(STAT_KEYS, 0.0)
+        self._stats = self._fresh()
         self._logged: set[str] = set()  # failure texts already logged as warnings
         self._refusals = RefusalMemory()
         self._cache = VerdictCache(self.cache_dir, model) if self.cache_dir is not None else None
-        with _LIVE_LOCK:
-            _LIVE_CLIENTS.add(self)
+        register(self)
 
     def __repr__(self) -> str:
         return (
@@ -305,9 +311,7 @@ class JudgeClient:
                 raise cause from None
             hint = f" ({unlisted})" if unlisted else ""
             raise JudgeUnavailable(f"{where}: a test request failed: {self._describe(e)}{hint}") from None
-        self._add("judge/prompt_tokens", reply.prompt_tokens)
-        self._add("judge/completion_tokens", reply.completion_tokens)
-        self._add("judge/reasoning_tokens", reply.reasoning_tokens)
+        self._count_tokens(reply)
         if reply.cut_off:
             raise JudgeUnavailable(f"{where}: {cut_off_error(reply, self.max_tokens, self.setting_prefix)}")
         if unlisted:  # served all the same (an alias, a proxy): say so, it may still be a typo
@@ -366,9 +370,7 @@ class JudgeClient:
             failure = f"call failed after {attempts} attempt(s): {self._describe(e)}"
             return JudgeResult(None, None, failure, latency_s=time.perf_counter() - start, refused=refused)
         reply = read_reply(completion)
-        self._add("judge/prompt_tokens", reply.prompt_tokens)
-        self._add("judge/completion_tokens", reply.completion_tokens)
-        self._add("judge/reasoning_tokens", reply.reasoning_tokens)
+        self._count_tokens(reply)
         verdict: dict[str, Any] | None = None
         if reply.cut_off:  # a verdict cut off is no verdict, even when what arrived happens to parse
             error: str | None = cut_off_error(reply, self.max_tokens, self.setting_prefix)
@@ -479,20 +481,19 @@ class JudgeClient:
         with self._lock:
             self._stats[key] += value
 
+    def _fresh(self) -> dict[str, float]:
+        return dict.fromkeys((*STAT_KEYS, "judge/cost") if self.prices else STAT_KEYS, 0.0)
+
+    def _count_tokens(self, reply: ReplyUsage) -> None:
+        """The reply's tokens, and their estimated cost at the user's prices (reasoning billed as output)."""
+        with self._lock:
+            self._stats["judge/prompt_tokens"] += reply.prompt_tokens
+            self._stats["judge/completion_tokens"] += reply.completion_tokens
+            self._stats["judge/reasoning_tokens"] += reply.reasoning_tokens
+            if self.prices:
+                self._stats["judge/cost"] += judge_cost(reply.prompt_tokens, reply.completion_tokens, *self.prices)
+
     def _pop_raw(self) -> dict[str, float]:
         with self._lock:
-            stats, self._stats = self._stats, dict.fromkeys(STAT_KEYS, 0.0)
+            stats, self._stats = self._stats, self._fresh()
         return stats
-
-
-def collect_judge_metrics() -> dict[str, float]:
-    """``judge/*`` summed over every live :class:`JudgeClient`, each reset; ``{}`` when there is none."""
-    with _LIVE_LOCK:
-        clients = list(_LIVE_CLIENTS)
-    if not clients:
-        return {}
-    totals = dict.fromkeys(STAT_KEYS, 0.0)
-    for client in clients:
-        for key, value in client._pop_raw().items():
-            totals[key] += value
-    return with_mean(totals)

@@ -10,8 +10,10 @@ billed as output tokens.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 STAT_KEYS = (
     "judge/requests",
@@ -97,11 +99,51 @@ def with_mean(stats: dict[str, float]) -> dict[str, float]:
     return {**stats, "judge/latency_s_mean": stats["judge/latency_s"] / calls if calls else 0.0}
 
 
-def judge_cost(
-    prompt_tokens: float, completion_tokens: float, price_input: float | None, price_output: float | None
-) -> float | None:
-    """Estimated cost of the tokens at the prices per million tokens the user set; None unless both are
-    set (no built-in price list). Reasoning tokens are inside `completion_tokens`: billed as output."""
-    if price_input is None or price_output is None:
+def check_prices(price_input: float | None, price_output: float | None) -> tuple[float, float] | None:
+    """(input, output) prices per million tokens, or None when neither is set.
+
+    Raises:
+        ValueError: only one of them is set, or one is negative or not finite.
+    """
+    if price_input is None and price_output is None:
         return None
+    if price_input is None or price_output is None:
+        raise ValueError("judge prices: set both price_per_million_input and price_per_million_output, or neither")
+    for name, value in (("input", price_input), ("output", price_output)):
+        if not 0.0 <= float(value) < float("inf"):
+            raise ValueError(f"judge price_per_million_{name} must be a number >= 0, got {value}")
+    return float(price_input), float(price_output)
+
+
+def judge_cost(prompt_tokens: float, completion_tokens: float, price_input: float, price_output: float) -> float:
+    """Estimated cost of the tokens at the user's prices per million tokens (no built-in price list).
+    Reasoning tokens are inside `completion_tokens`: billed as output, as OpenAI bills them."""
     return (prompt_tokens * price_input + completion_tokens * price_output) / 1_000_000
+
+
+class _Counted(Protocol):
+    def _pop_raw(self) -> dict[str, float]: ...
+
+
+_LIVE_CLIENTS: weakref.WeakSet[Any] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()  # clients may be made in one thread while the trainer collects in another
+
+
+def register(client: _Counted) -> None:
+    """Count `client` in :func:`collect_judge_metrics` while it lives."""
+    with _LIVE_LOCK:
+        _LIVE_CLIENTS.add(client)
+
+
+def collect_judge_metrics() -> dict[str, float]:
+    """``judge/*`` summed over every live judge client, each reset; ``{}`` when there is none.
+    ``judge/cost`` is there only when some client has prices (the sum of those clients' costs)."""
+    with _LIVE_LOCK:
+        clients = list(_LIVE_CLIENTS)
+    if not clients:
+        return {}
+    totals = dict.fromkeys(STAT_KEYS, 0.0)
+    for client in clients:
+        for key, value in client._pop_raw().items():
+            totals[key] = totals.get(key, 0.0) + value
+    return with_mean(totals)

@@ -1,7 +1,9 @@
 """``queryrl eval``'s outputs, next to the JSON summary ``out`` and each written atomically.
 
 - ``out``: the report (:func:`write_outputs`): ``systems`` (each system's metrics), ``comparisons``,
-  ``eval_file``, ``n_samples``, ``judge_calls`` and ``settings``; a non-finite number is written as null;
+  ``eval_file``, ``n_samples``, ``judge_calls`` (sent, failed, the first error and, with an LLM judge, its
+  ``prompt_tokens``, ``completion_tokens``, ``reasoning_tokens``, ``cut_off`` and, with prices set, the
+  estimated ``cost``) and ``settings``; a non-finite number is written as null;
 - ``eval.png``: a bar chart of recall@5 and MRR per system with 95 % intervals, and with ``--compare`` a
   third panel of the paired differences (:func:`plot_systems`);
 - ``eval_samples.jsonl``: per sample, each system's query, its top-5 doc ids and their titles, whether it

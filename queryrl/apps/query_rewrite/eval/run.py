@@ -97,7 +97,9 @@ from queryrl.apps.query_rewrite.eval.scoring import (
     doc_ids,
     judge_all,
     judge_call_summary,
+    judge_spend,
     retrieve,
+    spend_line,
 )
 from queryrl.apps.query_rewrite.reward.judge import judge_client
 from queryrl.apps.query_rewrite.reward.rag import rag_client
@@ -153,6 +155,7 @@ def evaluate(
     samples = load_samples(data, max_samples, cache_dir)
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
     # the judge and the RAG service answer (both endpoints, with the first sample), before any model is loaded
+    judge_spend(judge_check)  # the shared client's counters start at 0: this evaluation's spend, the check's too
     _check_services(judge_check, rag, say, samples[0], data)
     client = config_rag_client(cfg)
     asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # a probe: a service that is down costs no model time
@@ -170,8 +173,11 @@ def evaluate(
     run |= {"compare": [f"{a}:{b}" for a, b in pairs], "ci": 0.95, "seed": seed, "max_samples": max_samples}
     run["processes"] = processes
     report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run, intents)
+    report["judge_calls"] |= judge_spend(judge_check)  # tokens (reasoning among them) and, with prices, the cost
     records = sample_records(samples, specs, answers, results, verdicts, values, intents)
     write_outputs(report, records, Path(out), say)
+    if (spent := spend_line(report["judge_calls"])) is not None:
+        say(spent)
     complain_about_judge(report["judge_calls"], Path(out), warn)
     if not any(s.gold for s in samples):  # the table's n is 0: say why rather than print zeros silently
         (warn or _stderr)(

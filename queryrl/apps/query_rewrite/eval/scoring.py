@@ -196,6 +196,32 @@ def judge_call_summary(outcomes: Mapping[str, JudgeOutcome]) -> dict[str, Any]:
     }
 
 
+SPEND_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cut_off", "cost")
+
+
+def judge_spend(client: JudgeClient | None) -> dict[str, float]:
+    """The tokens the judge client spent since the last call (its counters are reset), for the report's
+    ``judge_calls``: ``prompt_tokens``, ``completion_tokens`` (reasoning included: billed as output),
+    ``reasoning_tokens``, ``cut_off`` and, with ``judge.price_per_million_*`` set, the estimated ``cost``."""
+    if client is None:
+        return {}
+    stats = client.pop_stats()
+    return {key: stats[f"judge/{key}"] for key in SPEND_KEYS if f"judge/{key}" in stats}
+
+
+def spend_line(spend: Mapping[str, float]) -> str | None:
+    """``judge: 1200 prompt tokens, 300 completion tokens (200 reasoning), estimated cost 0.0042`` or None."""
+    if "prompt_tokens" not in spend:
+        return None
+    line = f"judge: {spend['prompt_tokens']:.0f} prompt tokens, {spend['completion_tokens']:.0f} completion tokens"
+    line += f" ({spend['reasoning_tokens']:.0f} reasoning)"
+    if spend.get("cut_off"):
+        line += f"; {spend['cut_off']:.0f} replies cut off at the token limit"
+    if "cost" in spend:
+        line += f"; estimated cost {spend['cost']:.4g} (at your judge.price_per_million_* prices)"
+    return line
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 

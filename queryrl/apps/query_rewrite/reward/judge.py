@@ -51,6 +51,8 @@ def judge_client(judge: QueryRewriteJudgeConfig) -> JudgeClient:
                 reasoning_effort=judge.reasoning_effort,
                 extra_body=dict(judge.extra_body) or None,
                 setting_prefix="app.query_rewrite.judge",
+                price_per_million_input=judge.price_per_million_input,
+                price_per_million_output=judge.price_per_million_output,
             )
         return client
 

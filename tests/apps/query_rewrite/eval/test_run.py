@@ -370,6 +370,8 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
         args += ["--bootstrap", "20", "--judge", "openai", "--judge-base-url", url, "--judge-model", "gpt-5"]
         args += ["--judge-api-key-env", "QUERYRL_TEST_JUDGE_KEY", "--judge-reasoning-effort", "minimal"]
         args += ["--judge-max-tokens", "3000", "--judge-extra-body", '{"verbosity": "low"}']
+        args += ["app.query_rewrite.judge.price_per_million_input=1.25"]  # your prices: an estimated cost
+        args += ["app.query_rewrite.judge.price_per_million_output=10"]
         args += ["app.query_rewrite.judge.intent_check=false"]  # the intent question: test_intent_judge.py
         result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -379,7 +381,15 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
     assert (body["max_completion_tokens"], body["reasoning_effort"], body["verbosity"]) == (3000, "minimal", "low")
     assert server.state.stats.requests == 1 + 4  # the probe, then one call per sample
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert report["judge_calls"] == {"sent": 4, "failed": 0, "first_error": None}
+    calls = report["judge_calls"]
+    assert {k: calls[k] for k in ("sent", "failed", "first_error")} == {"sent": 4, "failed": 0, "first_error": None}
+    # the tokens of the probe and the 4 calls (issue 49: they were only in a training run's metrics.jsonl)
+    assert calls["prompt_tokens"] > 4 * 100
+    assert calls["completion_tokens"] > 4 * 10
+    assert (calls["reasoning_tokens"], calls["cut_off"]) == (0, 0)
+    assert calls["cost"] == pytest.approx((calls["prompt_tokens"] * 1.25 + calls["completion_tokens"] * 10) / 1e6)
+    assert f"judge: {calls['prompt_tokens']:.0f} prompt tokens" in result.output
+    assert "estimated cost" in result.output
     raw = report["systems"]["raw_turn"]
     assert (raw["tie"], raw["judge_call_failed"], raw["judge_calls"]) == (4, 0, 4)
     settings = report["settings"]
@@ -388,7 +398,7 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
     assert settings["judge_extra_body_keys"] == ["verbosity"]
     assert JUDGE_KEY not in out.read_text(encoding="utf-8") + result.output
 
-    bad = runner.invoke(app, [*args[:-3], "--judge-extra-body", "{verbosity: low}"])
+    bad = runner.invoke(app, [*args[:-5], "--judge-extra-body", "{verbosity: low}"])
     assert bad.exit_code == 2
     assert "--judge-extra-body: not valid JSON" in bad.output
 
