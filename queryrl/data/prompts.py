@@ -9,6 +9,7 @@ is out of distribution from the first token).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ def build_prompt_dataset(
     max_prompt_length: int,
     filter_overlong: bool = True,
     prompt_key: str = "prompt",
+    needs_truth: Callable[[str], bool] | None = None,
 ) -> PromptDataset:
     """Load a verl-layout file and encode every prompt.
 
@@ -110,6 +112,7 @@ def build_prompt_dataset(
         max_prompt_length: the most prompt tokens allowed.
         filter_overlong: drop (and count) longer prompts; False: a longer prompt is an error.
         prompt_key: the column holding the chat messages.
+        needs_truth: the data sources whose rows need a ``reward_model.ground_truth`` (:func:`check_record`).
 
     Raises:
         DataError: a bad file or row, a chat template that fails on a row, or (with
@@ -125,7 +128,7 @@ def build_prompt_dataset(
 
     limit = line_byte_limit(max_prompt_length)
     on_overlong = overlong_line if filter_overlong else None  # else the line is a DataError naming it
-    rows = load_records(path, prompt_key=prompt_key, max_line_bytes=limit, on_overlong=on_overlong)
+    rows = load_records(path, prompt_key, limit, on_overlong, needs_truth)
     texts = []
     for i, row in enumerate(rows):
         try:

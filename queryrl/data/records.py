@@ -6,7 +6,8 @@ A row (verl's layout, one prompt per row)::
     prompt        list of chat messages {"role": str, "content": str}, non-empty, required
                   (the column is ``prompt_key``; a plain string becomes one user message)
     ability       str, optional
-    reward_model  dict, optional (``ground_truth`` may be any JSON value)
+    reward_model  dict, optional (``ground_truth`` may be any JSON value); required, with a ground_truth
+                  that is not null, where the row's reward compares against one (``needs_truth``)
     extra_info    dict, optional
 
 Other columns are kept untouched. Every problem is one :class:`DataError` whose message names
@@ -167,7 +168,12 @@ def _check_prompt(value: Any, path: Path, row: int, line: int | None, key: str) 
 
 
 def check_record(
-    row: Any, path: Path | str, index: int, line: int | None = None, prompt_key: str = "prompt"
+    row: Any,
+    path: Path | str,
+    index: int,
+    line: int | None = None,
+    prompt_key: str = "prompt",
+    needs_truth: Callable[[str], bool] | None = None,
 ) -> dict[str, Any]:
     """Check one row of verl's layout and return it (a string prompt becomes one user message).
 
@@ -177,6 +183,8 @@ def check_record(
         index: its 0-based row index in the file.
         line: its 1-based line number, for JSON lines.
         prompt_key: the column holding the chat messages.
+        needs_truth: whether the reward of a ``data_source`` compares against ``reward_model.ground_truth``
+            (a row without one would be scored against the string ``"None"``); None: no row needs one.
 
     Raises:
         DataError: naming the file, the row and the field.
@@ -198,7 +206,23 @@ def check_record(
         if value is not None and not isinstance(value, kind):
             got = type(value).__name__
             raise DataError(f"{_where(path, index, line, field)}: expected a {kind.__name__} (or nothing), got {got}")
+    if needs_truth is not None and needs_truth(source):
+        _check_truth(checked.get("reward_model"), source, _where(path, index, line, "reward_model"))
     return checked
+
+
+def _check_truth(reward_model: dict[str, Any] | None, source: str, where: str) -> None:
+    """A :class:`DataError` at `where` unless `reward_model` holds a ``ground_truth`` that is not null."""
+    if reward_model is not None and reward_model.get("ground_truth") is not None:
+        return
+    if reward_model is None:
+        got = "missing or null"
+    else:
+        got = "without ground_truth" if "ground_truth" not in reward_model else "with ground_truth null"
+    raise DataError(
+        f"{where}: {got}, but data_source {source!r} is scored against reward_model.ground_truth (give the row "
+        "its answer, or score it with a reward of your own: reward.function.path)"
+    )
 
 
 def load_records(
@@ -206,6 +230,7 @@ def load_records(
     prompt_key: str = "prompt",
     max_line_bytes: int | None = None,
     on_overlong: Callable[[int, int], None] | None = None,
+    needs_truth: Callable[[str], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """Read and check every row of a verl-layout data file.
 
@@ -214,6 +239,7 @@ def load_records(
         prompt_key: the column holding the chat messages.
         max_line_bytes, on_overlong: a JSON-lines file's longest line, and what to do with a longer one
             (:func:`iter_json_lines`; :func:`line_byte_limit` derives the limit from ``data.max_prompt_length``).
+        needs_truth: the data sources whose rows need a ``reward_model.ground_truth`` (:func:`check_record`).
 
     Returns:
         The rows as plain Python dicts, in file order; a string prompt is turned into
@@ -235,4 +261,4 @@ def load_records(
         raw = [(line, row) for line, row in iter_json_lines(path, max_line_bytes, on_overlong)]
     else:
         raw = _read_json(path)
-    return [check_record(row, path, i, line, prompt_key) for i, (line, row) in enumerate(raw)]
+    return [check_record(row, path, i, line, prompt_key, needs_truth) for i, (line, row) in enumerate(raw)]

@@ -76,6 +76,12 @@ BUILTIN_SCORERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def builtin_scorer(data_source: str) -> Callable[..., Any] | None:
+    """The built-in scorer :func:`default_compute_score` routes `data_source` to, or None. Each of them compares
+    the response against the row's ``reward_model.ground_truth`` (a row without one is a data error)."""
+    return BUILTIN_SCORERS.get(data_source) or (_math_dapo if data_source.startswith("aime") else None)
+
+
 def default_compute_score(
     data_source: str,
     solution_str: str,
@@ -99,7 +105,7 @@ def default_compute_score(
     Raises:
         RewardError: no built-in scorer for `data_source` (the message says how to use your own).
     """
-    scorer = BUILTIN_SCORERS.get(data_source) or (_math_dapo if data_source.startswith("aime") else None)
+    scorer = builtin_scorer(data_source)
     if scorer is None:
         raise RewardError(
             f"no built-in reward for data_source {data_source!r}; built-in data sources: "

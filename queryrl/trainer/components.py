@@ -22,6 +22,7 @@ from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_
 from queryrl.rewards import make_reward_manager
 from queryrl.rollout import make_rollout
 from queryrl.trainer.preflight import config_reward_spec
+from queryrl.trainer.row_checks import truth_rule
 
 
 def resolve_device(name: str, default: torch.device | None = None) -> torch.device:
@@ -65,6 +66,7 @@ class Components:
 
 
 def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptDataset]:
+    needs_truth = truth_rule(cfg)  # rows the built-in reward would score against "None" are data errors
     return [
         build_prompt_dataset(
             resolve_data_path(str(f), cfg.model.cache_dir),
@@ -72,6 +74,7 @@ def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptD
             cfg.data.max_prompt_length,
             filter_overlong=cfg.data.filter_overlong_prompts,
             prompt_key=cfg.data.prompt_key,
+            needs_truth=needs_truth,
         )
         for f in files
     ]

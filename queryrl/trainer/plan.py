@@ -1,12 +1,13 @@
 """What a run would do, resolved from its config without loading a weight: ``queryrl train --dry-run``.
 
-:func:`build_plan` reads only small files (the model's ``config.json``, parquet footers, JSONL lines)
-and the environment (whether the judge's key variable is set; never its value). It lists the
-backend and its roles and resources, the model and its size, a memory estimate per GPU, the data,
-the reward (judge, RAG endpoints) and the output folder, and the problems that would stop the run
-(a model or data file that is not there, a judge key that is not set, user data scored by the
-embedded demo's RAG and judge). The CLI refuses to start a run whose plan has problems, so they
-surface before anything is loaded or written.
+:func:`build_plan` reads only small files (the model's ``config.json``, parquet footers, JSONL lines;
+the data rows themselves only under the built-in reward, :mod:`queryrl.trainer.row_checks`) and the
+environment (whether the judge's key variable is set; never its value). It lists the backend and its
+roles and resources, the model and its size, a memory estimate per GPU, the data, the reward (judge,
+RAG endpoints) and the output folder, and the problems that would stop the run (a model or data file
+that is not there, a row without the ground truth its reward compares against, a judge key that is not
+set, user data scored by the embedded demo's RAG and judge). The CLI refuses to start a run whose plan
+has problems, so they surface before anything is loaded or written.
 
 Memory estimate (:func:`estimate_memory`), per GPU, in the parameters' dtype (``model.dtype``; torch's
 AdamW keeps its two moments in the parameters' dtype):
@@ -42,6 +43,7 @@ from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.application import enabled_app
 from queryrl.data.records import DataError
 from queryrl.rewards.trl_style import describe_weighted
+from queryrl.trainer.row_checks import row_problem
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -225,6 +227,9 @@ def build_plan(cfg: DictConfig, command: str = "train") -> Plan:
         _data(cfg, plan, list(cfg.data.train_files), "train")
         _data(cfg, plan, list(cfg.data.val_files), "val")
         _reward(cfg, plan)
+        problem = row_problem(cfg)  # a row the built-in reward would score against "None"
+        if problem:
+            plan.problems.append(problem)
     _output(cfg, plan, command)
     return plan
 

@@ -233,7 +233,10 @@ def test_a_deleted_manifest_does_not_hide_changed_weights(tmp_path: Path, model_
 
 def test_a_resume_whose_training_data_changed_is_refused(tmp_path: Path, model_cache: Path) -> None:
     data = tmp_path / "train.jsonl"
-    rows = [{"data_source": "toy/target_string", "prompt": f"say hello {i}"} for i in range(8)]
+    rows = [
+        {"data_source": "toy/target_string", "prompt": f"say hello {i}", "reward_model": {"ground_truth": "hello"}}
+        for i in range(8)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     train = (f"data.train_files=[{data}]", "trainer.total_steps=2", "trainer.save_every=1")
     Trainer(make_cfg(tmp_path, model_cache, *train)).fit()
