@@ -19,7 +19,7 @@ Only the standard library and :mod:`queryrl.registry` are imported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -112,6 +112,22 @@ class Application:
 
     def commands(self, cli: CommandLine) -> None:
         """Add the application's commands to the ``queryrl`` command line."""
+
+    def sft_targets(
+        self, cfg: Any, source: str, rows: Sequence[tuple[int, Mapping[str, Any]]]
+    ) -> Sequence[tuple[str, str] | None] | None:
+        """``queryrl sft``'s targets where the application makes them itself (e.g. from its service).
+
+        Args:
+            cfg: the run's config.
+            source: the file the rows come from (for messages).
+            rows: (row index in the file, row) of each example.
+
+        Returns:
+            Per row, (target, where it came from) or None (the row's own, at ``sft.target_key``); None for all
+            rows alike (the default).
+        """
+        return None
 
     def learning_problem(self, cfg: Any, metrics: Mapping[str, float]) -> str | None:
         """Why one training step's `metrics` show that the run cannot learn (e.g. no answer parsed), or None.

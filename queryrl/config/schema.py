@@ -244,6 +244,8 @@ class SFTConfig:
     train_files: list[str] = field(default_factory=list)  # empty = data.train_files
     val_files: list[str] = field(default_factory=list)  # empty = data.val_files
     target_key: str = "extra_info.sft_target"  # dotted path in each row to the reply to learn
+    # dotted path in each row to where its target came from (prepare writes it); queryrl sft prints the counts
+    target_source_key: str = "extra_info.sft_target_source"
     epochs: int = 1  # passes over the SFT data
     max_steps: int = 0  # 0 = epochs over the data
     batch_size: int = 16  # sequences per optimizer step

@@ -4,7 +4,10 @@
 ``builtin://NAME/SPLIT``), exactly as the RL data: each row's prompt becomes the chat template
 with the assistant turn opened (the very tokens the RL rollout is prompted with), and the string
 at ``sft.target_key`` (a dotted path such as ``extra_info.sft_target``) followed by the
-tokenizer's EOS token is the reply to learn.
+tokenizer's EOS token is the reply to learn. The enabled application may supply targets itself
+(:meth:`~queryrl.application.Application.sft_targets`: query_rewrite's ``app.query_rewrite.sft_target=rag_chat``
+asks its RAG service); the run prints where its targets came from, counted from each row's label at
+``sft.target_source_key``.
 
 The loss is the cross-entropy of the target tokens only (prompt and padding are masked), one
 token mean over each optimizer batch (``sft.prompt_loss_weight`` w > 0 adds w times the prompt
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,8 @@ from queryrl.trainer.sft_batch import (
 
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
 CONFIG_NAME = "sft_config.yaml"  # the redacted config, next to the model files
+# (file, [(row index, row)]) -> per row (target, where it came from) or None (the row's own): the application's
+TargetOverride = Callable[[str, Sequence[tuple[int, Mapping[str, Any]]]], Sequence[tuple[str, str] | None] | None]
 
 
 @dataclass
@@ -60,11 +66,18 @@ class SFTData:
         examples: the examples kept, file after file, in file order.
         num_filtered: prompts longer than ``data.max_prompt_length``, dropped.
         num_truncated: targets longer than ``data.max_response_length``, cut to it.
+        sources: where the targets came from -> examples.
     """
 
     examples: list[SFTExample]
     num_filtered: int = 0
     num_truncated: int = 0
+    sources: Counter[str] = field(default_factory=Counter)
+
+    def sources_line(self, what: str) -> str:
+        """``SFT targets (train): A (312 rows), B (13 rows)``, most first."""
+        counts = ", ".join(f"{where} ({n} rows)" for where, n in self.sources.most_common())
+        return f"SFT targets ({what}): {counts or 'none'}"
 
 
 @dataclass
@@ -108,6 +121,33 @@ def lookup_target(row: dict[str, Any], key: str, source: str, index: int) -> str
     return node
 
 
+def lookup_source(row: dict[str, Any], key: str, target_key: str) -> str:
+    """The string at the dotted path `key` of `row` (where its target came from), else ``the rows' <target_key>``."""
+    node: Any = row
+    for part in key.split(".") if key else ():
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, str) and node.strip() and key else f"the rows' {target_key} (no source recorded)"
+
+
+def _targets(
+    dataset: Any, source: str, keys: tuple[str, str], override: TargetOverride | None, sources: Counter[str]
+) -> list[str]:
+    """The target of each item of `dataset`: `override`'s where it gives one, else the row's own at `keys`'
+    first (target key); where each came from is counted in `sources` (`keys`' second: the source key)."""
+    target_key, source_key = keys
+    given = override(source, [(item.index, item.row) for item in dataset.items]) if override else None
+    targets = []
+    for i, item in enumerate(dataset.items):
+        made = given[i] if given is not None else None
+        if made is not None:
+            targets.append(made[0])
+            sources[made[1]] += 1
+        else:
+            targets.append(lookup_target(item.row, target_key, source, item.index))
+            sources[lookup_source(item.row, source_key, target_key)] += 1
+    return targets
+
+
 def build_sft_data(
     files: Sequence[str],
     tokenizer: Any,
@@ -117,12 +157,15 @@ def build_sft_data(
     filter_overlong: bool = True,
     prompt_key: str = "prompt",
     cache_dir: str | None = None,
+    source_key: str = "",
+    override: TargetOverride | None = None,
 ) -> SFTData:
     """Read the rows of `files` and encode each prompt and target.
 
     The prompts go through :func:`queryrl.data.build_prompt_dataset`, as the RL prompts do (same
-    chat template, same overlong filter); the target is the string at `target_key` tokenised
-    without special tokens, then the tokenizer's EOS id, cut to `max_response_length` tokens.
+    chat template, same overlong filter); the target is the string at `target_key` (or `override`'s, where
+    it gives one) tokenised without special tokens, then the tokenizer's EOS id, cut to
+    `max_response_length` tokens. Where each target came from (the row's label at `source_key`) is counted.
 
     Raises:
         DataError: a bad file or row, or a row without a string target (naming file, row, key).
@@ -138,7 +181,7 @@ def build_sft_data(
         )
         data.num_filtered += dataset.num_filtered
         source = path if path == str(name) else f"{path} ({name})"
-        targets = [lookup_target(item.row, target_key, source, item.index) for item in dataset.items]
+        targets = _targets(dataset, source, (target_key, source_key), override, data.sources)
         encoded = tokenizer(targets, add_special_tokens=False)["input_ids"] if targets else []
         for item, ids in zip(dataset.items, encoded, strict=True):
             target = [*ids, eos]
@@ -266,8 +309,13 @@ def _warn_left_out(data: SFTData, cfg: DictConfig, what: str) -> None:
 
 
 def _train_and_val(cfg: DictConfig, tokenizer: Any) -> tuple[SFTData, SFTData]:
-    """The SFT train and validation examples (``sft.train_files`` / ``val_files``, else ``data.*``)."""
+    """The SFT train and validation examples (``sft.train_files`` / ``val_files``, else ``data.*``), with the
+    enabled application's targets where it makes them (:meth:`~queryrl.application.Application.sft_targets`)."""
+    from queryrl.application import enabled_app
+
     s = cfg.sft
+    app = enabled_app(cfg)
+    override: TargetOverride | None = (lambda source, rows: app.sft_targets(cfg, source, rows)) if app else None
 
     def load(files: list[str], what: str) -> SFTData:
         data = build_sft_data(
@@ -279,6 +327,8 @@ def _train_and_val(cfg: DictConfig, tokenizer: Any) -> tuple[SFTData, SFTData]:
             filter_overlong=cfg.data.filter_overlong_prompts,
             prompt_key=cfg.data.prompt_key,
             cache_dir=cfg.model.cache_dir,
+            source_key=s.target_source_key,
+            override=override,
         )
         _warn_left_out(data, cfg, what)
         return data
@@ -304,13 +354,14 @@ def batch_schedule(
         pos += batch_size
 
 
-def train_sft(cfg: DictConfig) -> SFTResult:
+def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult:
     """Fine-tune the policy of `cfg` on the SFT targets and write the model folder.
 
     Args:
         cfg: a resolved config from :func:`queryrl.config.load_config`; reads ``sft.*``,
             ``model.*``, ``data.*`` (prompt key, lengths, overlong filter, shuffle) and
             ``trainer.*`` (seed, device, num_threads, logger, log_every); validation every ``sft.eval_every`` steps.
+        echo: where the lines saying where the targets came from go.
 
     Returns:
         The output folder and the loss history.
@@ -331,6 +382,9 @@ def train_sft(cfg: DictConfig) -> SFTResult:
     pad_id = int(tokenizer.pad_token_id)
 
     train, val = _train_and_val(cfg, tokenizer)
+    for data, what in ((train, "train"), (val, "val")):
+        if data.examples:
+            echo(data.sources_line(what))
 
     steps_per_epoch = math.ceil(len(train.examples) / s.batch_size)  # the last, smaller batch is kept
     total_steps = s.max_steps or s.epochs * steps_per_epoch

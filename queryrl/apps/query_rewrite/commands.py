@@ -90,6 +90,13 @@ def prepare_conversations(
             "conversations left without a user message; error: stop on them as bad rows."
         ),
     ] = "skip",
+    rewrite_column: Annotated[
+        str | None,
+        typer.Option(
+            help="Your reference pipeline's rewrite of each user turn, e.g. 改写query: the SFT target of that turn "
+            "(default: queryrl's heuristic rewriter, which is not your pipeline)."
+        ),
+    ] = None,
     val_fraction: Annotated[float, typer.Option(help="Share of conversations for validation.")] = 0.1,
     test_fraction: Annotated[float, typer.Option(help="Share of conversations for test.")] = 0.1,
     seed: Annotated[int, typer.Option(help="Seed of the split by conversation.")] = 0,
@@ -126,6 +133,7 @@ def prepare_conversations(
             order_by=order_by,
             fill_down=fill_down,
             empty_messages=empty_messages,
+            rewrite_column=rewrite_column,
             domain=domain,
             answer_fields=fields,
             answer_format=fmt,

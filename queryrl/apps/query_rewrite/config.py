@@ -136,6 +136,10 @@ class QueryRewriteConfig:
     judge: QueryRewriteJudgeConfig = field(default_factory=QueryRewriteJudgeConfig)
     rag: QueryRewriteRAGConfig = field(default_factory=QueryRewriteRAGConfig)
     seed_hybrid: SeedHybridConfig = field(default_factory=SeedHybridConfig)
+    # queryrl sft's targets: row (each row's extra_info.sft_target, as prepare wrote it: the export's rewrite
+    # column, else queryrl's heuristic rewriter) | rag_chat (the rewritten_query the RAG service at rag.url
+    # returns on /rag/chat for each row: your reference pipeline's; the row's own where it returns none)
+    sft_target: str = "row"
 
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -205,10 +209,13 @@ def validate_settings(cfg: DictConfig) -> None:
             f"app.query_rewrite.seed_hybrid.group_size={qr.seed_hybrid.group_size} must equal "
             f"rollout.n={cfg.rollout.n} (the candidates per prompt the selector picks from)"
         )
+    if qr.sft_target == "rag_chat" and not qr.enable:
+        raise ConfigError("app.query_rewrite.sft_target=rag_chat needs app.query_rewrite.enable=true")
 
 
 def check_settings(qr: DictConfig) -> None:
     """The checks of the ``app.query_rewrite`` node on its own (the reward's settings)."""
+    _choice(qr.sft_target, ["row", "rag_chat"], "app.query_rewrite.sft_target")
     _choice(
         qr.seed_hybrid.selection_method,
         ["max_log_prob", "weighted_sample"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from queryrl.apps.query_rewrite.config import (
     QueryRewriteConfig,
     move_reward_kwargs,
     resolve_seed_keys,
+    settings_of,
     validate_settings,
 )
 from queryrl.config import ConfigError
@@ -91,6 +92,18 @@ class QueryRewriteApp(Application):
         from queryrl.apps.query_rewrite.preflight import reward_spec, service_checks
 
         return service_checks(cfg), reward_spec(cfg)
+
+    def sft_targets(
+        self, cfg: DictConfig, source: str, rows: Sequence[tuple[int, Mapping[str, Any]]]
+    ) -> Sequence[tuple[str, str] | None] | None:
+        """With ``app.query_rewrite.sft_target=rag_chat``: each row's ``/rag/chat`` rewrite as its answer
+        (:func:`~queryrl.apps.query_rewrite.data.sft_rag.rag_chat_targets`); otherwise the rows' own."""
+        if cfg.app.query_rewrite.sft_target != "rag_chat":
+            return None
+        from queryrl.apps.query_rewrite.data.sft_rag import rag_chat_targets
+
+        qr = settings_of(cfg)
+        return rag_chat_targets(source, rows, qr.rag, max(1, int(cfg.reward.max_concurrency)))
 
     def learning_problem(self, cfg: DictConfig, metrics: Mapping[str, float]) -> str | None:
         """No reply of the step parsed (``reward/parsed/mean`` 0), or every reply was an empty query where

@@ -33,6 +33,8 @@ history as role/content messages, current turn included), the user profile and t
 RAG service's ``/rag/chat_8b`` needs -- and ``answer_fields`` / ``domain`` (what the prompt asked for: the SFT
 target has exactly those fields, and the reward sends the row's own profile and summary when the answer has
 none). The profile and summary of a turn are the ones on its own row, else the latest non-blank earlier ones.
+A user turn with a rewrite in the export's ``reference_rewrite`` column (``--rewrite-column``) keeps it as
+``extra_info.reference_rewrite``: the SFT target of that turn (:mod:`~.sft_targets`).
 
 Errors: all bad rows of a file are reported in one :class:`DataError`, each as
 ``file: sheet 'S': row R: column 'C': problem``; rows are numbered as a spreadsheet shows them
@@ -102,6 +104,7 @@ class Message:
     gold_titles: list[str] = field(default_factory=list)  # the gold documents' titles, where the source knows them
     kind: str = ""  # what the turn tests (demo data: explicit, pronoun, ellipsis, ...)
     time: datetime | None = None  # when it was sent (orders the conversation without a turn)
+    reference_rewrite: str = ""  # the export's own rewrite of a user turn (the SFT target where given)
 
 
 @dataclass
@@ -219,6 +222,7 @@ def _parse_message(
         ids={k: _as_str(get(k)) for k in ID_FIELDS},
         gold_doc_ids=gold,
         time=moment,
+        reference_rewrite=_as_str(get("reference_rewrite")),
     )
     return _as_str(get("conversation_id")), message, problems
 
@@ -259,6 +263,7 @@ def load_conversation_log(
     order_by: str | None = None,
     fill_down: bool = True,
     empty_messages: str = "skip",
+    rewrite_column: str | None = None,
 ) -> ConversationLog:
     """Read a message log into conversations (in order of first appearance) and a report.
 
@@ -272,6 +277,9 @@ def load_conversation_log(
         fill_down: fill blank conversation-level cells (merged cells) from the row above.
         empty_messages: ``skip`` (drop and count messages with an empty text, and conversations left without a
             user message) or ``error`` (each one a bad row).
+        rewrite_column: the column with your reference pipeline's rewrite of each user turn (required when
+            given; default: a recognised ``reference_rewrite`` header, if any); a row keeps it as
+            ``extra_info.reference_rewrite``.
 
     Raises:
         ValueError: a key of `columns` that is not a field, a role that is not user/assistant/skip, or a bad
@@ -283,12 +291,15 @@ def load_conversation_log(
     overrides = check_columns(columns)
     if order_by is not None:
         overrides["time"] = order_by
+    if rewrite_column is not None:
+        overrides["reference_rewrite"] = rewrite_column
     role_map = role_table(roles)
     if path.suffix.lower() not in SUFFIXES:
         raise DataError(f"{path}: unsupported file type {path.suffix or '(none)'!r}; use one of {SUFFIXES}")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    required = (*REQUIRED, "time") if order_by is not None else REQUIRED
+    required = (*REQUIRED, *(["time"] if order_by is not None else []))
+    required += ("reference_rewrite",) if rewrite_column is not None else ()
     tables, report = read_tables(path, overrides, sheet=sheet, header_row=header_row, required=required, fill=fill_down)
     by_id = _collect(path, tables, role_map, (order_by is not None, skip_empty), report)
     out = []
@@ -349,9 +360,11 @@ def load_conversations(
     order_by: str | None = None,
     fill_down: bool = True,
     empty_messages: str = "skip",
+    rewrite_column: str | None = None,
 ) -> list[Conversation]:
     """:func:`load_conversation_log`'s conversations (the same arguments)."""
     options: dict[str, Any] = {"header_row": header_row, "order_by": order_by, "fill_down": fill_down}
+    options["rewrite_column"] = rewrite_column
     log = load_conversation_log(path, columns, sheet, roles=roles, empty_messages=empty_messages, **options)
     return log.conversations
 
@@ -409,6 +422,7 @@ def conversation_rows(
                     "answer_format": fmt,
                     "lang": lang,
                     "domain": domain,
+                    **({"reference_rewrite": message.reference_rewrite} if message.reference_rewrite else {}),
                 },
             }
         )

@@ -81,6 +81,11 @@ FIELD_SPECS = (
         ("gold_doc_ids", "金标文档", "相关文档ID", "gold"),
         "on user messages: ids separated by ; or , (or a JSON list)",
     ),
+    FieldSpec(
+        "reference_rewrite",
+        ("reference_rewrite", "改写query", "改写后query", "改写问题", "改写查询"),
+        "on user messages: your reference pipeline's rewrite of the turn, the SFT target (--rewrite-column)",
+    ),
 )
 FIELDS = tuple(spec.name for spec in FIELD_SPECS)
 REQUIRED = tuple(spec.name for spec in FIELD_SPECS if spec.required)

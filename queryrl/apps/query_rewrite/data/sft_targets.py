@@ -1,9 +1,18 @@
-"""SFT targets for the warm start: the reference pipeline's rewrite in the policy's JSON format.
+"""SFT targets for the warm start: a reference rewrite in the policy's answer format.
 
 Before RL the policy must first answer in the JSON format at all (a random or generic model
-rarely does). The usual warm start distils the reference pipeline: each prompt's target is the
-reference rewriter's query (by default :class:`~queryrl.rag.HeuristicRewriter`, the rewriter the
-embedded ``/rag/chat`` uses) as ``{"rewritten_query": ...}``, with exactly the fields the row's prompt
+rarely does). The usual warm start distils a reference pipeline. Where the targets come from, in order:
+
+- your own pipeline's rewrites, as a column of the export (``prepare conversations --rewrite-column
+  改写query``: the row's ``extra_info.reference_rewrite``, used as it is);
+- your RAG service's ``/rag/chat`` (``app.query_rewrite.sft_target=rag_chat``: ``queryrl sft`` asks it for each
+  row and takes its ``rewritten_query``, :func:`~.sft_rag.rag_chat_targets`);
+- otherwise queryrl's own heuristic rewriter (:class:`~queryrl.rag.HeuristicRewriter`, the rewriter of the
+  embedded ``/rag/chat``; not your pipeline: it knows no product names beyond a few patterns and may keep one
+  product of two), cleaned up as below.
+
+Each row records which in ``extra_info.sft_target_source``; ``queryrl sft`` prints the counts. The heuristic's
+target is its query as ``{"rewritten_query": ...}``, with exactly the fields the row's prompt
 asked for (``extra_info.answer_fields``; default only the query): where it asked for ``user_profile`` and
 ``history_summary`` too, they are carried over from the input. (Carrying the CRM summary made the sales
 demo's targets 36.9 tokens long on average with the tiny model's tokenizer, most of them the copied
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -39,6 +49,9 @@ from queryrl.rag import HeuristicRewriter
 from queryrl.rag.rewriters import last_user_turn
 
 SFT_TARGET_KEY = "sft_target"  # in extra_info
+SFT_SOURCE_KEY = "sft_target_source"  # in extra_info: where the target came from (queryrl sft prints the counts)
+REWRITE_KEY = "reference_rewrite"  # in extra_info: the export's own rewrite of the turn
+HEURISTIC_SOURCE = "queryrl's heuristic rewriter (HeuristicRewriter, not your pipeline)"
 _MEASURE = re.compile(r"[\d.]+[a-z]{0,3}")  # a number, maybe with a unit: 8498, 97wh, 1.4
 
 
@@ -91,15 +104,44 @@ def render_answer(carried: Mapping[str, str], extra_info: Mapping[str, Any]) -> 
     return json.dumps(answer, ensure_ascii=False)
 
 
-def add_sft_targets(rows: list[dict[str, Any]], rewriter: SyncRewriter | None = None) -> list[dict[str, Any]]:
-    """`rows` with ``extra_info.sft_target`` set by :func:`reference_target` with `rewriter` (default a
-    plain :class:`~queryrl.rag.HeuristicRewriter`; rows are changed in place)."""
+def carried_answer(query: str, extra_info: Mapping[str, Any]) -> str:
+    """:func:`render_answer` of a reference pipeline's `query` (as it is; :data:`~.prompts.NO_QUERY` = none)
+    with the row's own profile and summary."""
+    query = query.strip()
+    carried = {
+        QUERY_FIELD: "" if query in NO_QUERY.values() else query,
+        "user_profile": str(extra_info.get("user_profile") or ""),
+        "history_summary": str(extra_info.get("history_summary") or ""),
+    }
+    return render_answer(carried, extra_info)
+
+
+def add_sft_targets(
+    rows: list[dict[str, Any]], rewriter: SyncRewriter | None = None, rewrite_source: str = ""
+) -> list[dict[str, Any]]:
+    """`rows` with ``extra_info.sft_target`` and ``sft_target_source`` set (rows are changed in place): the
+    row's ``extra_info.reference_rewrite`` where it has one (labelled `rewrite_source`, e.g. ``column
+    '改写query' of the export``), else :func:`reference_target` with `rewriter` (default a plain
+    :class:`~queryrl.rag.HeuristicRewriter`, labelled :data:`HEURISTIC_SOURCE`)."""
+    fallback = HEURISTIC_SOURCE if rewriter is None else f"reference rewriter {type(rewriter).__name__}"
+    if rewrite_source:
+        fallback += f", where {rewrite_source} has no rewrite"
     rewriter = rewriter or HeuristicRewriter()
     for row in rows:
         info = row.setdefault("extra_info", {})
+        given = str(info.get(REWRITE_KEY) or "").strip()
+        if given:
+            info[SFT_TARGET_KEY], info[SFT_SOURCE_KEY] = carried_answer(given, info), rewrite_source or REWRITE_KEY
+            continue
         truth = (row.get("reward_model") or {}).get("ground_truth")
         gold = list((truth.get("gold_doc_ids") if isinstance(truth, Mapping) else truth) or [])
         kind = info.get("kind") or info.get("turn_type")
         retrieve = True if gold else False if no_retrieval_turn(gold, kind) else None
-        info[SFT_TARGET_KEY] = reference_target(info, rewriter, retrieve)
+        info[SFT_TARGET_KEY], info[SFT_SOURCE_KEY] = reference_target(info, rewriter, retrieve), fallback
     return rows
+
+
+def sources_line(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``SFT targets: A (312 rows), B (13 rows)``: where the rows' targets came from, most first."""
+    counts = Counter(str((r.get("extra_info") or {}).get(SFT_SOURCE_KEY) or "none") for r in rows)
+    return "SFT targets: " + (", ".join(f"{where} ({n} rows)" for where, n in counts.most_common()) or "no rows")

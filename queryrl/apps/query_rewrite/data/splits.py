@@ -57,10 +57,11 @@ class PreparedConversations:
     counts: dict[str, SplitCounts]
     report: LogReport
     warnings: list[str]
+    targets: str = ""  # where the SFT targets came from (:func:`~.sft_targets.sources_line`)
 
     def summary(self) -> str:
-        """Report lines, then one line per split: counts and the file."""
-        lines = self.report.lines()
+        """Report lines, where the SFT targets came from, then one line per split: counts and the file."""
+        lines = self.report.lines() + ([self.targets] if self.targets else [])
         for split, path in sorted(self.paths.items(), key=lambda item: ("train", "val", "test").index(item[0])):
             c = self.counts[split]
             lines.append(
@@ -107,6 +108,7 @@ def prepare_conversation_data(
     order_by: str | None = None,
     fill_down: bool = True,
     empty_messages: str = "skip",
+    rewrite_column: str | None = None,
     domain: str | None = None,
     answer_fields: str | Sequence[str] | None = None,
     answer_format: str = "json",
@@ -125,7 +127,8 @@ def prepare_conversation_data(
         name: ``data_source`` is ``query_rewrite/<name>`` (default: the input file's stem).
         sheet: one Excel sheet (default: all that have the columns).
         lang: the prompt language.
-        roles, header_row, order_by, fill_down, empty_messages: as in :func:`load_conversation_log`.
+        roles, header_row, order_by, fill_down, empty_messages, rewrite_column: as in
+            :func:`load_conversation_log`; the rewrite column's rewrites are the SFT targets where given.
         domain: the prompt's domain line, e.g. ``"电子产品销售客服"`` (default neutral: ``"客服对话"``).
         answer_fields: the keys the policy answers with, a sequence or ``"rewritten_query,user_profile"``
             (default only ``rewritten_query``; :func:`~.prompts.check_answer_fields`).
@@ -140,20 +143,26 @@ def prepare_conversation_data(
     fmt = check_answer_format(answer_format, fields)
     input_path = Path(input_path)
     options: dict[str, Any] = {"header_row": header_row, "order_by": order_by, "fill_down": fill_down}
+    options["rewrite_column"] = rewrite_column
     log = load_conversation_log(input_path, columns, sheet, roles=roles, empty_messages=empty_messages, **options)
     splits = split_conversations(log.conversations, val_fraction, test_fraction, seed)
     source = name or input_path.stem
-    from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets
+    from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets, sources_line
 
+    column = log.report.columns.get("reference_rewrite")
+    rewrite_source = f"column {column!r} of the export" if column else ""
     paths: dict[str, Path] = {}
     counts: dict[str, SplitCounts] = {}
+    train: list[dict[str, Any]] = []
     for split, convs in splits.items():
         rows = conversations_to_rows(convs, source, lang, domain=domain, answer_fields=fields, answer_format=fmt)
-        rows = add_sft_targets(rows)
+        rows = add_sft_targets(rows, rewrite_source=rewrite_source)
+        train = rows if split == "train" else train
         paths[split] = write_parquet(rows, Path(out_dir) / f"{split}.parquet")
         counts[split] = SplitCounts(len(convs), sum(len(c.messages) for c in convs), len(rows))
     fractions = {"val": val_fraction, "test": test_fraction}
-    return PreparedConversations(paths, counts, log.report, _split_warnings(counts, fractions))
+    warnings = _split_warnings(counts, fractions)
+    return PreparedConversations(paths, counts, log.report, warnings, sources_line(train).replace(":", " (train):", 1))
 
 
 def prepare_conversations(
