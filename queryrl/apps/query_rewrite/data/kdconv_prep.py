@@ -114,7 +114,12 @@ def windowed_rows(
     documents; fine for training rows, whose labels the GRPO reward uses anyway) or ``gold_entity``
     (:func:`gold_entity_query`: the turn and the gold entity the window shows).
     """
-    from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, reference_target, render_answer
+    from queryrl.apps.query_rewrite.data.sft_targets import (
+        SFT_SOURCE_KEY,
+        SFT_TARGET_KEY,
+        reference_target,
+        render_answer,
+    )
     from queryrl.apps.query_rewrite.prompts import build_messages
     from queryrl.apps.query_rewrite.reward.modes import parse_answer
 
@@ -145,6 +150,8 @@ def windowed_rows(
             }
             target = render_answer(carried, info)
         info[SFT_TARGET_KEY] = target
+        gold_made = f"the query made of the turn's gold (sft_target={sft_target})"
+        info[SFT_SOURCE_KEY] = gold_made if sft_target in GOLD_TARGETS else f"rewriter {type(rewriter).__name__}"
     return rows
 
 

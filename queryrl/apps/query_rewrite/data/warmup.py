@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, render_answer
+from queryrl.apps.query_rewrite.data.sft_targets import SFT_SOURCE_KEY, SFT_TARGET_KEY, render_answer
 from queryrl.apps.query_rewrite.eval.metrics import no_retrieval_turn
 from queryrl.apps.query_rewrite.eval.samples import Answer, sample_of
 from queryrl.apps.query_rewrite.eval.scoring import doc_ids, retrieve
@@ -296,9 +296,11 @@ def _keep_best(row: dict[str, Any], sample: Any, pool: list[Candidate], data: Wa
         {"rewritten_query": best.query, "user_profile": sample.user_profile, "history_summary": sample.history_summary},
         row["extra_info"],
     )
+    own = str(row["extra_info"].get(SFT_SOURCE_KEY) or "the row's reference target")
     info = {
         **row["extra_info"],
         SFT_TARGET_KEY: target,
+        SFT_SOURCE_KEY: f"warmup: {own}" if best.source == "reference" else "warmup: the model's own rewrite",
         WARMUP_KEY: {"source": best.source, "rank_reward": best.reward},
     }
     data.rows.append({**row, "extra_info": info})

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import queryrl.apps.query_rewrite.eval.generation as eval_generation
 from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
 from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
-from queryrl.apps.query_rewrite.data.sft_targets import SFT_TARGET_KEY, add_sft_targets
+from queryrl.apps.query_rewrite.data.sft_targets import HEURISTIC_SOURCE, SFT_TARGET_KEY, add_sft_targets
 from queryrl.apps.query_rewrite.data.warmup import WARMUP_KEY, WarmupSettings, build_warmup, few_shot_messages
 from queryrl.apps.query_rewrite.demo.data import DOMAIN, make_catalogue, make_dialogues
 from queryrl.apps.query_rewrite.prompts import parse_text_answer
@@ -100,8 +100,10 @@ def test_the_candidate_that_ranks_gold_highest_becomes_the_target(monkeypatch: p
         assert info[WARMUP_KEY]["rank_reward"] > 0
         if source == "model":  # the gold title: the only candidate that can beat the reference
             assert info[SFT_TARGET_KEY] == titles[_gold(row)[0]]
+            assert info["sft_target_source"] == "warmup: the model's own rewrite"  # what queryrl sft prints
         else:  # the reference answered at least as well (a tie goes to it)
             assert source == "reference"
+            assert info["sft_target_source"] == f"warmup: {HEURISTIC_SOURCE}"
     assert sum(report["target_source"].values()) == report["kept_retrieval_turns"]
     assert report["target_source"].get("model", 0) > 0
     assert report["kept_no_retrieval_turns"] == sum(1 for r in _rows() if not _gold(r))
