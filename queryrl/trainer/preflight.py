@@ -8,9 +8,11 @@ would otherwise cost the model load and a few skipped steps before the run stops
 1. the service checks the application contributes (the query-rewrite app: the judge's key variable,
    ``GET /models`` and one tiny request with its settings; the RAG service's ``GET /health``);
 2. the reward function loads (a file that is missing or fails to import is a ``RewardError``) and
-   scores the first row of the first training file. The response it scores is the row's own ground
-   truth when that is a string (e.g. a GSM8K answer), else the empty string: the check is that the
-   function returns a number (or a dict with ``score``) without raising and within
+   scores the first row of the first training file. The response it scores is an application's reply for
+   the row where it gives one (:attr:`RewardSpec.probe`; the query-rewrite app: the reference rewrite, in
+   the answer format the row asks for), else the row's own ground truth when that is a string (e.g. a
+   GSM8K answer), else the empty string; the line printed says which reply was scored. The check is that
+   the function returns a number (or a dict with ``score``) without raising and within
    ``reward.timeout_s``, not what it returns. ``extra_info`` is the row's (no rollout extras such as
    ``num_tool_calls``). A TRL-style function (or ``reward.functions``) is only loaded, not called: TRL
    makes no such call, and a valid TRL function may read ``trainer_state`` or return None for a row.
@@ -37,6 +39,7 @@ from queryrl.rewards.manager import LoopRunner, score_sample
 from queryrl.rewards.trl_style import TRLRewardFunction, describe_weighted
 
 Check = Callable[[], str]  # returns the line to print; raises PreflightError
+Probe = Callable[[Mapping[str, Any]], tuple[str, str]]  # a row -> (what the reply is, in words; the reply)
 
 
 class PreflightError(RuntimeError):
@@ -54,6 +57,7 @@ class RewardSpec:
     functions: tuple[Mapping[str, Any], ...] = ()  # reward.functions: several TRL-style ones, weighted
     aggregation: str = "sum_then_normalize"  # reward.multi_objective_aggregation
     fn: RewardFn | None = None  # an application's reward object, called as it is (path and name describe it)
+    probe: Probe | None = None  # an application's reply to score the first row with (default: ground_truth_reply)
 
     def load(self) -> RewardFn:
         """The function the managers call (a weighted combination for ``reward.functions``).
@@ -113,12 +117,25 @@ def first_row(cfg: DictConfig) -> tuple[str, dict[str, Any]]:
     return path, rows[0]
 
 
-def probe_input(row: Mapping[str, Any]) -> RewardInput:
-    """The reward input of the check: the row's ground truth (a string) as the response, else ''."""
+def shown(reply: str, limit: int = 80) -> str:
+    """`reply` quoted for a message line, cut to `limit` characters."""
+    return repr(reply if len(reply) <= limit else reply[: limit - 3] + "...")
+
+
+def ground_truth_reply(row: Mapping[str, Any]) -> tuple[str, str]:
+    """The reply scored where the application gives none: the row's ground truth when it is a string, else ''."""
+    truth = (row.get("reward_model") or {}).get("ground_truth")
+    if isinstance(truth, str):
+        return f"the reply {shown(truth)} (the row's reward_model.ground_truth)", truth
+    return "an empty reply (the row has no string reward_model.ground_truth)", ""
+
+
+def probe_input(row: Mapping[str, Any], reply: str) -> RewardInput:
+    """The reward input of the check: `reply` as the response to `row`."""
     truth = (row.get("reward_model") or {}).get("ground_truth")
     return RewardInput(
         data_source=str(row.get("data_source", "")),
-        solution_str=truth if isinstance(truth, str) else "",
+        solution_str=reply,
         ground_truth=truth,
         extra_info=dict(row.get("extra_info") or {}),
         row=row,  # a TRL-style function's prompts and columns
@@ -134,7 +151,8 @@ def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
         return f"{what}: a TRL-style function, loaded; not called before training (as TRL)"
     path, row = first_row(cfg)
     timeout_s = float(cfg.reward.timeout_s)
-    result = _score_with_timeout(fn, probe_input(row), spec.kwargs, timeout_s)
+    scored, reply = (spec.probe or ground_truth_reply)(row)
+    result = _score_with_timeout(fn, probe_input(row, reply), spec.kwargs, timeout_s)
     if result is None:
         raise PreflightError(
             f"{what} did not return within reward.timeout_s={timeout_s:g} s on the first row of {path} "
@@ -142,9 +160,10 @@ def check_reward(cfg: DictConfig, spec: RewardSpec) -> str:
         )
     if result.failed:
         raise PreflightError(
-            f"{what} failed on the first row of {path}: {result.error} (trainer.preflight=false skips this check)"
+            f"{what} failed on {scored}, on the first row of {path}: {result.error} "
+            "(trainer.preflight=false skips this check)"
         )
-    return f"{what} scored the first row of {path}: {result.score:.4g}"
+    return f"{what} scored {scored}, on the first row of {path}: {result.score:.4g}"
 
 
 def _score_with_timeout(

@@ -60,7 +60,11 @@ def test_a_reward_that_raises_stops_the_run_before_the_model_loads(tmp_path: Pat
     path = reward_file(tmp_path, "    raise KeyError('score_table')\n")
     result = train(TOY, tmp_path, f"reward.function.path={path}")
     assert_stopped_before_the_model(
-        result, tmp_path, f"of {path} failed on the first row of builtin://toy_target_string/train", "KeyError"
+        result,
+        tmp_path,
+        f"of {path} failed on the reply 'hello' (the row's reward_model.ground_truth), on the first row of "
+        "builtin://toy_target_string/train",
+        "KeyError",
     )
 
 
@@ -130,13 +134,15 @@ def test_every_check_passes_against_live_services(tmp_path: Path, monkeypatch: p
         )
         lines: list[str] = []
         run_preflight(cfg, lines.append, service_checks(cfg), reward_spec(cfg))
-        assert services.judge_stats.requests == 1  # one tiny request with the run's settings
+        # one tiny request with the run's settings, then the reward's judgement of the reference rewrite
+        assert services.judge_stats.requests == 2
     assert len(lines) == 5
     assert "judge" in lines[0]
     assert f"RAG service at {services.rag_url}" in lines[1]
     first = "with the first row of builtin://sales_demo/train answered"  # one request each, checked as in training
     assert f"POST {services.rag_url}/rag/chat_8b {first}" in lines[2]
     assert f"POST {services.rag_url}/rag/chat {first}" in lines[3]
-    assert services.rag_requests["chat_8b"] == 1
-    assert "queryrl.apps.query_rewrite.reward scored the first row of builtin://sales_demo/train" in lines[4]
+    assert services.rag_requests["chat_8b"] == 2  # the endpoint's check, then the reward's retrieval
+    assert 'queryrl.apps.query_rewrite.reward scored the reference rewrite \'{"rewritten_query": ' in lines[4]
+    assert lines[4].split(", on the first row of builtin://sales_demo/train: ")[1] != "-2"  # not the format floor
     assert not list((tmp_path / "cache").glob("tiny-qwen2-*"))

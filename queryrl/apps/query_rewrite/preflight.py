@@ -6,18 +6,22 @@ RAG service answers ``GET /health``, then one ``POST /rag/chat_8b`` and one ``PO
 fields training sends for the first training row (its current turn as the rewrite), each answer checked
 by the client's contract check that checks every answer of the run
 (:func:`~.eval.checks.check_rag_endpoint`); one line per endpoint. The reward checked is the
-application's own (:meth:`~.reward.score.QueryRewriteReward.from_config`).
+application's own (:meth:`~.reward.score.QueryRewriteReward.from_config`), scoring the first row's
+reference rewrite (:func:`reference_reply`): a reply that parses, so that the check runs the retrieval and
+the judge that training's rewards run, instead of an empty reply's format floor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from queryrl.apps.query_rewrite.config import QueryRewriteConfig, QueryRewriteRAGConfig, reward_weights, settings_of
 from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_judge, check_rag, check_rag_endpoint
-from queryrl.trainer.preflight import Check, PreflightError, RewardSpec, first_row
+from queryrl.trainer.preflight import Check, PreflightError, RewardSpec, first_row, shown
 
 
 def _one_message(check: Callable[[], str]) -> Check:
@@ -41,7 +45,22 @@ def reward_spec(cfg: DictConfig) -> RewardSpec:
     from queryrl.apps.query_rewrite.reward.score import QueryRewriteReward
     from queryrl.apps.query_rewrite.training import REWARD_FUNCTION
 
-    return RewardSpec(REWARD_FUNCTION, "compute_score", {}, fn=QueryRewriteReward.from_config(cfg))
+    reward = QueryRewriteReward.from_config(cfg)
+    return RewardSpec(REWARD_FUNCTION, "compute_score", {}, fn=reward, probe=reference_reply)
+
+
+def reference_reply(row: Mapping[str, Any]) -> tuple[str, str]:
+    """The reply the preflight scores for `row`: its reference rewrite in the answer format its prompt asks for,
+    the row's ``extra_info.sft_target`` where the data carries one, else queryrl's heuristic rewrite of it
+    (:func:`~.data.sft_targets.add_sft_targets`, which labels turns that need no retrieval with an empty query).
+    Returns (the reply and where it came from, in words; the reply)."""
+    from queryrl.apps.query_rewrite.data.sft_targets import SFT_SOURCE_KEY, SFT_TARGET_KEY, add_sft_targets
+
+    info = row.get("extra_info") or {}
+    if not (isinstance(info.get(SFT_TARGET_KEY), str) and info[SFT_TARGET_KEY].strip()):
+        info = add_sft_targets([copy.deepcopy(dict(row))])[0]["extra_info"]
+    reply = str(info[SFT_TARGET_KEY])
+    return f"the reference rewrite {shown(reply)} from {info.get(SFT_SOURCE_KEY) or 'extra_info.sft_target'}", reply
 
 
 def service_checks(cfg: DictConfig) -> list[Check]:
