@@ -26,6 +26,11 @@ VERL_ALIASES: dict[str, str] = {
     "actor_rollout_ref.rollout.temperature": "rollout.temperature",
     "actor_rollout_ref.rollout.top_p": "rollout.top_p",
     "actor_rollout_ref.rollout.top_k": "rollout.top_k",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.max_num_seqs": "rollout.vllm.max_num_seqs",
+    "actor_rollout_ref.rollout.max_model_len": "rollout.vllm.max_model_len",
+    "actor_rollout_ref.rollout.enforce_eager": "rollout.vllm.enforce_eager",
+    "actor_rollout_ref.rollout.enable_prefix_caching": "rollout.vllm.enable_prefix_caching",
     "actor_rollout_ref.rollout.val_kwargs.temperature": "rollout.val.temperature",
     "actor_rollout_ref.rollout.val_kwargs.top_p": "rollout.val.top_p",
     "actor_rollout_ref.rollout.val_kwargs.top_k": "rollout.val.top_k",
@@ -85,7 +90,6 @@ VERL_ALIASES: dict[str, str] = {
 # verl keys that a verl script may carry and that mean nothing here, with the reason.
 VERL_WITHOUT_MEANING: dict[str, str] = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "queryrl has no tensor parallelism",
-    "actor_rollout_ref.rollout.gpu_memory_utilization": "set it through the vllm backend's own options",
     "actor_rollout_ref.actor.fsdp_config": "FSDP is chosen by trainer.backend=ray on GPUs",
     "actor_rollout_ref.ref.fsdp_config": "FSDP is chosen by trainer.backend=ray on GPUs",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "log-probs use actor.ppo_micro_batch_size",

@@ -20,7 +20,7 @@ from queryrl.config.validation import validate
 from queryrl.plugins import not_a_file
 
 # dict-typed fields whose keys are the user's
-_FREE_FORM = ("reward.kwargs",)  # and each application's `free_form`
+_FREE_FORM = ("reward.kwargs", "rollout.vllm.extra")  # and each application's `free_form`
 # "token" only as the key's last word (hf_token, access_token): not max_tokens, tokenizer_path, token_limit_param
 _SECRET_KEY = re.compile(r"(api_?key|token$|secret|password)", re.IGNORECASE)
 

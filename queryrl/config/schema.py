@@ -102,6 +102,20 @@ class MultiTurnConfig:
 
 
 @dataclass
+class VLLMEngineConfig:
+    """``rollout.backend=vllm``'s engine options: each one set is passed to ``vllm.LLM`` (null: vLLM's default);
+    ``extra`` holds any other ``vllm.LLM`` keyword, passed as given. verl's ``actor_rollout_ref.rollout.<name>``
+    keys are aliases of these (``queryrl.rollout.vllm.engine_kwargs``; ``queryrl train --dry-run`` shows them)."""
+
+    gpu_memory_utilization: float = 0.4  # the GPU share vLLM takes (weights + KV cache); the trainer has the rest
+    max_num_seqs: int | None = None  # sequences decoded at once (vLLM's default: 256); fewer = smaller KV cache
+    max_model_len: int | None = None  # the longest prompt + response the engine plans for (default: the model's)
+    enforce_eager: bool | None = None  # true: no CUDA graphs (less memory, slower decoding)
+    enable_prefix_caching: bool | None = None  # reuse the KV cache of a shared prompt (GRPO's n samples)
+    extra: dict[str, Any] = field(default_factory=dict)  # other vllm.LLM keywords, e.g. {kv_cache_dtype: fp8}
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"
     n: int = 4  # responses per prompt (the GRPO group size)
@@ -114,6 +128,7 @@ class RolloutConfig:
     fast_decode: str = "auto"
     val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # the vllm backend's engine options
 
 
 @dataclass

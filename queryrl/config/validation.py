@@ -117,6 +117,7 @@ def _check_algorithm_choices(cfg: DictConfig) -> None:
     """The registered names: estimator, losses, KL, schedules, precision, rollout backend."""
     from queryrl.algos import ADVANTAGE_ESTIMATORS, KL_PENALTIES, LOSS_AGG_MODES, POLICY_LOSSES
     from queryrl.rollout import ROLLOUT_BACKENDS
+    from queryrl.rollout.vllm import engine_kwargs
 
     choice(cfg.algo.adv_estimator, ADVANTAGE_ESTIMATORS.names(), "algo.adv_estimator")
     choice(cfg.actor.policy_loss, POLICY_LOSSES.names(), "actor.policy_loss")
@@ -130,6 +131,10 @@ def _check_algorithm_choices(cfg: DictConfig) -> None:
     check_precision(cfg.model.dtype, cfg.model.compute_dtype)
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
+    try:  # the vllm engine's options (checked whatever the backend: a typo waits for no GPU run)
+        engine_kwargs(OmegaConf.to_container(cfg.rollout.vllm, resolve=True))  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_reward_functions(cfg: DictConfig) -> None:

@@ -298,6 +298,7 @@ class PolicyWorker:
         pad = int(self.policy.tokenizer.pad_token_id)
         if self._rollout is None:
             from queryrl.rollout import make_rollout
+            from queryrl.rollout.vllm import config_engine
 
             # an engine with weights of its own (vLLM) built here takes them from the policy at once: under
             # FSDP a collective every rank runs, as every rank calls generate
@@ -309,6 +310,7 @@ class PolicyWorker:
                 self.device,
                 fast_decode=self.cfg.rollout.fast_decode,
                 dtype=self._rollout_dtype(),
+                engine=config_engine(self.cfg.rollout),
             )
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.random.fork_rng(devices=[self.device] if self.use_gpu else []))

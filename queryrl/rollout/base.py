@@ -13,7 +13,7 @@ fast decode path for Qwen2, Qwen3, Llama and Gemma 3, ``rollout.fast_decode``),
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
@@ -289,6 +289,11 @@ def make_rollout(
     device: torch.device | None = None,
     fast_decode: str = "auto",
     dtype: torch.dtype | None = None,
+    engine: Mapping[str, Any] | None = None,
 ) -> RolloutBackend:
-    """The rollout backend registered under ``name`` (``rollout.backend``)."""
-    return ROLLOUT_BACKENDS.get(name)(model, tokenizer, micro_batch_size, device, fast_decode, dtype)
+    """The rollout backend registered under ``name`` (``rollout.backend``). `engine`: options of a backend's
+    engine (``rollout.vllm`` for ``vllm``), passed as the keyword ``engine`` only when given."""
+    factory = ROLLOUT_BACKENDS.get(name)
+    if engine is None:
+        return factory(model, tokenizer, micro_batch_size, device, fast_decode, dtype)
+    return factory(model, tokenizer, micro_batch_size, device, fast_decode, dtype, engine=engine)  # type: ignore[call-arg]

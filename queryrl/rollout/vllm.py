@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,55 @@ def _require_vllm() -> Any:
     return vllm
 
 
+# vllm.LLM keywords queryrl sets itself (rollout.vllm.extra may not): what it needs to load the trainer's weights
+RESERVED_ENGINE_KEYS = {
+    "model": "the policy's folder",
+    "dtype": "the policy's compute dtype",
+    "enable_sleep_mode": "the engine sleeps between rollouts",
+    "logprobs_mode": "log-probs of the processed distribution",
+    "tensor_parallel_size": "the in-process engine runs on one GPU (queryrl has no tensor parallelism)",
+}
+ENGINE_OPTIONS = ("gpu_memory_utilization", "max_num_seqs", "max_model_len", "enforce_eager", "enable_prefix_caching")
+
+
+def engine_kwargs(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``rollout.vllm`` as ``vllm.LLM`` keyword arguments: the typed options that are set (null: vLLM's
+    default), then ``extra`` as given; None: none.
+
+    Raises:
+        ValueError: an option out of range (``0 < gpu_memory_utilization <= 1``, ``max_num_seqs`` and
+            ``max_model_len`` >= 1), or an ``extra`` key that is a typed option or one queryrl sets itself.
+    """
+    options = dict(options or {})
+    extra = dict(options.pop("extra", None) or {})
+    unknown = sorted(set(options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise ValueError(f"rollout.vllm has no option {', '.join(unknown)} (put other vllm.LLM keywords in extra)")
+    gmu = options.get("gpu_memory_utilization")
+    if gmu is not None and not 0.0 < float(gmu) <= 1.0:
+        raise ValueError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1] (a share of the GPU), got {gmu}")
+    for name in ("max_num_seqs", "max_model_len"):
+        if options.get(name) is not None and int(options[name]) < 1:
+            raise ValueError(f"rollout.vllm.{name} must be >= 1 or null (vLLM's default), got {options[name]}")
+    for key in extra:
+        if key in RESERVED_ENGINE_KEYS:
+            raise ValueError(f"rollout.vllm.extra.{key}: queryrl sets it itself ({RESERVED_ENGINE_KEYS[key]})")
+        if key in ENGINE_OPTIONS:
+            raise ValueError(f"rollout.vllm.extra.{key}: set rollout.vllm.{key} instead")
+    return {k: v for k, v in options.items() if v is not None} | extra
+
+
+def config_engine(rollout: Any) -> dict[str, Any] | None:
+    """The ``rollout`` config node's engine options for :func:`~queryrl.rollout.base.make_rollout`: its
+    ``vllm`` node as plain data with ``backend=vllm``, else None."""
+    if rollout.backend != "vllm":
+        return None
+    from omegaconf import OmegaConf
+
+    node = rollout.vllm
+    return dict(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node)  # type: ignore[arg-type]
+
+
 def model_path(model: nn.Module) -> Path:
     """The Hugging Face folder `model` (or a peft model's base) was loaded from."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # type: ignore[operator]
@@ -128,10 +177,12 @@ class VLLMRollout:
         tokenizer: gives ``pad_token_id`` and ``eos_token_id``.
         micro_batch_size: prompts per chunk of :meth:`generate_chunks` (vLLM batches internally).
         device: unused (vLLM places itself); accepted for the registry signature.
-        gpu_memory_utilization: the GPU memory fraction vLLM may take (the trainer shares the GPU).
+        gpu_memory_utilization: the GPU memory fraction vLLM may take (the trainer shares the GPU), unless
+            `engine_options` sets it.
         sleep_between_rollouts: offload the engine while the trainer trains (colocated).
         dtype: the engine's dtype (None: :func:`engine_dtype` of `model`; FSDP's mixed precision passes its
             compute dtype, which the sharded module no longer records).
+        engine_options: ``rollout.vllm`` (:func:`engine_kwargs`): more ``vllm.LLM`` keywords.
     """
 
     def __init__(
@@ -143,7 +194,9 @@ class VLLMRollout:
         gpu_memory_utilization: float = 0.4,
         sleep_between_rollouts: bool = True,
         dtype: torch.dtype | None = None,
+        engine_options: Mapping[str, Any] | None = None,
     ) -> None:
+        engine = {"gpu_memory_utilization": gpu_memory_utilization} | engine_kwargs(engine_options)
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad token and an eos token")
         vllm = _require_vllm()
@@ -159,9 +212,9 @@ class VLLMRollout:
         self.llm = vllm.LLM(
             model=str(model_path(model)),
             dtype=names[self.dtype],
-            gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=sleep_between_rollouts,
             logprobs_mode="processed_logprobs",
+            **engine,
         )
         self.sleep_between_rollouts = sleep_between_rollouts
         self.asleep = False
@@ -272,6 +325,9 @@ def make_vllm_rollout(
     device: torch.device | None,
     fast_decode: str,
     dtype: torch.dtype | None,
+    engine: Mapping[str, Any] | None = None,
 ) -> VLLMRollout:
-    """``rollout.backend=vllm`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`)."""
-    return VLLMRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, dtype=dtype)
+    """``rollout.backend=vllm`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`); `engine`: ``rollout.vllm``."""
+    return VLLMRollout(
+        model, tokenizer, micro_batch_size=micro_batch_size, device=device, dtype=dtype, engine_options=engine
+    )

@@ -21,6 +21,7 @@ from queryrl.engine.workers import Workers, make_workers
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
 from queryrl.rewards import make_reward_manager
 from queryrl.rollout import make_rollout
+from queryrl.rollout.vllm import config_engine
 from queryrl.trainer.preflight import config_reward_spec
 from queryrl.trainer.row_checks import truth_rule
 
@@ -188,7 +189,7 @@ def build_components(cfg: DictConfig) -> Components:
     if not (on_ray and cfg.ray.rollout == "workers"):
         rollout = make_rollout(
             cfg.rollout.backend, policy.model, policy.tokenizer, cfg.rollout.micro_batch_size, device,
-            fast_decode=cfg.rollout.fast_decode,
+            fast_decode=cfg.rollout.fast_decode, engine=config_engine(cfg.rollout),
         )  # fmt: skip
     reward, select = _reward(cfg)
     components = Components(

@@ -309,7 +309,13 @@ def _gpu_stack(cfg: DictConfig, plan: Plan, command: str) -> None:
         if not found:
             plan.problems.append("trainer.backend=ray needs Ray: pip install 'queryrl[gpu]' (or 'queryrl[ray]')")
     if command == "train" and cfg.rollout.backend == "vllm":
-        from queryrl.rollout.vllm import SUPPORTED_VLLM, multiprocessing_problem, vllm_version_problem
+        from queryrl.rollout.vllm import (
+            SUPPORTED_VLLM,
+            config_engine,
+            engine_kwargs,
+            multiprocessing_problem,
+            vllm_version_problem,
+        )
 
         try:
             version: str | None = importlib.metadata.version("vllm")
@@ -322,6 +328,8 @@ def _gpu_stack(cfg: DictConfig, plan: Plan, command: str) -> None:
             plan.problems.append(problem)
         if (problem := multiprocessing_problem()) is not None:
             plan.problems.append(problem)
+        engine = engine_kwargs(config_engine(cfg.rollout))  # what vllm.LLM gets besides model, dtype, sleep mode
+        lines.append("vllm engine: " + ", ".join(f"{k}={v}" for k, v in engine.items()))
     plan.add("gpu stack", *lines)
 
 

@@ -135,6 +135,8 @@ def test_plan_of_the_2gpu_preset_reads_config_json_only(tmp_path: Path, monkeypa
     assert plan.problems == []
     assert f"gpu stack    torch {torch.__version__} (CUDA 12.9 build)\n" in text
     assert "vllm 0.32.0 (supported: >=0.32,<0.33)" in text
+    engine = "gpu_memory_utilization=0.4, max_num_seqs=64, max_model_len=1280, enforce_eager=False, "
+    assert f"vllm engine: {engine}enable_prefix_caching=True\n" in text  # the preset's rollout.vllm
     assert "ray: 1 node(s) x 2 worker(s)" in text
     assert "8.191 B parameters" in text
     assert "LoRA rank 64: 174.6 M trainable" in text
