@@ -93,13 +93,13 @@ def _set(cfg: DictConfig, key: str, value: Any, where: str, given: str | None = 
     is_list = isinstance(OmegaConf.select(cfg, key, default=None, throw_on_missing=False), ListConfig)
     if isinstance(value, str) and value != "???" and is_list:
         value = [value]  # verl scripts give one file (or one logger) as a plain string
-    free = next((f for f in _free_form() if key.startswith(f + ".")), None)
     whole = key in _free_form()  # a whole free-form mapping (``document_fields={doc_id: id}``) replaces it
+    free = key if whole else next((f for f in _free_form() if key.startswith(f + ".")), None)
     try:
-        if free is None and not whole:
+        if free is None:
             OmegaConf.update(cfg, key, value, merge=True)
         else:  # a free-form mapping (e.g. reward.kwargs) takes any key
-            with open_dict(OmegaConf.select(cfg, key if whole else free)):
+            with open_dict(OmegaConf.select(cfg, free)):
                 OmegaConf.update(cfg, key, value, merge=not whole)
     except (ConfigKeyError, ConfigAttributeError):
         raise ConfigError(f"{where}: {_unknown_key_message(given or key, key)}") from None
