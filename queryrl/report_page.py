@@ -238,17 +238,22 @@ function oneEval(host, E, none) {
   const metrics = [];
   for (const m of Object.values(E.systems))
     for (const k in m) if (k + "_low" in m && !metrics.includes(k)) metrics.push(k);
-  const t = el("table"), head = el("tr"); head.appendChild(el("th", "system"));
-  for (const k of metrics) head.appendChild(el("th", k + " [95% interval]"));
-  t.appendChild(head);
-  for (const [name, m] of Object.entries(E.systems)) {
-    const tr = el("tr"); tr.appendChild(el("td", name));
-    for (const k of metrics)
-      tr.appendChild(el("td", k in m ? `${fmt(m[k])} [${fmt(m[k + "_low"])}, ${fmt(m[k + "_high"])}]` : ""));
-    t.appendChild(tr);
+  const notes = E.notes || {};  // why a part is empty (eval.json's notes), said in its place
+  if (notes.retrieval || !metrics.length)
+    host.appendChild(el("p", notes.retrieval || "No metric with an interval in eval.json.", "note"));
+  if (metrics.length) {
+    const t = el("table"), head = el("tr"); head.appendChild(el("th", "system"));
+    for (const k of metrics) head.appendChild(el("th", k + " [95% interval]"));
+    t.appendChild(head);
+    for (const [name, m] of Object.entries(E.systems)) {
+      const tr = el("tr"); tr.appendChild(el("td", name));
+      for (const k of metrics)
+        tr.appendChild(el("td", k in m ? `${fmt(m[k])} [${fmt(m[k + "_low"])}, ${fmt(m[k + "_high"])}]` : ""));
+      t.appendChild(tr);
+    }
+    host.appendChild(t);
   }
-  host.appendChild(t);
-  if (E.comparisons) {
+  if (E.comparisons && Object.keys(E.comparisons).length) {
     host.appendChild(el("h3", "Paired differences (a - b)"));
     const c = el("table"), h = el("tr");
     for (const k of ["a", "b", "metric", "diff [95% interval]", "a better", "b better", "tie"])
@@ -263,7 +268,9 @@ function oneEval(host, E, none) {
           tr.appendChild(el("td", v === undefined ? "" : fmt(v)));
         c.appendChild(tr);
       }
-    host.appendChild(c);
+    if (notes.comparisons || c.children.length < 2)
+      host.appendChild(el("p", notes.comparisons || notes.retrieval || "No pair has a difference to show.", "note"));
+    if (c.children.length > 1) host.appendChild(c);  // never a table of headers only
   }
 }
 const isFailed = s => s.failed === true || ((s.score === null || s.score === undefined) && s.unscored !== true);

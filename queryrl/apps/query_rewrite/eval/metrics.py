@@ -400,6 +400,8 @@ def _cell(value: float | str | None, digits: int) -> str:
         return "-"
     if isinstance(value, str):
         return value
+    if isinstance(value, int):  # a count: 0 is "0", not "0.000"
+        return str(value)
     if float(value).is_integer() and abs(value) >= 1:
         return str(int(value))
     return f"{value:.{digits}f}"

@@ -3,9 +3,10 @@
 - ``out``: the report (:func:`write_outputs`): ``systems`` (each system's metrics), ``comparisons``,
   ``eval_file``, ``n_samples``, ``judge_calls`` (sent, failed, the first error and, with an LLM judge, its
   ``prompt_tokens``, ``completion_tokens``, ``reasoning_tokens``, ``cut_off`` and, with prices set, the
-  estimated ``cost``) and ``settings``; a non-finite number is written as null;
+  estimated ``cost``), ``settings`` and ``notes`` (why a part is empty, e.g. no gold documents:
+  :func:`eval_notes`); a non-finite number is written as null;
 - ``eval.png``: a bar chart of recall@5 and MRR per system with 95 % intervals, and with ``--compare`` a
-  third panel of the paired differences (:func:`plot_systems`);
+  third panel of the paired differences (:func:`plot_systems`); an empty panel says why in its place;
 - ``eval_samples.jsonl``: per sample, each system's query, its top-5 doc ids and their titles, whether it
   parsed, the judge's verdict, the intent verdicts (``intent_kept``, ``intent_code``, ``intent_reason``;
   with an LLM judge ``intent_kept_judge``, ``intent_judge_reason``) and, on turns with gold, its recall@5 /
@@ -52,6 +53,22 @@ TABLE_KEYS = {
 }
 
 
+NO_GOLD = "no gold documents in this data: Recall, MRR and NDCG need gold ids (ground_truth.gold_doc_ids)"
+NO_COMMON = "no turn with gold documents that both systems of a pair were scored on: no paired differences"
+
+
+def eval_notes(golds: Sequence[Sequence[str]], comparisons: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Why a part of the report is empty, by part: ``retrieval`` (no sample has gold ids: no Recall, MRR or NDCG)
+    and ``comparisons`` (``--compare`` asked for pairs, and no pair has a turn with gold both were scored on:
+    no retrieval differences; the judge's and the intent check's may still be there)."""
+    notes: dict[str, str] = {}
+    if not any(golds):
+        notes["retrieval"] = NO_GOLD
+    if comparisons and not any(c.get("n") for c in comparisons.values()):
+        notes["comparisons"] = notes.get("retrieval", NO_COMMON)
+    return notes
+
+
 def json_safe(value: Any) -> Any:
     """`value` with every non-finite float replaced by None (JSON has no NaN) and every key a string."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -77,8 +94,10 @@ def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
         row: dict[str, float | str] = {}
         for key, header in TABLE_KEYS.items():
             value = flat.get(key)
-            if isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool)):
-                row[header] = value if isinstance(value, str) else float(value)
+            if isinstance(value, str | int) and not isinstance(value, bool):
+                row[header] = value  # a count stays an integer: printed without decimals
+            elif isinstance(value, float):
+                row[header] = value
         rows[name] = row
     return rows
 
@@ -88,13 +107,16 @@ def plot_systems(
     out: Path,
     comparisons: Mapping[str, Mapping[str, Any]] | None = None,
     trained: Sequence[str] = (),
+    notes: Mapping[str, str] | None = None,
 ) -> Path:
     """Bars of recall@5 and MRR per system with their 95 % intervals, written to `out` (PNG).
 
     Baselines (grey) and the `trained` systems (blue) are told apart; with judge verdicts a panel of the
     judge score (wins + ties/2 against the reference, with its interval); with `comparisons`, a panel of
-    the paired differences (:func:`~.eval_compare.draw_differences`).
+    the paired differences (:func:`~.eval_compare.draw_differences`). A panel with nothing to show says why
+    in its place: `notes` (:func:`eval_notes`), else that no system has the metric.
     """
+    notes = notes or {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,10 +137,16 @@ def plot_systems(
         for unused in axes[count:]:
             unused.set_visible(False)
         if comparisons:
-            draw_differences(axes[count - 1], comparisons, HEADLINE_K)
+            if "comparisons" in notes:
+                _say_empty(axes[count - 1], "paired difference A - B", notes["comparisons"])
+            else:
+                draw_differences(axes[count - 1], comparisons, HEADLINE_K)
         colors = ["tab:blue" if n in trained else "tab:gray" for n in names]
         for ax, (key, title) in zip(axes, panels, strict=False):
             shown = [n for n in names if systems[n].get(key) is not None]
+            if not shown:
+                _say_empty(ax, title, notes.get("retrieval", f"no system has {title}"))
+                continue
             means = [float(systems[n][key]) for n in shown]
             lows = [m - float(systems[n].get(f"{key}_low") or m) for n, m in zip(shown, means, strict=True)]
             highs = [float(systems[n].get(f"{key}_high") or m) - m for n, m in zip(shown, means, strict=True)]
@@ -140,6 +168,17 @@ def plot_systems(
         finally:
             plt.close(fig)
     return out
+
+
+def _say_empty(ax: Any, title: str, why: str) -> None:
+    """An empty panel: its title and, in its middle, why it is empty (wrapped to the panel)."""
+    import textwrap
+
+    ax.set_title(title)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    text = "\n".join(textwrap.wrap(why, 36))
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="dimgray")
 
 
 def sample_records(
@@ -208,8 +247,13 @@ def write_outputs(
     atomic_write_text(out.parent / "eval_samples.jsonl", "".join(lines))
     comparisons = report["comparisons"]
     trained = [spec["name"] for spec in report["settings"]["systems"] if spec.get("kind") == "model"]
-    plot_systems(report["systems"], out.parent / "eval.png", comparisons, trained)
+    notes = report.get("notes") or {}
+    plot_systems(report["systems"], out.parent / "eval.png", comparisons, trained, notes)
     say(format_table(table_rows(report["systems"])))
+    if "retrieval" in notes:
+        say(f"note: {notes['retrieval']}")
     if comparisons:
         say(format_comparisons(comparisons, HEADLINE_K))
+        if notes.get("comparisons") and notes["comparisons"] != notes.get("retrieval"):
+            say(f"note: {notes['comparisons']}")
     say(f"wrote {out}, {out.parent / 'eval.png'} and {out.parent / 'eval_samples.jsonl'}")

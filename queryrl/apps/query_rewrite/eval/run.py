@@ -80,7 +80,7 @@ from queryrl.apps.query_rewrite.eval.intent import (
     intent_metrics,
 )
 from queryrl.apps.query_rewrite.eval.metrics import DEFAULT_KS, HEADLINE_K, judge_metrics, system_metrics
-from queryrl.apps.query_rewrite.eval.outputs import sample_records, write_outputs
+from queryrl.apps.query_rewrite.eval.outputs import eval_notes, sample_records, write_outputs
 from queryrl.apps.query_rewrite.eval.samples import (
     Answer,
     EvalError,
@@ -266,6 +266,7 @@ def _report(
         "n_samples": len(samples),
         "judge_calls": intent_call_summary(judge_call_summary(outcomes), intents),
         "settings": _settings(specs, rag, judge, ks) | dict(run) | {"context_dependent": dependent_rule},
+        "notes": eval_notes([s.gold for s in samples], comparisons),
     }
 
 
