@@ -248,7 +248,8 @@ class RewardConfig:
     # a step whose failed fraction of samples (with drop_failed_groups, their group mates too) exceeds this
     # (strictly: > ) is skipped (no update), with a warning
     max_failed_frac: float = 0.5
-    # this many skipped steps in a row stop the run (exit 3) with the first failed sample's error; 0 = never
+    # this many skipped steps in a row stop the run (exit 3) with the first failed sample's error; 0 = never.
+    # A run whose every step was skipped, in a row or not, ends with exit 3 whatever this says
     max_skipped_steps: int = 3
 
 
@@ -284,7 +285,7 @@ class TrainerConfig:
     experiment_name: str = "run"
     output_dir: str = "runs"
     total_epochs: int = 1
-    total_steps: int = 0  # 0 = total_epochs over the train data
+    total_steps: int = 0  # 0 = total_epochs over the train data (>= 1 then); a negative count is refused
     seed: int = 42
     device: str = "auto"  # auto | cpu | cuda | cuda:N (the policy)
     ref_device: str = ""  # default: device
