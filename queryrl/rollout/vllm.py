@@ -143,7 +143,9 @@ def config_engine(rollout: Any) -> dict[str, Any] | None:
         return None
     from omegaconf import OmegaConf
 
-    node = rollout.vllm
+    node = rollout.get("vllm")  # a partial config (a test's) may lack the node: the defaults
+    if node is None:
+        return {}
     return dict(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node)  # type: ignore[arg-type]
 
 
