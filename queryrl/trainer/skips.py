@@ -101,8 +101,9 @@ def nothing_trained_message(watch: SkipWatch, first_step: int, last_step: int) -
         why = f"{'every one' if steps > 1 else 'it'} was skipped because its rewards failed"
     else:
         why = (
-            f"{watch.skipped_steps} were skipped because their rewards failed, the others had no group whose "
-            "samples scored differently (algo.filter_groups)"
+            f"{watch.skipped_steps} were skipped because their rewards failed, the others updated nothing "
+            "(algo.filter_groups found no group whose samples scored differently, or critic.warmup_steps held "
+            "the actor back)"
         )
     first = watch.run_error or "no sample was scored"
     return redact(
