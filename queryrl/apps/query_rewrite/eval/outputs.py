@@ -69,12 +69,20 @@ def eval_notes(golds: Sequence[Sequence[str]], comparisons: Mapping[str, Mapping
     return notes
 
 
+def _count(key: str, value: Any) -> Any:
+    """A whole-number float under a count's key (``n``, ``n_*``, ``*_n``) as an int: eval.json says ``6``, not
+    ``6.0``."""
+    named = key == "n" or key.startswith("n_") or key.endswith("_n")
+    return int(value) if named and isinstance(value, float) and value.is_integer() else value
+
+
 def json_safe(value: Any) -> Any:
-    """`value` with every non-finite float replaced by None (JSON has no NaN) and every key a string."""
+    """`value` with every non-finite float replaced by None (JSON has no NaN), every key a string and every
+    count an int (:func:`_count`)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(_count(str(k), v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value

@@ -56,6 +56,10 @@ def test_eval_without_gold_says_why_its_parts_are_empty(tmp_path: Path, monkeypa
     assert f"note: {NO_GOLD}" in result.output
     report = json.loads(out.read_text(encoding="utf-8"))
     assert report["notes"] == {"retrieval": NO_GOLD, "comparisons": NO_GOLD}
+    raw = report["systems"]["raw_turn"]
+    assert (raw["n"], raw["n_no_retrieval"], raw["intent_n"]) == (0, 3, 6)  # counts: integers in JSON too
+    assert all(isinstance(raw[k], int) for k in ("n", "n_skipped", "n_no_retrieval", "intent_n"))
+    assert '"n_no_retrieval": 3,' in out.read_text(encoding="utf-8")
     said = [t.replace("\n", " ") for t in drawn]
     assert said.count(NO_GOLD) == 3  # the MRR, Recall and paired-differences panels
     assert (tmp_path / "eval.png").stat().st_size > 0
