@@ -355,6 +355,13 @@ def serve_judge(
     token: Annotated[
         str | None, typer.Option(help="The key itself. Discouraged: every user of this machine sees it in ps.")
     ] = None,
+    reasoning_tokens: Annotated[
+        int,
+        typer.Option(
+            help="Hidden reasoning tokens each reply spends first, out of the request's token limit (as GPT-5's): "
+            "a limit they use up gets an empty reply with finish_reason 'length'."
+        ),
+    ] = 0,
 ) -> None:
     """Serve an OpenAI-compatible judge (POST /v1/chat/completions, GET /v1/models) from a local function."""
     from queryrl.testing.judge_server import serve
@@ -362,7 +369,7 @@ def serve_judge(
     try:
         serve(
             host=host, port=port, judge=judge, latency_ms=latency_ms, strict=strict, api_key_env=api_key_env,
-            token=token,
+            token=token, reasoning_tokens=reasoning_tokens,
         )  # fmt: skip
     except ValueError as exc:
         _fail(str(exc))

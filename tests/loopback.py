@@ -60,9 +60,9 @@ def rag_and_judge(api_key: str, better: str = "same", seed_paths: bool = False) 
 
 
 @contextmanager
-def serve_judge_process(judge: str = "constant", startup_s: float = 60.0) -> Iterator[str]:
-    """``queryrl serve-judge --judge JUDGE`` as a real process on 127.0.0.1; yields its base URL (``.../v1``)
-    once ``GET /v1/models`` answers."""
+def serve_judge_process(judge: str = "constant", startup_s: float = 60.0, *options: str) -> Iterator[str]:
+    """``queryrl serve-judge --judge JUDGE [OPTIONS]`` as a real process on 127.0.0.1; yields its base URL
+    (``.../v1``) once ``GET /v1/models`` answers."""
     import os
     import socket
     import subprocess
@@ -74,7 +74,7 @@ def serve_judge_process(judge: str = "constant", startup_s: float = 60.0) -> Ite
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", judge, "--port", str(port)]
+    cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", judge, "--port", str(port), *options]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     try:
         deadline = time.monotonic() + startup_s

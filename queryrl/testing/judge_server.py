@@ -415,6 +415,7 @@ def serve(
     strict: bool = False,
     api_key_env: str | None = None,
     token: str | None = None,
+    reasoning_tokens: int = 0,
 ) -> None:
     """Serve `judge` until interrupted (blocking).
 
@@ -428,14 +429,18 @@ def serve(
         strict: refuse what OpenAI's API refuses (see the module doc), to rehearse a GPT-5 judge offline.
         api_key_env: an environment variable holding the key clients must send (None: any key).
         token: the key itself (instead of `api_key_env`; visible in ``ps`` when given on a command line).
+        reasoning_tokens: hidden tokens each reply spends first, out of the request's limit (the module doc).
 
     Raises:
         ValueError: the variable is unset, both are given, or a non-loopback `host` has no key
-            (:class:`~queryrl.service_auth.TokenError`), before anything is bound.
+            (:class:`~queryrl.service_auth.TokenError`), or `reasoning_tokens` < 0, before anything is bound.
     """
+    if reasoning_tokens < 0:
+        raise ValueError(f"serve-judge: --reasoning-tokens must be >= 0, got {reasoning_tokens}")
     api_key = resolve_token(token, api_key_env, "serve-judge")
     check_bind(host, api_key, "serve-judge")
-    app = make_app(load_judge_function(judge), latency_ms=latency_ms, strict=strict, api_key=api_key)
+    fn = load_judge_function(judge)
+    app = make_app(fn, latency_ms=latency_ms, strict=strict, api_key=api_key, reasoning_tokens=reasoning_tokens)
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 

@@ -89,3 +89,27 @@ def test_the_library_client_without_a_config_names_its_own_setting() -> None:
         "the judge's reply was cut off (finish_reason=length) after 1000 completion tokens, 1000 of them "
         "reasoning; raise the judge's max_tokens above 1000 (or lower reasoning_effort); the reply is empty"
     )
+
+
+def test_serve_judge_rehearses_the_cut_off_offline() -> None:
+    """``queryrl serve-judge --strict --reasoning-tokens 512``, a real process, against the official SDK."""
+    from tests.loopback import serve_judge_process
+
+    with serve_judge_process("constant", 60.0, "--strict", "--reasoning-tokens", "512") as url:
+        short = JudgeClient(url, "gpt-5", api_key_env=None, max_tokens=512, reasoning_effort="high")
+        with pytest.raises(JudgeUnavailable, match=r"cut off \(finish_reason=length\) after 512 completion tokens"):
+            short.check_sync()
+        roomy = JudgeClient(url, "gpt-5", api_key_env=None, max_tokens=1024, reasoning_effort="high")
+        assert "succeeded" in roomy.check_sync()
+        assert roomy.pop_stats()["judge/reasoning_tokens"] == 512
+
+
+def test_serve_judge_refuses_negative_reasoning_tokens() -> None:
+    from typer.testing import CliRunner
+
+    from queryrl.cli import app
+
+    result = CliRunner().invoke(app, ["serve-judge", "--reasoning-tokens", "-1"])
+    assert result.exit_code == 2
+    assert "--reasoning-tokens must be >= 0, got -1" in result.output
+    assert "Traceback" not in result.output
