@@ -308,7 +308,7 @@ def _validate_array(obj: list[Any], schema: dict[str, Any], path: str) -> list[s
 
 
 # A reply that is a verdict: the JSON object alone, or one fenced block that is the whole reply (see parse_verdict)
-_WHOLE_FENCE = re.compile(r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\r?\n(.*?)```\Z", re.DOTALL)
+_WHOLE_FENCE = re.compile(r"\A```[ \t]*[A-Za-z0-9_+-]*[ \t]*\r?\n?(.*?)```\Z", re.DOTALL)
 _THINK = re.compile(r"\A\s*<think>.*?</think>", re.DOTALL)
 
 

@@ -46,6 +46,7 @@ def test_a_refusal_with_an_example_verdict_is_no_verdict(reply: str, schema: dic
         f"```json\n{json.dumps(CONSTANT_VERDICT, indent=2)}\n```",
         f"\n```\n{EXAMPLE}\n```  \n",
         f"```JSON\n{EXAMPLE}```",
+        f"```{EXAMPLE}```",  # one line
         f'<think>\nThe first is better... maybe {{"better": "8b"}}\n</think>\n\n{EXAMPLE}',
         EXAMPLE.replace('"', "'").replace("}}}", "},},}"),  # single quotes, trailing commas: still repaired
     ],

@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # openai takes ~1 s to import: only when a judge is used
 log = logging.getLogger(__name__)
 
 NO_KEY_PLACEHOLDER = "EMPTY"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: verdicts are whole replies (a verdict read from a refusal's prose is not reused)
 
 # Seed 000 §3.2: {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}, sums in [0, 40].
 _SIDE_SCHEMA: dict[str, Any] = {
