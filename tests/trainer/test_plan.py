@@ -146,6 +146,7 @@ def test_plan_of_the_2gpu_preset_reads_config_json_only(tmp_path: Path, monkeypa
     assert "http://127.0.0.1:8000/rag/chat_8b" in text
     assert "chat:    http://127.0.0.1:8000/rag/chat\n" in text
     assert "key from $OPENAI_API_KEY: set" in text
+    assert "max_tokens unset (the server's), reasoning_effort unset; no prices set: its tokens are shown" in text
     assert "sk-plan-test-secret" not in text
     assert not (tmp_path / "runs").exists()
 

@@ -141,7 +141,16 @@ class QueryRewriteApp(Application):
                         f"app.query_rewrite.judge: the key variable {j.api_key_env} is not set "
                         "(export it, or judge.api_key_env=null for a server without key)"
                     )
-            add("judge", f"openai-compatible, model {j.model!r} at {j.base_url}, {key}, timeout {j.timeout_s} s")
+            limit = f"max_tokens {j.max_tokens}" if j.max_tokens is not None else "max_tokens unset (the server's)"
+            effort = f"reasoning_effort {j.reasoning_effort or 'unset'}"
+            prices = (j.price_per_million_input, j.price_per_million_output)
+            cost = (
+                f"prices per million tokens {prices[0]} in / {prices[1]} out: an estimated cost is shown"
+                if prices[0] is not None
+                else "no prices set: its tokens are shown, no cost"
+            )
+            head = f"openai-compatible, model {j.model!r} at {j.base_url}, {key}, timeout {j.timeout_s} s"
+            add("judge", head, f"{limit}, {effort}; {cost}")
         else:
             add("judge", "offline (gold documents of the data, no LLM)")
         if qr.rag.url:
