@@ -199,14 +199,15 @@ def judge_call_summary(outcomes: Mapping[str, JudgeOutcome]) -> dict[str, Any]:
 SPEND_KEYS = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cut_off", "cost")
 
 
-def judge_spend(client: JudgeClient | None) -> dict[str, float]:
+def judge_spend(client: JudgeClient | None) -> dict[str, int | float]:
     """The tokens the judge client spent since the last call (its counters are reset), for the report's
     ``judge_calls``: ``prompt_tokens``, ``completion_tokens`` (reasoning included: billed as output),
     ``reasoning_tokens``, ``cut_off`` and, with ``judge.price_per_million_*`` set, the estimated ``cost``."""
     if client is None:
         return {}
     stats = client.pop_stats()
-    return {key: stats[f"judge/{key}"] for key in SPEND_KEYS if f"judge/{key}" in stats}
+    spend = {key: stats[f"judge/{key}"] for key in SPEND_KEYS if f"judge/{key}" in stats}
+    return {key: value if key == "cost" else int(value) for key, value in spend.items()}  # counts as integers
 
 
 def spend_line(spend: Mapping[str, float]) -> str | None:

@@ -385,6 +385,7 @@ def test_gpt5_judge_from_the_command_line(tmp_path: Path, model_cache: Path, mon
     assert {k: calls[k] for k in ("sent", "failed", "first_error")} == {"sent": 4, "failed": 0, "first_error": None}
     # the tokens of the probe and the 4 calls (issue 49: they were only in a training run's metrics.jsonl)
     assert calls["prompt_tokens"] > 4 * 100
+    assert isinstance(calls["prompt_tokens"], int)  # a count, not 1234.0
     assert calls["completion_tokens"] > 4 * 10
     assert (calls["reasoning_tokens"], calls["cut_off"]) == (0, 0)
     assert calls["cost"] == pytest.approx((calls["prompt_tokens"] * 1.25 + calls["completion_tokens"] * 10) / 1e6)
