@@ -118,9 +118,7 @@ def test_a_step_that_trains_ends_the_streak_and_the_stop_keeps_what_was_learned(
     assert (other / "runs" / "toy_grpo" / "checkpoints" / "step_5" / "state.json").is_file()
 
 
-def test_max_skipped_steps_0_never_stops_but_training_nothing_fails(
-    tmp_path: Path, model_cache: Path
-) -> None:
+def test_max_skipped_steps_0_never_stops_but_training_nothing_fails(tmp_path: Path, model_cache: Path) -> None:
     cfg = make_cfg(
         tmp_path, model_cache, reward_file(tmp_path, "True"), "trainer.total_steps=4", "reward.max_skipped_steps=0"
     )

@@ -382,8 +382,8 @@ def judge_metrics(verdicts: Sequence[Mapping[str, Any] | None], n_boot: int, see
 def format_table(rows: Mapping[str, Mapping[str, float | str]], digits: int = 3) -> str:
     """A markdown table, one row per system (in the given order), one column per metric (first-seen order).
 
-    A metric a system lacks shows as ``-``; counts (``n_*``, ``n``, ``win``, ...) that are whole numbers
-    print without decimals.
+    A metric a system lacks shows as ``-``; an int (a count) prints without decimals, a float (a rate or a
+    mean) with `digits` decimals, a whole one too (``1.000``: a rate of 1 is not a count).
     """
     columns: list[str] = []
     for metrics in rows.values():
@@ -402,9 +402,7 @@ def _cell(value: float | str | None, digits: int) -> str:
         return value
     if isinstance(value, int):  # a count: 0 is "0", not "0.000"
         return str(value)
-    if float(value).is_integer() and abs(value) >= 1:
-        return str(int(value))
-    return f"{value:.{digits}f}"
+    return f"{value:.{digits}f}"  # a rate or a mean, whole or not: 1.000, not 1
 
 
 # --- non-model baselines ------------------------------------------------------------------------

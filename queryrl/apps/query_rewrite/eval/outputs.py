@@ -72,8 +72,11 @@ def eval_notes(golds: Sequence[Sequence[str]], comparisons: Mapping[str, Mapping
 def _count(key: str, value: Any) -> Any:
     """A whole-number float under a count's key (``n``, ``n_*``, ``*_n``) as an int: eval.json says ``6``, not
     ``6.0``."""
-    named = key == "n" or key.startswith("n_") or key.endswith("_n")
-    return int(value) if named and isinstance(value, float) and value.is_integer() else value
+    return int(value) if _is_count(key) and isinstance(value, float) and value.is_integer() else value
+
+
+def _is_count(key: str) -> bool:
+    return key == "n" or key.startswith("n_") or key.endswith("_n")
 
 
 def json_safe(value: Any) -> Any:
@@ -102,10 +105,11 @@ def table_rows(systems: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, 
         row: dict[str, float | str] = {}
         for key, header in TABLE_KEYS.items():
             value = flat.get(key)
-            if isinstance(value, str | int) and not isinstance(value, bool):
-                row[header] = value  # a count stays an integer: printed without decimals
-            elif isinstance(value, float):
+            if isinstance(value, str):
                 row[header] = value
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                # a count is printed as an integer ("0", not "0.000"); a rate that happens to be 1 stays "1.000"
+                row[header] = int(value) if _is_count(key) else float(value)
         rows[name] = row
     return rows
 

@@ -26,7 +26,7 @@ runner = CliRunner()
 
 def test_counts_print_as_integers() -> None:
     table = format_table(table_rows({"raw_turn": {"n": 0, "format_ok": 1.0}, "grpo": {"n": 12, "mrr": 0.0}}))
-    assert "| raw_turn | 0 | 1 | - |" in table  # columns in first-seen order: n, format, MRR
+    assert "| raw_turn | 0 | 1.000 | - |" in table  # columns in first-seen order: n, format, MRR (a rate: 1.000)
     assert "| grpo | 12 | - | 0.000 |" in table
 
 

@@ -94,8 +94,8 @@ def test_win_tie_loss_counts_and_intervals() -> None:
 def test_format_table() -> None:
     table = format_table(
         {
-            "policy": {"recall@5": 0.8, "mrr": 0.61234, "n_evaluated": 12.0},
-            "raw last turn": {"recall@5": 0.5, "n_evaluated": 12.0},
+            "policy": {"recall@5": 0.8, "mrr": 0.61234, "n_evaluated": 12},
+            "raw last turn": {"recall@5": 0.5, "n_evaluated": 12},
         }
     )
     assert table.splitlines() == [
