@@ -169,7 +169,9 @@ def plot_systems(
             ax.set_ylim(0.0, 1.05)
             ax.set_title(f"{title} (95% CI)")
             for xi, m in zip(x, means, strict=True):
-                ax.text(xi, m / 2, f"{m:.3f}", ha="center", va="center", color="white", fontsize=9)
+                inside = m >= 0.1  # a short bar (0 included) gets its label above it, where it can be read
+                y, color = (m / 2, "white") if inside else (m + 0.02, "black")
+                ax.text(xi, y, f"{m:.3f}", ha="center", va="center" if inside else "bottom", color=color, fontsize=9)
         if trained and len(trained) < len(names):
             legend = [Patch(color="tab:gray", label="baseline"), Patch(color="tab:blue", label="trained model")]
             axes[0].legend(handles=legend, fontsize="small", loc="upper left")
