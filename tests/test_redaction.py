@@ -92,8 +92,8 @@ def test_the_judge_client_redacts_an_echoed_key_before_cutting_the_reply(monkeyp
 
 
 class _EchoJudge(BaseHTTPRequestHandler):
-    """An OpenAI-compatible judge that puts the Authorization header in every 200 reply; every other
-    reply (from the first) also holds a verdict, so some samples score and some fail."""
+    """An OpenAI-compatible judge that puts the Authorization header in every 200 reply; three replies of
+    four hold it inside a verdict, the fourth alone, so some samples score and some fail."""
 
     calls = 0
     echoed = 0
@@ -113,10 +113,13 @@ class _EchoJudge(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         auth = str(self.headers.get("Authorization"))
         cls = type(self)
-        verdict = ' {"score": 0.5}' if cls.calls % 2 == 0 else ""
+        echo = f"I received Authorization: {auth}."
+        # three replies of four are a verdict that carries the echo in a field, the fourth the echo alone
+        # (unparseable): some samples fail, and a step of 4 groups of 2 keeps at least 2 whole groups to train on
+        content = json.dumps({"score": 0.5, "note": echo}) if cls.calls % 4 != 3 else echo
         cls.calls += 1
         cls.echoed += SECRET in auth
-        message = {"role": "assistant", "content": f"I received Authorization: {auth}.{verdict}"}
+        message = {"role": "assistant", "content": content}
         self._send(
             {
                 "id": "x",

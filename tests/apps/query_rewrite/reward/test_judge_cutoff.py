@@ -16,7 +16,7 @@ from queryrl.apps.query_rewrite.reward.score import RewardFailure
 from queryrl.rewards.judge import JudgeClient, JudgeUnavailable, collect_judge_metrics
 from queryrl.testing.judge_server import make_app, running_server
 from queryrl.trainer.preflight import PreflightError
-from tests.apps.query_rewrite.reward.test_judge_settings import KEY, _config, _row, _score, rubric_judge
+from tests.apps.query_rewrite.reward.helpers import KEY, _config, _row, _score, rubric_judge
 
 CUT_OFF = (
     "the judge's reply was cut off (finish_reason=length) after 512 completion tokens, 512 of them reasoning; "
