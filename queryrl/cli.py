@@ -231,13 +231,19 @@ def export(
         Path, typer.Argument(help="A checkpoints/step_N folder, or a run folder (its latest checkpoint).")
     ],
     out: Annotated[Path, typer.Argument(help="Where to write the Hugging Face model folder.")],
+    adapter_only: Annotated[
+        bool,
+        typer.Option(
+            "--adapter-only", help="Write the run's LoRA adapter alone (bf16 safetensors + adapter_config.json)."
+        ),
+    ] = False,
     debug: Debug = False,
 ) -> None:
-    """A checkpoint's policy -> a plain Hugging Face model folder (LoRA merged)."""
-    from queryrl.trainer.export import export_checkpoint
+    """A checkpoint's policy -> a plain Hugging Face model folder (LoRA merged), or its LoRA adapter alone."""
+    from queryrl.trainer.export import export_adapter, export_checkpoint
 
     try:
-        path = export_checkpoint(checkpoint, out)
+        path = (export_adapter if adapter_only else export_checkpoint)(checkpoint, out)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
         return

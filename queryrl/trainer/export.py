@@ -1,4 +1,5 @@
-"""Checkpoint -> a plain Hugging Face model folder, LoRA merged into the weights."""
+"""Checkpoint -> a plain Hugging Face model folder, LoRA merged into the weights; or its LoRA adapter alone
+(:func:`export_adapter`: bf16, ``queryrl export RUN OUT --adapter-only``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from omegaconf import OmegaConf
 
 from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.models import load_policy
+from queryrl.models.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, base_name, write_adapter
 from queryrl.trainer.checkpoint import latest_checkpoint, load_model_weights
 
 
@@ -49,3 +51,27 @@ def export_checkpoint(checkpoint: Path, out: Path) -> Path:
         bundle.tokenizer.save_pretrained(tmp)
         readable_as_umask(tmp)  # safetensors writes 0600
     return out
+
+
+def export_adapter(checkpoint: Path, out: Path) -> Path:
+    """Write the LoRA adapter of `checkpoint` (as :func:`export_checkpoint` finds it) alone to `out`: the
+    checkpoint's ``actor/`` adapter in bfloat16, its config's ``base_model_name_or_path`` the name of the
+    run's ``model.path`` folder (the model the adapter goes on: for a run started from a merged warm-up,
+    that warm-up model). Evaluate it with ``queryrl eval --systems NAME=BASE+OUT``.
+
+    Raises:
+        FileNotFoundError: not a checkpoint.
+        ValueError: the run trained no LoRA (its checkpoint holds the whole model), or `out` exists.
+    """
+    checkpoint = resolve_checkpoint(checkpoint)
+    actor = checkpoint / "actor"
+    if not (actor / ADAPTER_WEIGHTS).is_file():
+        raise ValueError(
+            f"{checkpoint} holds no LoRA adapter (the run trained the whole model, model.lora.rank=0): "
+            "export the model without --adapter-only"
+        )
+    saved = json.loads((checkpoint / "state.json").read_text()).get("config") or {}
+    path = (saved.get("model") or {}).get("path")  # null: the built-in tiny model, as peft recorded it
+    recorded = json.loads((actor / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    base = path or recorded
+    return write_adapter(actor, out, base_name(base) if base else None)

@@ -16,7 +16,8 @@ micro-batches of an optimizer step share one normaliser, the number of target to
 batch, so ``sft.micro_batch_size`` never changes the update. The result is a plain Hugging Face
 folder (LoRA merged) with the tokenizer, the metrics and the redacted config, written to a
 temporary sibling and renamed into ``sft.output_dir`` once complete; RL starts from it with
-``model.path=<folder>``.
+``model.path=<folder>``. With LoRA the folder also holds ``adapter/``: the adapter unmerged, in bf16
+(``adapter_config.json`` and ``adapter_model.safetensors``; ``queryrl eval --systems NAME=BASE+ADAPTER``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from queryrl.trainer.sft_batch import (
 
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
 CONFIG_NAME = "sft_config.yaml"  # the redacted config, next to the model files
+ADAPTER_DIR = "adapter"  # with LoRA: the unmerged adapter (bf16), next to the merged model files
 # (file, [(row index, row)]) -> per row (target, where it came from) or None (the row's own): the application's
 TargetOverride = Callable[[str, Sequence[tuple[int, Mapping[str, Any]]]], Sequence[tuple[str, str] | None] | None]
 
@@ -267,8 +269,14 @@ def default_output_dir(cfg: DictConfig) -> Path:
     return Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name / "sft"
 
 
-def _save_model(model: nn.Module, tokenizer: Any, lora: bool, folder: Path) -> None:
-    """The model (LoRA merged into its weights) and the tokenizer as a plain Hugging Face folder."""
+def _save_model(model: nn.Module, tokenizer: Any, lora: bool, folder: Path, base: Path) -> None:
+    """The model (LoRA merged into its weights) and the tokenizer as a plain Hugging Face folder; with LoRA
+    also the adapter unmerged in ``adapter/`` (bf16, its base named by `base`'s folder name:
+    :func:`~queryrl.models.adapters.save_adapter`)."""
+    if lora:
+        from queryrl.models.adapters import base_name, save_adapter
+
+        save_adapter(model, folder / ADAPTER_DIR, base_name(base))
     merged = model.merge_and_unload() if lora else model  # type: ignore[operator]
     merged.save_pretrained(folder)  # type: ignore[operator]
     tokenizer.save_pretrained(folder)
@@ -417,7 +425,7 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
 
             plot_run(tmp)
         model.eval()
-        _save_model(model, tokenizer, bundle.lora, tmp)
+        _save_model(model, tokenizer, bundle.lora, tmp, bundle.path)
     return result
 
 
