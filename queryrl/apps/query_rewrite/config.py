@@ -113,6 +113,9 @@ class QueryRewriteWeights:
     # the share of the first top_k documents about a gold document's title, in [0, 1] (graded relevance);
     # 0 in every mode unless set; needs ground_truth.gold_titles (KdConv rows have them)
     retrieval_entity: float | None = None
+    # the gold document's log-discounted rank and score margin over the best other document, in [0, 1];
+    # 0 for a query over twice its length budget or one that changes the question; 0 unless set
+    retrieval_graded: float | None = None
     format: float | None = None  # 1 when the output parses within the length cap
 
 

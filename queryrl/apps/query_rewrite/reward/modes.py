@@ -13,6 +13,9 @@ Modes and their scales:
   (:func:`retrieval_rank_reward`); only where gold exists.
 - ``retrieval_entity`` (weight 0 unless set): the share of the first ``top_k`` documents about a gold
   document's title, in [0, 1] (:func:`retrieval_entity_reward`); needs ``gold_titles`` in the ground truth.
+- ``retrieval_graded`` (weight 0 unless set): the gold document's log-discounted rank and its score margin
+  over the best other document, in [0, 1], zero for a stuffed query or one that changes the question
+  (:func:`retrieval_graded_reward`).
 - ``format``: 1 / 0 (:func:`format_reward`); an empty ``rewritten_query`` is well-formed (it abstains); a
   reply cut off after a complete query counts as parsed (0.5 when it lost fields the prompt asked for).
 - abstention (:func:`abstain_components`): on a turn labelled as needing no retrieval, an empty query gets
@@ -167,6 +170,69 @@ def retrieval_entity_reward(result_titles: Sequence[str], gold_titles: Sequence[
     if not gold:
         return None
     return sum(title in gold for title in list(result_titles)[:k]) / k
+
+
+GRADED_LENGTH_SLACK = 1.5  # full graded reward up to 1.5x the longer of the turn and the reference's query
+
+
+def length_factor(query_chars: int, budget_chars: int) -> float:
+    """The anti-stuffing factor of :func:`retrieval_graded_reward`: 1 for a query of at most `budget_chars`
+    characters, falling linearly to 0 at twice the budget (and 0 beyond). A budget below 1 counts as 1."""
+    budget = max(1, budget_chars)
+    return min(1.0, max(0.0, 2.0 - query_chars / budget))
+
+
+def retrieval_graded_reward(
+    doc_ids: Sequence[str],
+    scores: Sequence[float],
+    gold_doc_ids: Sequence[str],
+    length: float = 1.0,
+    intent_kept: bool = True,
+) -> float | None:
+    """A graded retrieval reward in [0, 1] that differs between rewrites retrieving the same documents.
+
+    With ``r`` the 1-based rank of the best-ranked gold document in `doc_ids` (the service's list, to
+    ``rag.rank_depth``), ``s`` the documents' `scores` (the service's, e.g. BM25 over the top score; assumed
+    >= 0), ``top = max(s)`` and ``other`` the best non-gold score in the list (0 when none)::
+
+        discount   = 1 / log2(1 + r)                          (nDCG's rank discount, Jarvelin & Kekalainen 2002)
+        separation = clip((1 + (s_gold - other) / top) / 2, 0, 1)
+        R          = length * (discount + separation) / 2
+
+    ``separation`` is 0.5 when gold ties the best other document, above it when gold stands clear of every
+    other document (the entity *and* the asked attribute), below when it trails: it changes continuously
+    with the scores, so two rewrites with the same top 5 in the same order still score apart. It is measured
+    against the best *other* document, not the top one, so a query that drops the entity (gold tied with
+    every entity's document of that attribute) gets 0.5, not the top (lever 20's replay of the whole-index
+    margin). A gold document outside the list, a query the intent check marks as changing the question
+    (`intent_kept` false) or one at twice its length budget (`length` 0, :func:`length_factor`) scores 0.
+    Sources: a rank incentive as in ConvSearch-R1 (arXiv:2505.15776, :func:`retrieval_rank_reward`), with
+    nDCG's log discount instead of its linear one; the score margin is this project's (the replay
+    ``benchmarks/levers/replay_flat_groups.py`` measured it), not taken from a paper.
+
+    Returns:
+        the reward, or None when there is no gold (not applicable).
+
+    Raises:
+        ValueError: `doc_ids` and `scores` of different lengths, or `length` outside [0, 1].
+    """
+    if len(doc_ids) != len(scores):
+        raise ValueError(f"need one score per document, got {len(doc_ids)} documents and {len(scores)} scores")
+    if not 0.0 <= length <= 1.0:
+        raise ValueError(f"length must be in [0, 1], got {length}")
+    gold = set(gold_doc_ids)
+    if not gold:
+        return None
+    rank = next((i + 1 for i, doc in enumerate(doc_ids) if doc in gold), None)
+    if rank is None or not intent_kept or length == 0.0:
+        return 0.0
+    top = max(float(s) for s in scores)
+    others = [float(s) for doc, s in zip(doc_ids, scores, strict=True) if doc not in gold]
+    separation = 0.0
+    if top > 0:
+        margin = (float(scores[rank - 1]) - max(others, default=0.0)) / top
+        separation = min(1.0, max(0.0, (1.0 + margin) / 2.0))
+    return length * (1.0 / float(np.log2(1 + rank)) + separation) / 2.0
 
 
 # --- seed_hybrid (seed 000 §3.1, §3.3) ----------------------------------------------------------

@@ -21,6 +21,10 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward.modes.mix_rewards`
 - ``retrieval_entity`` (only where ``weights.retrieval_entity`` is set): the share of the first ``top_k``
   documents whose title is one of the row's ``ground_truth.gold_titles``, in [0, 1] (a row with gold and no
   titles fails, naming the field); at its floor 0 for an unparsed reply, 1 for a right abstention;
+- ``retrieval_graded`` (only where ``weights.retrieval_graded`` is set): the gold document's log-discounted rank
+  and score margin over the best other document among the service's documents, in [0, 1]; 0 for a query over
+  twice its length budget or one the intent check marks as changed (:func:`.graded.graded_component`); the same
+  floor and top as ``retrieval_entity``;
 - ``format``: 1 when the output parses and the query is within ``max_query_chars``. A ``text``-format row
   (``extra_info.answer_format``, :mod:`~.prompts`) is read by :func:`~.prompts.parse_text_answer`: its first
   line is the query; more text after it is retrieved with the same, with ``format`` 0
@@ -91,6 +95,7 @@ from queryrl.apps.query_rewrite.prompts import (
     plain_text_query,
 )
 from queryrl.apps.query_rewrite.reward.calls import RewardFailure, pop_reward_metrics, shared_both
+from queryrl.apps.query_rewrite.reward.graded import graded_component
 from queryrl.apps.query_rewrite.reward.intent import intent_sources, rewrite_intent, with_intent
 from queryrl.apps.query_rewrite.reward.judge import shared_judge
 from queryrl.apps.query_rewrite.reward.modes import (
@@ -113,6 +118,7 @@ from queryrl.rag import (
 from queryrl.rag.client import CHAT_FIELDS
 
 ENTITY = "retrieval_entity"  # the graded entity component, computed only where weighted
+GRADED = "retrieval_graded"  # the graded rank-and-margin component, computed only where weighted
 
 
 def shown_documents(result: Mapping[str, Any], gold: Sequence[str]) -> list[dict[str, Any]]:
@@ -193,8 +199,9 @@ def _unparsed_score(s: QueryRewriteConfig, info: Mapping[str, Any], weights: dic
         return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
     components: dict[str, float | None] = {"judge": -1.0, "retrieval_rank": 0.0, "format": 0.0}
     out0 = {"quality": 0.0, "judge": -1.0, "retrieval_rank": 0.0, "format": 0.0, "recall_at_5": 0.0}
-    if weights.get(ENTITY):  # weighted: at its floor too
-        components[ENTITY] = out0[ENTITY] = 0.0
+    for name in (ENTITY, GRADED):
+        if weights.get(name):  # weighted: at its floor too
+            components[name] = out0[name] = 0.0
     score = mix_rewards(components, weights)
     assert score is not None
     return {"score": score, **out0, **_NOT_CUT}
@@ -307,8 +314,9 @@ async def score_reply(
     intent = rewrite_intent(query, info, no_retrieval)  # the offline intent check (reward_intent.py)
     decided = abstain_components(query, no_retrieval, bool(gold))
     if decided is not None:  # the retrieve-or-not decision alone settles it: no RAG or judge call
-        if weights.get(ENTITY):  # at its top for a right abstention, else its floor (as retrieval_rank)
-            decided[ENTITY] = 1.0 if decided["retrieval_rank"] > 0 else 0.0
+        for name in (ENTITY, GRADED):  # at the top for a right abstention, else the floor (as retrieval_rank)
+            if weights.get(name):
+                decided[name] = 1.0 if decided["retrieval_rank"] > 0 else 0.0
         if missing_fields:
             decided["format"] = TRUNCATED_MISSING_FIELDS_CREDIT
         if salvaged:
@@ -321,7 +329,8 @@ async def score_reply(
     # an empty query on an unlabelled turn is not sent: its result is no documents (as eval reads it)
     cut["empty_query"] = float(not query)
     candidate, reference = await _retrieve_both(s.rag, info, parsed, query)
-    ranked_ids = [str(d.get("doc_id")) for d in candidate.get("response") or []]  # to rank_depth, for the rank
+    ranked = list(candidate.get("response") or [])  # to rank_depth, for the rank rewards
+    ranked_ids = [str(d.get("doc_id")) for d in ranked]
     if s.rag.rank_depth:
         candidate, reference = first_documents(candidate, s.rag.top_k), first_documents(reference, s.rag.top_k)
     out: dict[str, Any] = {"format": format_reward(True, query, s.max_query_chars, missing_fields), "abstained": 0.0}
@@ -332,6 +341,8 @@ async def score_reply(
         out["format"] = 0.0  # retrieved with, but not the answer the prompt asked for
     titles = (_gold_titles(ground_truth), s.rag.top_k)
     out |= _retrieval_components(query, candidate, reference, ranked_ids, gold, weights, titles)
+    if weights.get(GRADED) and gold:
+        out[GRADED] = graded_component(query, ranked, gold, info, out["reference_query"], intent)
     return await _judged_score(out, s, info, contexts, (candidate, reference), gold, intent, weights)
 
 
@@ -371,6 +382,7 @@ def _retrieval_components(
     if rank is None:
         weights.pop("retrieval_rank")  # no gold: not applicable, its weight is dropped
         weights.pop(ENTITY, None)
+        weights.pop(GRADED, None)
     else:
         out["retrieval_rank"] = rank
         out["recall_at_5"] = recall_at_k(cand_ids, gold, 5)
