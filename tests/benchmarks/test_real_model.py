@@ -43,7 +43,10 @@ def test_step_timings_are_means_over_steps(tmp_path: Path) -> None:
         "score_mean_per_step": [-0.5, 0.25],
         "format_mean_per_step": [0.5],
         "zero_std_group_frac_per_step": [1.0],
+        "zero_std_group_frac_mean": 1.0,
     }
+    metrics.write_text(json.dumps(rows[0]) + "\n")  # no step logged the flat groups: no mean
+    assert bench.step_timings(metrics)["zero_std_group_frac_mean"] is None
 
 
 def test_max_weight_change_compares_same_named_tensors(tmp_path: Path) -> None:
