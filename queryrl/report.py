@@ -138,6 +138,23 @@ def judge_spend_line(points: dict[str, dict[int, float]]) -> str | None:
 
 _SPEND = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cost", "failed", "cut_off")
 
+FLAT_GROUPS_GOAL = 0.30  # issue 50: at most 30 % of a run's groups without a reward spread
+
+
+def flat_groups_line(points: dict[str, dict[int, float]]) -> str | None:
+    """The run's share of flat groups (every sample of the group scored alike: no GRPO signal), the mean over
+    the steps of ``reward/zero_std_group_frac``, against :data:`FLAT_GROUPS_GOAL`. None when no step logged it."""
+    per_step = points.get("reward/zero_std_group_frac") or {}
+    if not per_step:
+        return None
+    share = sum(per_step.values()) / len(per_step)
+    steps = f"{len(per_step)} step{'s' if len(per_step) != 1 else ''}"
+    verdict = "met" if share <= FLAT_GROUPS_GOAL else "not met"
+    return (
+        f"Flat groups: {share * 100:.0f} % of the groups over the run ({steps}) had one reward for every sample, "
+        f"so GRPO learnt nothing from them (goal: at most {FLAT_GROUPS_GOAL * 100:.0f} %, {verdict})."
+    )
+
 
 def _sample_steps(run_dir: Path) -> tuple[list[int], list[int], int]:
     """(all steps with samples, the embedded ones, k): every k-th step, the last one always in."""
@@ -268,8 +285,10 @@ def write_report(run_dir: Path) -> Path:
         ]
     )
     out = run_dir / "report.html"
-    spend = judge_spend_line(_points(run_dir))
-    judge = f'<p id="judgespend">{html.escape(spend)}</p>' if spend else ""
+    points = _points(run_dir)
+    spend, flat = judge_spend_line(points), flat_groups_line(points)
+    judge = f'<p id="flatgroups">{html.escape(flat)}</p>' if flat else ""
+    judge += f'<p id="judgespend">{html.escape(spend)}</p>' if spend else ""
     atomic_write_text(out, _page(f"queryrl run: {info['run']}", body, examples=True, judge=judge))
     return out
 
