@@ -102,6 +102,8 @@ def adapter_problem(adapter: Path, base: Path) -> str | None:
     if not adapter.exists():
         return f"adapter folder {str(adapter)!r} does not exist"
     if not (adapter / ADAPTER_CONFIG).is_file():
+        if (adapter / "adapter" / ADAPTER_CONFIG).is_file():  # a `queryrl sft` output: the merged model and adapter/
+            return f"{str(adapter)!r} is a model folder; its LoRA adapter is {str(adapter / 'adapter')!r}"
         what = "a model folder (config.json), not" if (adapter / "config.json").is_file() else "not"
         return (
             f"{str(adapter)!r} is {what} a LoRA adapter folder (no {ADAPTER_CONFIG}): one holds {ADAPTER_CONFIG} and "

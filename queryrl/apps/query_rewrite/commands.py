@@ -248,6 +248,18 @@ def eval_(
         int,
         typer.Option(help="Model systems generated at once, each in its own process with a share of the threads."),
     ] = 1,
+    kb: Annotated[
+        Path | None,
+        typer.Option(
+            help="A KdConv --data file's knowledge base (default: --corpus kdconv:KB, else kb_*.json beside)."
+        ),
+    ] = None,
+    history_chars: Annotated[
+        int | None, typer.Option(help="A KdConv --data file's history characters in the prompt (default 320).")
+    ] = None,
+    answer_format: Annotated[
+        str | None, typer.Option(help="A KdConv --data file's prompt asks for: text (default) or json.")
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart.
@@ -259,7 +271,12 @@ def eval_(
 
     --rag-url, --corpus, --top-k, --judge and --judge-* are shorthands for those keys. Without --config,
     nothing is judged unless --judge or app.query_rewrite.judge.backend=... asks for it.
+
+    --systems NAME=BASE+ADAPTER[+ADAPTER2]: a model folder with LoRA adapter folders merged into it in order.
+    --data FILE.json, a KdConv dialogue file: its turns with gold, prepared on the fly (--kb, --history-chars,
+    --answer-format), the embedded service searching its knowledge base.
     """
+    from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings
     from queryrl.apps.query_rewrite.eval.run import evaluate
     from queryrl.apps.query_rewrite.eval.samples import EvalError
     from queryrl.apps.query_rewrite.eval.settings import load_eval_config
@@ -295,11 +312,25 @@ def eval_(
             dtype=dtype,
             compare=compare,
             processes=processes,
+            kdconv=_kdconv_settings(kb, history_chars, answer_format, KdConvSettings),
             echo=typer.echo,
             warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
         )
     except EvalError as exc:
         _fail(str(exc))
+
+
+def _kdconv_settings(kb: Path | None, history_chars: int | None, answer_format: str | None, make: Any) -> Any:
+    """``queryrl eval``'s KdConv-file options as `make` (:class:`~.eval.kdconv_file.KdConvSettings`), None if none
+    was given (the defaults, and no complaint when the data is not a KdConv file)."""
+    if kb is None and history_chars is None and answer_format is None:
+        return None
+    defaults = make()
+    return make(
+        kb=kb,
+        history_chars=defaults.history_chars if history_chars is None else history_chars,
+        answer_format=answer_format or defaults.answer_format,
+    )
 
 
 def warmup(

@@ -48,9 +48,12 @@ def generate_replies(
     batch_size: int,
     device: str | None = None,
     dtype: str | None = None,
+    adapters: Sequence[Path] = (),
 ) -> list[list[str]]:
     """The replies of the model in `path` to each chat prompt: ``params.n`` per prompt, decoded.
 
+    With `adapters` (LoRA adapter folders) the model is `path` with each merged into it in order, in float32
+    (:func:`~queryrl.models.adapters.load_with_adapters`); the tokenizer is `path`'s.
     The model is loaded in :func:`model_dtype` (`dtype`, else its folder's own dtype, else float32) and
     decodes through :class:`~queryrl.rollout.hf.HFRollout` (its fast path where the architecture has one),
     prompts in micro-batches of `batch_size` by length: a prompt's greedy reply may differ from the one it
@@ -69,7 +72,16 @@ def generate_replies(
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = load_tokenizer(OmegaConf.structured(ModelConfig(path=str(path))))
-    loaded: nn.Module = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype)])
+    if adapters:
+        from queryrl.models.adapters import load_with_adapters
+
+        try:
+            loaded: nn.Module = load_with_adapters(path, adapters, DTYPES[model_dtype(path, dtype)])
+        except (RuntimeError, ValueError, KeyError) as exc:  # a mismatch the header check could not see
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise EvalError(f"{'+'.join(map(str, (path, *adapters)))}: the adapters do not load: {first}") from None
+    else:
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype)])
     model = loaded.to(dev)
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     encoded = [encode_prompt(tokenizer, list(p)) for p in prompts]
@@ -102,9 +114,11 @@ def answers_in_processes(
     processes: int,
     device: str | None = None,
     dtype: str | None = None,
+    adapters: Mapping[str, Sequence[Path]] | None = None,
 ) -> dict[str, list[Answer]]:
-    """:func:`model_answers` of each model in `jobs` (name -> folder), up to `processes` models at once, each in a
-    fresh process whose torch threads are its share of this process's (at least one).
+    """:func:`model_answers` of each model in `jobs` (name -> folder, with `adapters`' folders for that name merged
+    into it), up to `processes` models at once, each in a fresh process whose torch threads are its share of this
+    process's (at least one).
 
     On a CPU two models decoding side by side on one thread each finish sooner than one after the other on two
     threads: a small model's decode step is mostly single-threaded work (dispatch, norms, sampling). The replies
@@ -120,7 +134,9 @@ def answers_in_processes(
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch's thread pools
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_set_threads, initargs=(threads,)) as pool:
         futures = {
-            name: pool.submit(model_answers, path, samples, batch_size, max_new_tokens, device, dtype)
+            name: pool.submit(
+                model_answers, path, samples, batch_size, max_new_tokens, device, dtype, (adapters or {}).get(name, ())
+            )
             for name, path in jobs.items()
         }
         return {name: future.result() for name, future in futures.items()}
@@ -133,13 +149,15 @@ def model_answers(
     max_new_tokens: int,
     device: str | None = None,
     dtype: str | None = None,
+    adapters: Sequence[Path] = (),
 ) -> list[Answer]:
-    """Greedy replies of the model in `path` to each sample's prompt (:func:`generate_replies`), parsed
-    (:func:`parse_answer`, as the sample's prompt asked: ``Sample.answer_format``)."""
+    """Greedy replies of the model in `path` (with `adapters` merged) to each sample's prompt
+    (:func:`generate_replies`), parsed (:func:`parse_answer`, as the sample's prompt asked:
+    ``Sample.answer_format``)."""
     from queryrl.rollout.base import SamplingParams
 
     params = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
-    replies = generate_replies(path, [s.prompt for s in samples], params, batch_size, device, dtype)
+    replies = generate_replies(path, [s.prompt for s in samples], params, batch_size, device, dtype, adapters)
     answers = []
     for sample, (text,) in zip(samples, replies, strict=True):
         parsed = parse_answer(text, answer_format=sample.answer_format)

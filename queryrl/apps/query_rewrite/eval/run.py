@@ -79,6 +79,7 @@ from queryrl.apps.query_rewrite.eval.intent import (
     intent_call_summary,
     intent_metrics,
 )
+from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, is_kdconv_file, prepare_kdconv
 from queryrl.apps.query_rewrite.eval.metrics import DEFAULT_KS, HEADLINE_K, judge_metrics, system_metrics
 from queryrl.apps.query_rewrite.eval.outputs import eval_notes, sample_records, write_outputs
 from queryrl.apps.query_rewrite.eval.samples import (
@@ -124,13 +125,16 @@ def evaluate(
     dtype: str | None = None,
     compare: str | Sequence[str] | None = None,
     processes: int = 1,
+    kdconv: KdConvSettings | None = None,
     echo: Callable[[str], None] | None = print,
     warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `systems` on `data`, write the outputs and return the JSON summary (see the module doc).
 
     Args:
-        data: ``builtin://NAME/SPLIT``, a ``.parquet`` or a ``.jsonl`` file of query-rewrite rows.
+        data: ``builtin://NAME/SPLIT``, a ``.parquet`` or a ``.jsonl`` file of query-rewrite rows, or a KdConv
+            dialogue file (``.json``) prepared on the fly with `kdconv` (:mod:`~.eval.kdconv_file`; None: the
+            bench's recipe, the knowledge base beside the file).
         systems: ``--systems``, a comma-separated string or a list (:func:`~.eval_samples.parse_systems`).
         out: the JSON summary's path; ``eval.png`` and ``eval_samples.jsonl`` go next to it.
         cfg: a loaded config (:func:`~.eval_settings.load_eval_config`; None: the defaults): the RAG service
@@ -152,7 +156,7 @@ def evaluate(
     judge_check = _check_arguments(rag, judge_node, batch_size, max_new_tokens, n_boot, dtype, processes)
     say = echo or (lambda _: None)
     specs, pairs = _systems(systems, compare)
-    samples = load_samples(data, max_samples, cache_dir)
+    samples = load_samples(data, max_samples, cache_dir, _kdconv_rows(data, cfg, kdconv, say))
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
     # the judge and the RAG service answer (both endpoints, with the first sample), before any model is loaded
     judge_spend(judge_check)  # the shared client's counters start at 0: this evaluation's spend, the check's too
@@ -185,6 +189,17 @@ def evaluate(
             "format, abstention and the judge are reported"
         )
     return report
+
+
+def _kdconv_rows(
+    data: str, cfg: DictConfig, kdconv: KdConvSettings | None, say: Callable[[str], None]
+) -> list[dict[str, Any]] | None:
+    """A KdConv dialogue file's rows (:func:`~.eval.kdconv_file.prepare_kdconv`), None for other data."""
+    if is_kdconv_file(data):
+        return prepare_kdconv(data, cfg, kdconv, say)
+    if kdconv is not None:
+        raise EvalError(f"--kb, --history-chars and --answer-format are for a KdConv .json file; {data!r} is not one")
+    return None
 
 
 def _stderr(message: str) -> None:
@@ -327,10 +342,12 @@ def _all_answers(
     models = {s.name: s.path for s in specs if s.kind == "model" and s.path is not None}
     if processes < 2 or len(models) < 2:
         return {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
-    for name, path in models.items():
-        say(f"{name}: generating with {path} ({model_dtype(path, dtype)}) ...")
+    for spec in specs:
+        if spec.name in models:
+            say(f"{spec.name}: generating with {spec.source} ({model_dtype(models[spec.name], dtype)}) ...")
     say(f"... {min(processes, len(models))} models at once, each in its own process")
-    done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype)
+    adapters = {s.name: s.adapters for s in specs if s.adapters}
+    done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype, adapters)
     return {
         spec.name: done[spec.name]
         if spec.name in done
@@ -354,8 +371,8 @@ def _answers(
     if spec.kind != "model":
         return baseline_answers(spec.kind, samples)
     assert spec.path is not None
-    say(f"{spec.name}: generating with {spec.path} ({model_dtype(spec.path, dtype)}) ...")
-    return model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype)
+    say(f"{spec.name}: generating with {spec.source} ({model_dtype(spec.path, dtype)}) ...")
+    return model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype, spec.adapters)
 
 
 def _judge_systems(
@@ -424,7 +441,11 @@ def _settings(specs: Sequence[SystemSpec], rag: Any, judge: Any | None, ks: Sequ
     only: its values may be private)."""
     llm = judge if judge is not None and judge.backend == "openai" else None
     settings: dict[str, Any] = {
-        "systems": [{"name": s.name, "kind": s.kind, "path": str(s.path) if s.path else None} for s in specs],
+        "systems": [
+            {"name": s.name, "kind": s.kind, "path": str(s.path) if s.path else None}
+            | ({"adapters": [str(a) for a in s.adapters]} if s.adapters else {})
+            for s in specs
+        ],
         "rag_url": rag.url,
         "corpus": str(rag.corpus) if rag.url is None else None,
         "top_k": int(rag.top_k),

@@ -6,11 +6,15 @@ Systems (:func:`parse_systems`):
 - ``concat_last3``: the last three user turns joined (:func:`~queryrl.apps.query_rewrite.eval.metrics.last_k_turns`);
 - ``reference``: the reference pipeline ``/rag/chat`` (the service's own rewriter);
 - ``NAME=PATH`` or a bare ``PATH``: a Hugging Face model folder (NAME defaults to the folder's name); its
-  answers come from :mod:`~queryrl.apps.query_rewrite.eval.generation`.
+  answers come from :mod:`~queryrl.apps.query_rewrite.eval.generation`;
+- ``NAME=BASE+ADAPTER`` (``+ADAPTER2`` ...): the model folder BASE with LoRA adapter folders merged into it in
+  order (:func:`~queryrl.models.adapters.load_with_adapters`): a GRPO adapter trained on a merged warm-up is
+  ``BASE+WARMUP_ADAPTER+GRPO_ADAPTER``.
 
 Rows (:func:`load_samples`): ``builtin://NAME/SPLIT``, ``.parquet`` or ``.jsonl`` query-rewrite rows, each
 with ``extra_info.contexts`` ending with the current user turn and its gold document ids in
-``reward_model.ground_truth``.
+``reward_model.ground_truth``; or a KdConv dialogue file (``.json``), prepared on the fly
+(:mod:`~queryrl.apps.query_rewrite.eval.kdconv_file`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from queryrl.apps.query_rewrite.eval.checks import not_a_model_message
 from queryrl.apps.query_rewrite.eval.metrics import last_k_turns, raw_last_turn
 from queryrl.apps.query_rewrite.reward.score import ID_FIELDS
+from queryrl.models.adapters import adapter_problem
 
 BASELINES = ("raw_turn", "concat_last3", "reference")
 
@@ -34,11 +39,18 @@ class EvalError(RuntimeError):
 
 @dataclass(frozen=True)
 class SystemSpec:
-    """One system to evaluate: its name, its kind (a baseline's name, or ``"model"``) and a model's folder."""
+    """One system to evaluate: its name, its kind (a baseline's name, or ``"model"``), a model's folder and the
+    LoRA adapter folders merged into it in order."""
 
     name: str
     kind: str
     path: Path | None = None
+    adapters: tuple[Path, ...] = ()
+
+    @property
+    def source(self) -> str:
+        """The model as ``--systems`` names it: ``PATH`` or ``BASE+ADAPTER+...``."""
+        return "+".join(str(p) for p in (self.path, *self.adapters) if p is not None)
 
 
 def parse_systems(spec: str | Sequence[str]) -> list[SystemSpec]:
@@ -46,10 +58,12 @@ def parse_systems(spec: str | Sequence[str]) -> list[SystemSpec]:
 
     An entry is a baseline name (:data:`BASELINES`), ``NAME=PATH``, or a bare path (a string with a path
     separator, or an existing folder), whose name is the folder's. A model folder must hold ``config.json``.
+    ``PATH`` may be ``BASE+ADAPTER+...`` (:func:`model_source`); a bare one is named after its last adapter.
 
     Raises:
-        EvalError: no systems, an unknown name, a missing model folder, or a name used twice. A training
-            checkpoint (``checkpoints/step_N``) is named as such, with the ``queryrl export`` command.
+        EvalError: no systems, an unknown name, a missing model folder, an adapter folder that is not one or
+            does not fit its base, or a name used twice. A training checkpoint (``checkpoints/step_N``) is named
+            as such, with the ``queryrl export`` command.
     """
     entries = [e.strip() for e in (spec.split(",") if isinstance(spec, str) else spec) if e and e.strip()]
     if not entries:
@@ -66,19 +80,39 @@ def parse_systems(spec: str | Sequence[str]) -> list[SystemSpec]:
                 raise EvalError(
                     f"unknown system {entry!r}: use {', '.join(BASELINES)}, NAME=PATH or the path of a model folder"
                 )
-            name = Path(entry).expanduser().resolve().name
+            name = Path(entry.split("+")[-1]).expanduser().resolve().name
         name, raw_path = name.strip(), raw_path.strip()
         if not name or not raw_path:
             raise EvalError(f"bad system {entry!r}: expected NAME=PATH with a name and a model folder")
-        path = Path(raw_path).expanduser()
-        if not (path / "config.json").is_file():  # a checkpoint gets the `queryrl export` command to run
-            raise EvalError(not_a_model_message(name, path))
-        out.append(SystemSpec(name, "model", path))
+        path, adapters = model_source(name, raw_path)
+        out.append(SystemSpec(name, "model", path, adapters))
     names = [s.name for s in out]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise EvalError(f"system name(s) used twice: {', '.join(repeated)} (name model folders with NAME=PATH)")
     return out
+
+
+def model_source(name: str, raw: str) -> tuple[Path, tuple[Path, ...]]:
+    """The model folder and the adapter folders of system `name`'s ``PATH`` or ``BASE+ADAPTER+...`` (a folder
+    whose own name holds ``+`` is taken as one path), each checked (:func:`adapter_problem`).
+
+    Raises:
+        EvalError: the base is not a model folder (a checkpoint gets the ``queryrl export`` command to run), an
+            adapter is not an adapter folder or does not fit the base; one line naming the system.
+    """
+    whole = Path(raw).expanduser()
+    parts = [raw] if "+" not in raw or (whole / "config.json").is_file() else raw.split("+")
+    if any(not p.strip() for p in parts):
+        raise EvalError(f"system {name!r}: bad model {raw!r}: expected BASE+ADAPTER[+ADAPTER...] with no empty part")
+    path, adapters = Path(parts[0].strip()).expanduser(), tuple(Path(p.strip()).expanduser() for p in parts[1:])
+    if not (path / "config.json").is_file():
+        raise EvalError(not_a_model_message(name, path))
+    for adapter in adapters:
+        problem = adapter_problem(adapter, path)
+        if problem is not None:
+            raise EvalError(f"system {name!r}: {problem}")
+    return path, adapters
 
 
 @dataclass
@@ -98,8 +132,11 @@ class Sample:
     answer_format: str = "json"  # what the prompt asked for (extra_info.answer_format): how replies parse
 
 
-def load_samples(data: str, max_samples: int | None = None, cache_dir: str | None = None) -> list[Sample]:
-    """The rows of `data` (``builtin://NAME/SPLIT``, ``.parquet``, ``.jsonl``), the first `max_samples` of them.
+def load_samples(
+    data: str, max_samples: int | None = None, cache_dir: str | None = None, rows: list[dict[str, Any]] | None = None
+) -> list[Sample]:
+    """The rows of `data` (``builtin://NAME/SPLIT``, ``.parquet``, ``.jsonl``), the first `max_samples` of them;
+    `rows`: the rows already made of `data` (a KdConv file's, :mod:`~.kdconv_file`), `data` only naming them.
 
     Raises:
         EvalError: unreadable data, or a row without ``extra_info.contexts`` ending with a user turn.
@@ -108,7 +145,7 @@ def load_samples(data: str, max_samples: int | None = None, cache_dir: str | Non
     from queryrl.data.records import DataError, load_records
 
     try:
-        rows = load_records(resolve_data_path(data, cache_dir))
+        rows = rows if rows is not None else load_records(resolve_data_path(data, cache_dir))
     except (DataError, ValueError) as exc:
         raise EvalError(f"data {data!r}: {exc}") from None
     if max_samples is not None and max_samples > 0:
