@@ -147,3 +147,50 @@ def load_with_adapters(base: Path, adapters: Sequence[Path], dtype: torch.dtype,
         model = peft_model.merge_and_unload()
     merged: nn.Module = model.to(dtype)
     return merged
+
+
+def extract_adapter(
+    base: Path, merged: Path, out: Path, rank: int, target_modules: Sequence[str], dtype: torch.dtype = PUBLISH_DTYPE
+) -> Path:
+    """Recover the LoRA adapter of a merged model: for each weight of `merged` named by `target_modules` (the last
+    part of a module's name, e.g. ``q_proj``) that differs from `base`'s, the rank-`rank` factors of the
+    difference (a truncated SVD: exact up to float rounding, the difference of a rank-r LoRA merge having rank
+    r at most), written as :func:`write_adapter` writes an adapter (``lora_alpha`` = r: a scaling of 1).
+
+    For a warm-up folder written before ``queryrl sft`` kept its ``adapter/``.
+
+    Raises:
+        ValueError: `out` exists, or no targeted weight differs (nothing was merged).
+    """
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    if out.exists():
+        raise ValueError(f"{out} already exists; choose a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def weights(folder: Path) -> dict[str, torch.Tensor]:
+        return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+    before, after = weights(base), weights(merged)
+    targets = set(target_modules)
+    factors: dict[str, torch.Tensor] = {}
+    for key, new in sorted(after.items()):
+        module = key.removesuffix(".weight")
+        old = before.get(key)
+        if module.rsplit(".", 1)[-1] not in targets or old is None or new.ndim != 2 or torch.equal(new, old):
+            continue
+        u, s, vh = torch.linalg.svd(new.double() - old.double(), full_matrices=False)
+        root = s[:rank].sqrt()
+        factors[f"{_PREFIX}{module}.lora_A.weight"] = (root[:, None] * vh[:rank]).float()
+        factors[f"{_PREFIX}{module}.lora_B.weight"] = (u[:, :rank] * root[None, :]).float()
+    if not factors:
+        raise ValueError(f"{merged}: no weight of {sorted(targets)} differs from {base}'s: nothing to extract")
+    modules = sorted({k.removeprefix(_PREFIX).rsplit(".", 2)[0].rsplit(".", 1)[-1] for k in factors})
+    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, target_modules=modules, task_type="CAUSAL_LM")
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.svd-") as raw:
+        from safetensors.torch import save_file
+
+        config.save_pretrained(raw)
+        save_file({k: v.contiguous() for k, v in factors.items()}, Path(raw) / ADAPTER_WEIGHTS)
+        return write_adapter(Path(raw), out, base_name(base), dtype)

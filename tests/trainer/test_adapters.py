@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from queryrl.cli import app
 from queryrl.config import load_config
-from queryrl.models.adapters import adapter_problem, load_with_adapters
+from queryrl.models.adapters import adapter_problem, extract_adapter, load_with_adapters
 from queryrl.models.loading import resolve_model_path
 from queryrl.trainer.loop import Trainer
 from tests.helpers import make_cfg
@@ -42,7 +42,8 @@ def test_sft_with_lora_writes_the_bf16_adapter_beside_the_merged_model(tmp_path:
     assert result.exit_code == 0, result.output
     out, adapter = tmp_path / "out", tmp_path / "out" / "adapter"
     tensors = load_file(adapter / "adapter_model.safetensors")
-    assert tensors and all("lora_" in k for k in tensors)
+    assert tensors
+    assert all("lora_" in k for k in tensors)
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     config = json.loads((adapter / "adapter_config.json").read_text())
     base = resolve_model_path(load_config(None, [f"model.cache_dir={model_cache}"]).model)
@@ -58,6 +59,17 @@ def test_sft_with_lora_writes_the_bf16_adapter_beside_the_merged_model(tmp_path:
     assert changed
     for k in merged:
         torch.testing.assert_close(rebuilt[k], merged[k], atol=2e-4, rtol=0, msg=k)
+
+    # a merged folder without its adapter/: the adapter recovered from the difference (rank 4, SVD) rebuilds it too
+    targets = list(load_config(None, []).model.lora.target_modules)
+    extracted = extract_adapter(base, out, tmp_path / "extracted", 4, targets)
+    assert adapter_problem(extracted, base) is None
+    config = json.loads((extracted / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 4, base.name)
+    assert {t.dtype for t in load_file(extracted / "adapter_model.safetensors").values()} == {torch.bfloat16}
+    recovered = load_with_adapters(base, [extracted], torch.float32).state_dict()
+    for k in merged:
+        torch.testing.assert_close(recovered[k], merged[k], atol=2e-4, rtol=0, msg=k)
 
 
 def test_export_adapter_only_writes_the_runs_adapter_in_bf16(tmp_path: Path, model_cache: Path) -> None:
@@ -79,7 +91,8 @@ def test_export_adapter_only_writes_the_runs_adapter_in_bf16(tmp_path: Path, mod
 
     again = CliRunner().invoke(app, ["export", str(step), str(out), "--adapter-only"])
     assert again.exit_code == 2
-    assert "already exists" in again.output and "Traceback" not in again.output
+    assert "already exists" in again.output
+    assert "Traceback" not in again.output
 
 
 def test_export_adapter_only_of_a_full_model_checkpoint_is_one_clear_line(tmp_path: Path) -> None:
@@ -89,6 +102,7 @@ def test_export_adapter_only_of_a_full_model_checkpoint_is_one_clear_line(tmp_pa
     (step / "actor" / "model.safetensors").write_bytes(b"")
     result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "a"), "--adapter-only"])
     assert result.exit_code == 2
-    assert "holds no LoRA adapter" in result.output and "without --adapter-only" in result.output
+    assert "holds no LoRA adapter" in result.output
+    assert "without --adapter-only" in result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists()
