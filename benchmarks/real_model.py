@@ -43,8 +43,10 @@ float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in fl
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
 eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
 ``queryrl eval --processes``).
-Output: ``benchmarks/results/real_model_<name>.json`` (atomic). Without the KdConv folder the bench prints why
-and exits 0. The numbers are what was measured, whatever they are.
+Output: ``benchmarks/results/real_model_<name>.json`` (atomic), and the run's LoRA adapters in
+``<work>/adapters/warmup`` and ``<work>/adapters/grpo`` (bf16 safetensors + adapter_config.json, :func:`write_adapters`;
+their paths and sizes under ``adapters`` in the JSON; ``--write-adapters WORK`` writes those of an earlier run).
+Without the KdConv folder the bench prints why and exits 0. The numbers are what was measured, whatever they are.
 """
 
 from __future__ import annotations
@@ -237,6 +239,65 @@ def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:
     ]
 
 
+def _adapter_record(folder: Path, source: str) -> dict[str, Any]:
+    """What the bench JSON says of a published adapter folder: where, from what, on which base, its files' sizes."""
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    files = {f.name: f.stat().st_size for f in sorted(folder.iterdir()) if f.is_file()}
+    return {
+        "path": str(folder),
+        "source": source,
+        "base_model_name_or_path": config.get("base_model_name_or_path"),
+        "r": config.get("r"),
+        "lora_alpha": config.get("lora_alpha"),
+        "target_modules": sorted(config.get("target_modules") or []),
+        "dtype": "bfloat16",
+        "files": files,
+        "size_mb": round(sum(files.values()) / 2**20, 3),
+    }
+
+
+def write_adapters(work: Path, warmup: Path | None = None, run: Path | None = None) -> dict[str, Any]:
+    """The run's two LoRA adapters, published in ``work/adapters/`` (bf16 ``adapter_model.safetensors`` and
+    ``adapter_config.json`` each, replacing what is there), and what the bench JSON records of them.
+
+    ``grpo``: the last checkpoint of `run` (default ``work/grpo_run``), as ``queryrl export --adapter-only``
+    writes it; it goes on the merged warm-up model. ``warmup``: the ``adapter/`` that ``queryrl sft`` wrote
+    in the warm-up folder `warmup` (default: the GRPO run's ``model.path``), or, for a folder written before
+    it did, the adapter recovered from the merged weights (:func:`~queryrl.models.adapters.extract_adapter`,
+    rank and targets from its ``sft_config.yaml``). Evaluate the pair with ``queryrl eval --systems
+    warmup=BASE+work/adapters/warmup,grpo=BASE+work/adapters/warmup+work/adapters/grpo``.
+
+    Also ``python benchmarks/real_model.py --write-adapters WORK`` on the work folder of an earlier run.
+    """
+    from omegaconf import OmegaConf
+
+    from queryrl.models.adapters import extract_adapter, write_adapter
+    from queryrl.trainer.export import export_adapter
+
+    run = run or work / "grpo_run"
+    checkpoint = last_checkpoint(run)
+    if warmup is None:
+        state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))
+        warmup = Path(state["config"]["model"]["path"])
+    root = work / "adapters"
+    for name in ("warmup", "grpo"):
+        shutil.rmtree(root / name, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    if (warmup / "adapter" / "adapter_config.json").is_file():
+        write_adapter(warmup / "adapter", root / "warmup", None)
+        source = f"{warmup / 'adapter'} (queryrl sft)"
+    else:
+        sft = OmegaConf.load(warmup / "sft_config.yaml")
+        lora = sft.model.lora
+        extract_adapter(Path(sft.model.path), warmup, root / "warmup", int(lora.rank), list(lora.target_modules))
+        source = f"recovered from {warmup} - {sft.model.path} (SVD at rank {lora.rank})"
+    export_adapter(checkpoint, root / "grpo")
+    return {
+        "warmup": _adapter_record(root / "warmup", source),
+        "grpo": _adapter_record(root / "grpo", f"{checkpoint} (queryrl export --adapter-only)"),
+    }
+
+
 UNTRAINED = ("zero_shot", "ref_sft")  # what --external-systems trained leaves out on KDCONV_TEST's file
 
 
@@ -360,6 +421,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the systems evaluated on KDCONV_TEST's file: the baselines, warm-up and GRPO (trained), or also zero-shot"
         " and ref_sft (all: each model costs about 0.66 s a turn on 2 threads here)",
     )
+    parser.add_argument(
+        "--write-adapters",
+        type=Path,
+        default=None,
+        metavar="WORK",
+        help="only write the LoRA adapters of an earlier run's work folder into WORK/adapters (and into --out's JSON)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for train")
     return parser.parse_args(argv)
 
@@ -373,6 +441,13 @@ def _eval_cmd(queryrl: str, data: str, kb: Path, args: argparse.Namespace, dtype
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.write_adapters is not None:  # only the adapters of an earlier run's work folder
+        adapters = write_adapters(args.write_adapters.resolve())
+        print(json.dumps(adapters, ensure_ascii=False, indent=1))
+        if args.out is not None and args.out.is_file():  # its bench JSON records them too
+            write_json(args.out, json.loads(args.out.read_text(encoding="utf-8")) | {"adapters": adapters})
+            print(f"recorded them in {args.out}")
+        return 0
     if args.model is None or not (args.model / "config.json").is_file():
         print(f"--model (or MODEL=) must be a Hugging Face model folder with config.json, got {args.model}")
         return 2
@@ -478,6 +553,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     export = [queryrl, "export", str(last_checkpoint(run)), str(work / "grpo")]
     phases["export"] = run_measured("export", export, logs / "export.log", env)
     phases["export"]["max_abs_weight_change"] = max_weight_change(warmup_model, work / "grpo")
+    try:  # publishing them must not cost the run's results
+        adapters = write_adapters(work, warmup_model, run)
+    except (OSError, ValueError, KeyError) as exc:
+        adapters = {"error": f"{type(exc).__name__}: {exc}"}
+    for key, adapter in adapters.items():
+        print(f"[adapters] {key}: {adapter if key == 'error' else adapter['path']}", flush=True)
 
     systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
     compare = COMPARE
@@ -517,6 +598,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "external_eval": system_summary(evals["external"]["systems"]) if external else None,
         "external_comparisons": evals["external"].get("comparisons") if external else None,
         "phases": phases,
+        "adapters": adapters,
         "settings": {
             "config": str(CONFIG.relative_to(REPO)),
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
