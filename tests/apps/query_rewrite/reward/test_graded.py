@@ -78,9 +78,11 @@ def _demo_product() -> dict[str, str]:
 
 
 def _stuffed(row: dict[str, Any], plain: str, entity: str) -> dict[str, str]:
-    """The stuffed variants of the plain rewrite: the entity repeated 3 times, the last 3 turns copied, 3x longer."""
+    """The stuffed variants of the plain rewrite: the entity repeated 3 times, the last 3 turns copied, 3x longer
+    (and the entity named once, what repeating it is compared with too)."""
     last3 = " ".join(str(m["content"]) for m in row["extra_info"]["contexts"][-3:])
     return {
+        "entity_x1": f"{plain} {entity}",  # the entity named once: the fair baseline of entity_x3
         "entity_x3": f"{plain} {entity} {entity} {entity}",
         "copied_turns": f"{plain} {last3}",
         "three_times": " ".join([plain] * 3),
@@ -110,6 +112,7 @@ def test_stuffed_rewrites_never_beat_the_plain_one_on_demo_rows() -> None:
     assert means["plain"]["graded"] > 0.2  # the plain rewrite earns the component on these rows
     for name in ("entity_x3", "copied_turns", "three_times"):
         assert means[name]["graded"] < means["plain"]["graded"] / 2, (name, means)
+    assert means["entity_x3"]["graded"] < means["entity_x1"]["graded"] / 2, means
 
 
 @pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv travel data not at {KDCONV}")
@@ -118,6 +121,7 @@ def test_stuffed_rewrites_never_beat_the_plain_one_on_kdconv_rows() -> None:
     means = _stuffing_means(rows, doc_entity, corpus=f"kdconv:{KDCONV / 'kb_travel.json'}")
     for name in ("entity_x3", "copied_turns", "three_times"):
         assert means[name]["graded"] <= means["plain"]["graded"], (name, means)
+    assert means["entity_x3"]["graded"] < means["entity_x1"]["graded"], means  # naming it once pays, repeating no more
 
 
 def test_same_top5_in_the_same_order_scores_apart() -> None:
@@ -210,3 +214,23 @@ def test_a_turn_without_gold_drops_the_weight() -> None:
     out = asyncio.run(score_reply(settings, "", _answer(row["extra_info"]["contexts"][-1]["content"]), [], info))
     assert "retrieval_graded" not in out
     assert "retrieval_rank" not in out
+
+
+def test_abstention_sets_the_component_at_its_top_or_floor() -> None:
+    chat = next(r for r in sales_demo_rows("val") if r["extra_info"]["turn_type"] == "chitchat")
+    assert _score(chat, "")["retrieval_graded"] == 1.0  # the right abstention
+    assert _score(chat, "云帆 S9 手机 价格")["retrieval_graded"] == 0.0  # a query where none was needed
+    assert _score(_demo_rows()[0], "")["retrieval_graded"] == 0.0  # no query on a turn with gold
+
+
+def test_rank_depth_lets_the_component_read_past_the_top_k() -> None:
+    """A query whose gold document is below the top 5 gets 0 at the default depth and its discounted rank and
+    margin with ``rag.rank_depth`` 20."""
+    for row in _demo_rows()[:40]:
+        shallow = _score(row, row["extra_info"]["contexts"][-1]["content"])
+        deep = _score(row, row["extra_info"]["contexts"][-1]["content"], rank_depth=20)
+        if shallow["recall_at_5"] == 0.0 and deep["retrieval_rank"] > 0.0 and not deep["intent/changed"]:
+            assert shallow["retrieval_graded"] == 0.0
+            assert 0.0 < deep["retrieval_graded"] < 0.5  # rank 6 or deeper: discount <= 1 / log2(7), a trailing margin
+            return
+    pytest.fail("no demo turn whose raw text ranks gold between 6 and 20")
