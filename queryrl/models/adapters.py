@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,9 @@ def load_with_adapters(base: Path, adapters: Sequence[Path], dtype: torch.dtype,
 
     model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **kwargs)
     for adapter in adapters:
-        peft_model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
+        with warnings.catch_warnings():  # peft asks transformers 5 a deprecated question: not the user's concern
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            peft_model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
         model = peft_model.merge_and_unload()
     merged: nn.Module = model.to(dtype)
     return merged
