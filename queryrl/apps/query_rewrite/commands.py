@@ -186,10 +186,16 @@ def prepare_kdconv(
 
 def eval_(
     ctx: typer.Context,
-    data: Annotated[str, typer.Option("--data", help="builtin://sales_demo/test, a .parquet or a .jsonl file.")],
+    data: Annotated[
+        str,
+        typer.Option("--data", help="builtin://sales_demo/test, a .parquet or .jsonl file, or a KdConv .json file."),
+    ],
     systems: Annotated[
         str,
-        typer.Option(help="Comma-separated: raw_turn, concat_last3, reference, NAME=MODEL_FOLDER or MODEL_FOLDER."),
+        typer.Option(
+            help="Comma-separated: raw_turn, concat_last3, reference, NAME=MODEL_FOLDER, MODEL_FOLDER, or "
+            "NAME=MODEL_FOLDER+ADAPTER[+ADAPTER2] (LoRA adapter folders merged in order)."
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", help="The JSON summary (eval.png, eval_samples.jsonl beside it).")],
     config: Annotated[
