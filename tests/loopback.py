@@ -67,9 +67,6 @@ def serve_judge_process(judge: str = "constant", startup_s: float = 60.0, *optio
     import socket
     import subprocess
     import sys
-    import time
-
-    import httpx
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,16 +74,27 @@ def serve_judge_process(judge: str = "constant", startup_s: float = 60.0, *optio
     cmd = [sys.executable, "-m", "queryrl.cli", "serve-judge", "--judge", judge, "--port", str(port), *options]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).raise_for_status()
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "serve-judge did not come up"
-                assert proc.poll() is None, "serve-judge exited"
-                time.sleep(0.2)
+        wait_until_up(f"http://127.0.0.1:{port}/v1/models", proc, startup_s, "serve-judge")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def wait_until_up(url: str, proc: Any, startup_s: float, what: str, log: Any = None) -> None:
+    """Wait until ``GET url`` answers 2xx; fail the test if `proc` (a Popen) exits or `startup_s` pass first
+    (quoting the end of `log`, a Path, when given)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + startup_s
+    while True:
+        try:
+            httpx.get(url, timeout=1).raise_for_status()
+            return
+        except httpx.TransportError:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            assert proc.poll() is None, f"{what} exited {tail}"
+            assert time.monotonic() < deadline, f"{what} did not come up"
+            time.sleep(0.2)

@@ -17,14 +17,13 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+from tests.loopback import wait_until_up
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "your-data.md"
@@ -77,15 +76,7 @@ def serve_minimal_service(
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=folder, env={**os.environ, "DOCS": str(docs)}, stdout=out, stderr=out)
     try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).raise_for_status()
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, f"the minimal service exited: {log.read_text(errors='replace')[-2000:]}"
-                assert time.monotonic() < deadline, "the minimal service did not come up"
-                time.sleep(0.2)
+        wait_until_up(f"http://127.0.0.1:{port}/health", proc, startup_s, "the minimal service", log)
         yield MinimalService(f"http://127.0.0.1:{port}", log)
     finally:
         proc.terminate()
