@@ -38,8 +38,9 @@ def graded_component(
     Raises:
         RewardFailure: a document without a numeric ``score`` (the margin needs the service's scores).
     """
-    scores = [d.get("score") for d in ranked]
-    if any(not isinstance(v, int | float) or isinstance(v, bool) for v in scores):
+    raw = [d.get("score") for d in ranked]
+    scores = [float(v) for v in raw if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(scores) != len(raw):
         raise RewardFailure(
             "app.query_rewrite.weights.retrieval_graded is set but the RAG service's documents carry no numeric "
             "'score' (map it with rag.document_fields, or leave the weight at 0)"
