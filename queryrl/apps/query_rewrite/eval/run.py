@@ -162,7 +162,8 @@ def evaluate(
     judge_spend(judge_check)  # the shared client's counters start at 0: this evaluation's spend, the check's too
     _check_services(judge_check, rag, say, samples[0], data)
     client = config_rag_client(cfg)
-    asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # a probe: a service that is down costs no model time
+    if rag.url is None:  # the embedded service: a corpus that fails to load costs no model time (an external
+        asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # one was just checked, both endpoints)
     answers = _all_answers(specs, samples, batch_size, max_new_tokens, device, dtype, processes, say)
     references, candidates = asyncio.run(retrieve(client, samples, answers, rag.url))
     results = {s.name: list(references) if s.kind == "reference" else candidates[s.name] for s in specs}
