@@ -205,19 +205,15 @@ def external_rows(
     test_file: Path, kdconv_dir: Path, out: Path, history_chars: int, answer_format: str
 ) -> dict[str, Any]:
     """The turns with gold of a KdConv dialogue file (all of them), windowed as the bench's own rows, written
-    to `out`; its rows and conversations."""
-    from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
-    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
-    from queryrl.apps.query_rewrite.data.kdconv_prep import windowed_rows
-    from queryrl.rag import Document, HeuristicRewriter
-    from queryrl.rag.index import title_entities
+    to `out`; its rows and conversations. The rows are ``queryrl eval --data FILE.json``'s
+    (:func:`~queryrl.apps.query_rewrite.eval.kdconv_file.kdconv_file_rows`), with the knowledge base of `kdconv_dir`."""
+    from queryrl.apps.query_rewrite.data.conversations import write_parquet
+    from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, kdconv_file_rows
 
-    docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kdconv_dir / kb_name(kdconv_dir))]
-    convs = load_kdconv_conversations(test_file, both_speakers=True)
-    rows = conversations_to_rows(convs, "kdconv", domain=kdconv_domain(kdconv_dir), answer_format=answer_format)
-    rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
-    windowed_rows(rows, HeuristicRewriter(title_entities(docs), latin_entities=False), history_chars)
-    return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": len(convs)}
+    settings = KdConvSettings(history_chars=history_chars, answer_format=answer_format)
+    rows = kdconv_file_rows(test_file, kdconv_dir / kb_name(kdconv_dir), settings)
+    conversations = len(json.loads(test_file.read_text(encoding="utf-8-sig")))  # the file's, with gold or not
+    return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": conversations}
 
 
 def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:

@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, kdconv_file_rows
 from queryrl.apps.query_rewrite.eval.run import evaluate
 from queryrl.apps.query_rewrite.eval.samples import EvalError, parse_systems
 from queryrl.cli import app
@@ -243,28 +242,3 @@ def test_kdconv_file_options_and_their_errors(tmp_path: Path) -> None:
     result = runner.invoke(app, not_kdconv)
     assert result.exit_code == 2
     assert "are for a KdConv .json file" in result.output
-
-
-@pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv is not at {KDCONV}")
-def test_kdconv_rows_are_the_benchs_rows(tmp_path: Path) -> None:
-    """The rows of a real KdConv file are the ones ``benchmarks/real_model.py`` evaluates KDCONV_TEST on."""
-    import real_model as bench  # benchmarks/ is on the tests' path
-
-    dialogues = json.loads((KDCONV / "dev.json").read_text(encoding="utf-8"))[:6]
-    folder = tmp_path / "travel"
-    folder.mkdir()
-    (folder / "kb_travel.json").symlink_to(KDCONV / "kb_travel.json")
-    data = folder / "dev.json"
-    data.write_text(json.dumps(dialogues, ensure_ascii=False), encoding="utf-8")
-    import pandas as pd
-
-    expected = bench.external_rows(data, folder, tmp_path / "external.parquet", 320, "text")
-    theirs = pd.read_parquet(expected["file"]).to_dict("records")
-    ours = kdconv_file_rows(data, folder / "kb_travel.json", KdConvSettings())
-    assert len(ours) == expected["rows"] > 0
-    for a, b in zip(ours, theirs, strict=True):
-        assert [dict(m) for m in a["prompt"]] == [dict(m) for m in b["prompt"]]
-        assert list(a["reward_model"]["ground_truth"]["gold_doc_ids"]) == list(
-            b["reward_model"]["ground_truth"]["gold_doc_ids"]
-        )
-        assert a["extra_info"]["conversation_id"] == b["extra_info"]["conversation_id"]
