@@ -1,12 +1,14 @@
-"""#25's goals over several GRPO seeds and split seeds: how many runs meet them, and the recipe's pooled effect.
+"""The rewriter's goals over GRPO seeds and split seeds: how many runs meet them, and the recipe's pooled effect.
 
 One GRPO run per split cannot tell a lever under about 0.02 Recall@5 from the GRPO seed (the log's "GRPO's own
 spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON whose run folder
 (``settings.args.work``) still holds ``eval/eval_samples.jsonl``, and prints, as JSON:
 
-- per run (split seed, GRPO seed): each goal of #25 item 7, met or not: GRPO - warm-up Recall@5 with its paired
-  interval above zero (over turns, and over conversations), context-dependent Recall@5 at least 2x concat_last3's
-  and at least the reference's, intent kept on at least 95 % of turns;
+- per run (split seed, GRPO seed): each goal met or not: GRPO - warm-up and GRPO - reference Recall@5 (and MRR
+  against the reference) with paired intervals above zero (over turns, and over conversations), context-dependent
+  Recall@5 at least 2.2x concat_last3's, intent kept on at least 97 % of turns, the median GRPO query at most 1.5x the
+  reference's in characters (no query stuffing), and at most 30 % of the run's GRPO groups flat (every sample of the
+  group scored alike: the result's ``phases.grpo.per_step.zero_std_group_frac_mean``);
 - per goal, in how many runs it is met;
 - per split and over all splits, the recipe's effect with the GRPO seed averaged out: each turn's GRPO score is the
   mean over that split's GRPO seeds, paired with the split's warm-up (one warm-up per split, shared by its GRPO
@@ -44,8 +46,10 @@ import numpy as np
 
 from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
 
-RATIO_GOAL = 2.0  # context-dependent Recall@5 at least this many times concat_last3's
-INTENT_GOAL = 0.95
+RATIO_GOAL = 2.2  # context-dependent Recall@5 at least this many times concat_last3's
+INTENT_GOAL = 0.97
+LENGTH_GOAL = 1.5  # the median GRPO query at most this many times the reference's, in characters
+FLAT_GOAL = 0.30  # at most this share of a run's GRPO groups flat
 
 
 def _grpo_seed(work: Path) -> int:
@@ -74,6 +78,7 @@ def _load(path: Path) -> dict[str, Any]:
         "rows": rows,
         "final": result["final_eval"],
         "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", records),
+        "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
     }
 
 
@@ -90,8 +95,16 @@ def _intent_kept_now(data: Path, records: list[dict[str, Any]]) -> float:
     return sum(v.kept for v in verdicts) / len(verdicts)
 
 
-def _scores(rows: list[dict[str, Any]], system: str, dependent_only: bool = False) -> np.ndarray:
-    return np.array([r["systems"][system]["recall@5"] for r in rows if r["turn"] > 0 or not dependent_only])
+def _scores(
+    rows: list[dict[str, Any]], system: str, dependent_only: bool = False, metric: str = "recall@5"
+) -> np.ndarray:
+    return np.array([r["systems"][system][metric] for r in rows if r["turn"] > 0 or not dependent_only])
+
+
+def _length_ratio(rows: list[dict[str, Any]]) -> float:
+    """The median GRPO query's length over the median reference query's, in characters."""
+    grpo = float(np.median([len(r["systems"]["grpo"]["query"]) for r in rows]))
+    return grpo / float(np.median([len(r["systems"]["reference"]["query"]) for r in rows]))
 
 
 def _interval(a: np.ndarray, b: np.ndarray, groups: list[str]) -> dict[str, float]:
@@ -103,24 +116,34 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
     rows, final = run["rows"], run["final"]
     groups = [r["conversation_id"] for r in rows]
     vs_warmup = _interval(_scores(rows, "grpo"), _scores(rows, "warmup"), groups)
+    vs_ref = _interval(_scores(rows, "grpo"), _scores(rows, "reference"), groups)
+    vs_ref_mrr = _interval(_scores(rows, "grpo", metric="mrr"), _scores(rows, "reference", metric="mrr"), groups)
     ratio = final["grpo"]["ctx_dep_recall@5"] / final["concat_last3"]["ctx_dep_recall@5"]
     vs_reference = final["grpo"]["ctx_dep_recall@5"] - final["reference"]["ctx_dep_recall@5"]
+    length, flat = _length_ratio(rows), run["flat_groups"]
     return {
         "split": run["split"],
         "grpo_seed": run["grpo_seed"],
         "result": run["path"],
         "grpo_recall@5": round(final["grpo"]["recall@5"], 4),
         "grpo_minus_warmup": vs_warmup,
+        "grpo_minus_reference": vs_ref,
+        "grpo_minus_reference_mrr": vs_ref_mrr,
         "ctx_dep_x_concat_last3": round(ratio, 3),
         "ctx_dep_grpo_minus_reference": round(vs_reference, 4),
         "intent_kept": round(run["intent_kept"], 4),
         "intent_kept_recorded": round(final["grpo"]["intent_kept"], 4),
+        "median_query_x_reference": round(length, 3),
+        "flat_groups": None if flat is None else round(flat, 4),
         "goals": {
             "above_warmup_turns": vs_warmup["low"] > 0,
             "above_warmup_conversations": vs_warmup["group_low"] > 0,
-            "ctx_dep_2x_concat_last3": ratio >= RATIO_GOAL,
-            "ctx_dep_at_least_reference": vs_reference >= 0,
-            "intent_kept_95": run["intent_kept"] >= INTENT_GOAL,
+            "above_reference_conversations": vs_ref["group_low"] > 0,
+            "mrr_above_reference_conversations": vs_ref_mrr["group_low"] > 0,
+            "ctx_dep_2.2x_concat_last3": ratio >= RATIO_GOAL,
+            "intent_kept_97": run["intent_kept"] >= INTENT_GOAL,
+            "median_query_within_1.5x_reference": length <= LENGTH_GOAL,
+            "flat_groups_at_most_30": flat is not None and flat <= FLAT_GOAL,
         },
     }
 
@@ -134,6 +157,7 @@ def _seed_mean(runs: list[dict[str, Any]], split: int) -> tuple[np.ndarray, list
 def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
     """The GRPO seeds averaged per turn within each split; the splits' turns then pooled."""
     grpo, warmup, reference, concat, groups, dep = [], [], [], [], [], []
+    grpo_mrr, reference_mrr = [], []
     for split in splits:
         mine = [r for r in runs if r["split"] == split]
         base = mine[0]["rows"]
@@ -144,6 +168,8 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
                 if not np.array_equal(_scores(r["rows"], system), _scores(base, system)):
                     raise SystemExit(f"{r['path']}: its {system} differs from {mine[0]['path']}'s on split {split}")
         grpo.append(_seed_mean(runs, split)[0])
+        grpo_mrr.append(np.mean([_scores(r["rows"], "grpo", metric="mrr") for r in mine], axis=0))
+        reference_mrr.append(_scores(base, "reference", metric="mrr"))
         warmup.append(_scores(base, "warmup"))
         reference.append(_scores(base, "reference"))
         concat.append(_scores(base, "concat_last3"))
@@ -151,6 +177,8 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         dep.append(np.array([x["turn"] > 0 for x in base]))
     g, w, ref, c, d = (np.concatenate(v) for v in (grpo, warmup, reference, concat, dep))
     dep_groups = [x for x, keep in zip(groups, d, strict=True) if keep]
+    mine = [r for r in runs if r["split"] in splits]
+    flats = [r["flat_groups"] for r in mine if r["flat_groups"] is not None]
     return {
         "splits": splits,
         "runs": sum(r["split"] in splits for r in runs),
@@ -158,9 +186,12 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         "grpo_recall@5": round(float(g.mean()), 4),
         "grpo_minus_warmup": _interval(g, w, groups),
         "grpo_minus_reference": _interval(g, ref, groups),
+        "grpo_minus_reference_mrr": _interval(np.concatenate(grpo_mrr), np.concatenate(reference_mrr), groups),
         "ctx_dep_x_concat_last3": round(float(g[d].mean() / c[d].mean()), 3),
         "ctx_dep_grpo_minus_reference": _interval(g[d], ref[d], dep_groups),
-        "intent_kept_mean_of_runs": round(float(np.mean([r["intent_kept"] for r in runs if r["split"] in splits])), 4),
+        "intent_kept_mean_of_runs": round(float(np.mean([r["intent_kept"] for r in mine])), 4),
+        "median_query_x_reference_median_of_runs": round(float(np.median([_length_ratio(r["rows"]) for r in mine])), 3),
+        "flat_groups_mean_of_runs": round(float(np.mean(flats)), 4) if flats else None,
     }
 
 
@@ -204,28 +235,35 @@ def _iv(x: dict[str, float], conversations: bool = True) -> str:
     return text + (f" / [{x['group_low']:+.3f}, {x['group_high']:+.3f}]" if conversations else "")
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
 def markdown(out: dict[str, Any]) -> str:
     """The log's tables: one row per run, then the pooled rows (per split and over all)."""
     head = (
-        "| split, GRPO seed | GRPO Recall@5 | GRPO - warm-up: turns / conversations | ctx-dep x concat_last3 "
-        "| ctx-dep GRPO - reference | intent kept |\n| --- | ---: | --- | ---: | ---: | ---: |"
+        "| split, GRPO seed | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
+        "| GRPO - reference: turns / conversations | ctx-dep x concat_last3 | intent kept | median query x reference "
+        "| flat groups |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"
     )
     rows = [
         f"| {r['split']}, {r['grpo_seed']} | {r['grpo_recall@5']:.3f} | {_iv(r['grpo_minus_warmup'])} "
-        f"| {r['ctx_dep_x_concat_last3']:.2f}x | {r['ctx_dep_grpo_minus_reference']:+.3f} "
-        f"| {100 * r['intent_kept']:.1f} % |"
+        f"| {_iv(r['grpo_minus_reference'])} | {r['ctx_dep_x_concat_last3']:.2f}x | {100 * r['intent_kept']:.1f} % "
+        f"| {r['median_query_x_reference']:.2f}x | {_pct(r['flat_groups'])} |"
         for r in out["runs"]
     ]
     pooled = [("split " + k, v) for k, v in out["pooled_by_split"].items()] + [("all splits", out["pooled"])]
     head2 = (
-        "| GRPO seeds averaged per turn | runs | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
-        "| ctx-dep x concat_last3 | ctx-dep GRPO - reference: turns / conversations | intent kept (mean of runs) |\n"
-        "| --- | ---: | ---: | --- | ---: | --- | ---: |"
+        "| GRPO seeds averaged per turn | runs | turns | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
+        "| GRPO - reference: turns / conversations | MRR, GRPO - reference | ctx-dep x concat_last3 "
+        "| intent kept (mean of runs) | median query x reference | flat groups |\n"
+        "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"
     )
     rows2 = [
-        f"| {name} | {p['runs']} | {p['grpo_recall@5']:.3f} | {_iv(p['grpo_minus_warmup'])} "
-        f"| {p['ctx_dep_x_concat_last3']:.2f}x | {_iv(p['ctx_dep_grpo_minus_reference'])} "
-        f"| {100 * p['intent_kept_mean_of_runs']:.1f} % |"
+        f"| {name} | {p['runs']} | {p['turns']} | {p['grpo_recall@5']:.3f} | {_iv(p['grpo_minus_warmup'])} "
+        f"| {_iv(p['grpo_minus_reference'])} | {_iv(p['grpo_minus_reference_mrr'])} "
+        f"| {p['ctx_dep_x_concat_last3']:.2f}x | {100 * p['intent_kept_mean_of_runs']:.1f} % "
+        f"| {p['median_query_x_reference_median_of_runs']:.2f}x | {_pct(p['flat_groups_mean_of_runs'])} |"
         for name, p in pooled
     ]
     met = ", ".join(f"{k} {v}" for k, v in out["goals_met"].items())

@@ -47,3 +47,45 @@ def test_against_refuses_grids_without_a_shared_split_or_with_other_turns() -> N
     other["rows"][1]["last_turn"] = "another turn"
     with pytest.raises(SystemExit, match="same turns"):
         grid.against([_run(0, 7, [1, 0])], [other])
+
+
+def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
+    systems = ("grpo", "warmup", "reference", "concat_last3")
+    rows = []
+    for i in range(8):
+        hit = {"grpo": 1.0, "warmup": float(i % 2), "reference": float(i % 2), "concat_last3": 0.5}
+        rows.append(
+            {
+                "last_turn": f"t{i}",
+                "turn": i % 2,
+                "conversation_id": f"c{i}",
+                "systems": {
+                    s: {"recall@5": hit[s], "mrr": hit[s] / 2, "query": grpo_query if s == "grpo" else "四字查询"}
+                    for s in systems
+                },
+            }
+        )
+    final = {
+        s: {"recall@5": 0.5, "ctx_dep_recall@5": 1.0 if s == "grpo" else 0.4, "intent_kept": 0.98} for s in systems
+    }
+    return {
+        "split": 0,
+        "grpo_seed": 7,
+        "path": "x.json",
+        "rows": rows,
+        "final": final,
+        "intent_kept": 0.98,
+        "flat_groups": flat,
+    }
+
+
+def test_run_goals_read_the_reference_mrr_the_query_length_and_the_flat_groups() -> None:
+    goals = grid._run_goals(_scored_run(0.25, "八个字的改写查询"))
+    assert goals["grpo_minus_reference_mrr"]["diff"] == pytest.approx(0.25, abs=1e-4)
+    assert goals["median_query_x_reference"] == pytest.approx(2.0)
+    assert goals["goals"]["median_query_within_1.5x_reference"] is False  # twice the reference's length: stuffing
+    assert goals["goals"]["flat_groups_at_most_30"] is True
+    assert goals["goals"]["ctx_dep_2.2x_concat_last3"] is True  # 1.0 / 0.4 = 2.5x
+    short = grid._run_goals(_scored_run(None, "五个字查询"))
+    assert short["goals"]["median_query_within_1.5x_reference"] is True
+    assert short["goals"]["flat_groups_at_most_30"] is False  # a result without the per-step record meets nothing
