@@ -19,7 +19,7 @@ Only the standard library and :mod:`queryrl.registry` are imported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
@@ -128,6 +128,11 @@ class Application:
             rows alike (the default).
         """
         return None
+
+    def vocab_texts(self, cfg: Any) -> Iterable[str]:
+        """Texts whose tokens a run with ``model.vocab.restrict`` keeps besides its data's (e.g. a knowledge base
+        the policy's answers copy names from); none by default."""
+        return ()
 
     def learning_problem(self, cfg: Any, metrics: Mapping[str, float]) -> str | None:
         """Why one training step's `metrics` show that the run cannot learn (e.g. no answer parsed), or None.

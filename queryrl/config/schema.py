@@ -45,6 +45,17 @@ class LoraConfig:
 
 
 @dataclass
+class VocabConfig:
+    """A vocabulary-restricted output head (queryrl.models.vocab, Vocabulary Trimming, Ushio et al. 2023)."""
+
+    # true: the policy's head keeps only the tokens of the tokenizer's specials and chat template, the
+    # training/validation prompts and targets, the application's texts (query_rewrite: the embedded RAG
+    # corpus) and extra_files; its log-probs are over those tokens. Needs a frozen head (LoRA)
+    restrict: bool = False
+    extra_files: list[str] = field(default_factory=list)  # UTF-8 text files whose tokens are kept too
+
+
+@dataclass
 class ModelConfig:
     path: str | None = None  # a Hugging Face causal-LM folder; empty = the built-in tiny model
     tokenizer_path: str | None = None  # default: path
@@ -55,6 +66,7 @@ class ModelConfig:
     compute_dtype: str | None = None
     gradient_checkpointing: bool = False
     lora: LoraConfig = field(default_factory=LoraConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
     trust_remote_code: bool = False
     cache_dir: str | None = None  # where the tiny model is built; default ~/.cache/queryrl
 

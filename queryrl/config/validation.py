@@ -111,6 +111,7 @@ def validate(cfg: DictConfig) -> None:
     _check_sizes(cfg)
     _check_stop_rules(cfg)
     _check_applications(cfg)
+    _check_vocab(cfg)
 
 
 def _check_algorithm_choices(cfg: DictConfig) -> None:
@@ -268,3 +269,23 @@ def _check_applications(cfg: DictConfig) -> None:
         raise ConfigError(f"one application at a time: {', '.join(f'app.{n}.enable' for n in enabled)} are all true")
     for app in load_apps():
         app.validate(cfg)
+
+
+def _check_vocab(cfg: DictConfig) -> None:
+    """``model.vocab.restrict`` needs a frozen output head on the local backend's hf rollout."""
+    if not cfg.model.vocab.restrict:
+        return
+    if cfg.model.lora.rank <= 0:
+        raise ConfigError(
+            "model.vocab.restrict=true needs a frozen output head: set model.lora.rank > 0 (full fine-tuning trains it)"
+        )
+    trained = sorted({"lm_head", "embed_tokens"} & set(cfg.model.lora.target_modules))
+    if trained:
+        raise ConfigError(
+            f"model.vocab.restrict=true with LoRA on {', '.join(trained)}: the output head must be frozen"
+        )
+    if cfg.trainer.backend != "local" or cfg.rollout.backend != "hf":
+        raise ConfigError(
+            "model.vocab.restrict=true runs with trainer.backend=local and rollout.backend=hf "
+            f"(got {cfg.trainer.backend}, {cfg.rollout.backend})"
+        )

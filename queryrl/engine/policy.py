@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from queryrl.algos import entropy_from_logits
 from queryrl.engine.batch import Batch
 from queryrl.models.loading import compute_autocast
+from queryrl.models.vocab import head_tokens
 from queryrl.padding import mask_positions
 
 
@@ -285,11 +286,16 @@ def forward_logprobs(
 
     With ``entropy_grad=False`` the entropy is a metric with no graph, taken with the log-probs from one
     ``log_softmax`` (:func:`logprobs_and_entropy`).
+
+    With a restricted output head (``model.vocab.restrict``, :mod:`queryrl.models.vocab`) the logits are over
+    the kept tokens, and so are the log-probs and the entropy: the response ids are looked up as restricted
+    indices (a trained-on token outside the kept set is an error).
     """
     logits = response_logits(model, batch, temperature, share_prompt)
+    tokens = head_tokens(model, batch.response_ids, batch.response_mask)
     if with_entropy and not entropy_grad:  # the update's metric: one log_softmax for both
-        return logprobs_and_entropy(logits, batch.response_ids)
-    logprobs = logprobs_from_logits(logits, batch.response_ids)
+        return logprobs_and_entropy(logits, tokens)
+    logprobs = logprobs_from_logits(logits, tokens)
     entropy = entropy_from_logits(logits.float()) if with_entropy else None
     return logprobs, entropy
 

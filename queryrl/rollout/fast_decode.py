@@ -265,9 +265,13 @@ class FastDecoder:
                 h = self._decode_step(x, layers, steps, kv_cache, bias, p + s - 1)
                 logits = self._logits(h, weights)
             tokens, scores, log_z = sample_step(logits, params)  # (B,), (B, V), (B, 1)
-            tokens = torch.where(unfinished, tokens, pad)
+            if weights.vocab is not None:  # a restricted head: (B, K) scores, an index -> its token id
+                out_logprobs[:, s : s + 1] = scores.gather(-1, tokens[:, None]) - log_z
+                tokens = torch.where(unfinished, weights.vocab[tokens], pad)
+            else:
+                tokens = torch.where(unfinished, tokens, pad)
+                out_logprobs[:, s : s + 1] = scores.gather(-1, tokens[:, None]) - log_z
             out_ids[:, s] = tokens
-            out_logprobs[:, s : s + 1] = scores.gather(-1, tokens[:, None]) - log_z
             unfinished &= tokens != eos_token_id
             if not bool(unfinished.any()):
                 return out_ids[:, : s + 1], out_logprobs[:, : s + 1]

@@ -249,6 +249,8 @@ class Weights:
     layers: list[Layer]
     norm: Tensor  # (E,) the final RMSNorm
     head: tuple[Tensor, Tensor | None]  # lm_head (V, E) and its bias
+    # a restricted head's token id of each of its K rows (queryrl.models.vocab; head (K, E)), else None
+    vocab: Tensor | None = None
 
 
 def _projection(linears: list[nn.Module], fuse: bool, dtype: torch.dtype) -> Projection:
@@ -317,6 +319,7 @@ def read_weights(model: Any, plan: Plan, dtype: torch.dtype, lora: bool = True) 
         layers=layers,
         norm=norm(base.norm),
         head=(head.weight.to(dtype), head.bias.to(dtype) if head.bias is not None else None),
+        vocab=getattr(head, "vocab_ids", None),
     )
     return with_lora(weights, model, dtype) if lora else weights
 

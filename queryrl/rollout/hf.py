@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.models.loading import compute_autocast, compute_dtype
+from queryrl.models.vocab import full_vocab_processors
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
 
@@ -225,7 +226,8 @@ class HFRollout:
                 max_new_tokens=params.max_new_tokens,
                 pad_token_id=self.pad_token_id,
                 eos_token_id=self.eos_token_id,
-                logits_processor=[recorder],
+                # a restricted head's (B, K) scores spread over the vocabulary first (-inf outside the kept ids)
+                logits_processor=[*full_vocab_processors(self.model), recorder],
                 return_dict_in_generate=True,
                 # each process generates on its own: transformers would otherwise sync every decoding step
                 # over the process group when the model is FSDP-sharded (the workers gather it first)

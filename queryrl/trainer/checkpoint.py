@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from queryrl.atomic import readable_as_umask
+from queryrl.models.vocab import VOCAB_FILE, vocab_json
 
 
 class CheckpointError(Exception):
@@ -366,6 +367,7 @@ def write_checkpoint(
     optim_state: dict[str, Any],
     state: dict[str, Any],
     keep_last: int,
+    files: dict[str, str] | None = None,
 ) -> Pending:
     """Write ``root/.tmp-step_<step>`` completely (files, manifest last, all fsynced); not yet visible.
 
@@ -376,6 +378,7 @@ def write_checkpoint(
         optim_state: optimizer and scheduler state dicts.
         state: JSON-serialisable trainer state (step, loader position, KL coefficient, ...).
         keep_last: how many checkpoints to keep once committed (0 = all).
+        files: name -> text of further files (``vocab_ids.json``).
     """
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}step_{step}"
@@ -386,6 +389,8 @@ def write_checkpoint(
     torch.save(optim_state, tmp / "optim.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text, encoding="utf-8")
     fsync_tree(tmp)
     write_manifest(tmp)  # last: a manifest vouches for files already on disk
     fsync_path(tmp)
@@ -437,7 +442,10 @@ def components_state(c: Any, state: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 def write_components(c: Any, root: Path, step: int, state: dict[str, Any], keep_last: int) -> Pending:
     """Write the trainer's components (policy, critic, optimizers, loader) at `step`; the caller commits."""
-    return write_checkpoint(root, step, *components_state(c, state), keep_last)
+    files = {}
+    if getattr(c, "vocab_ids", None) is not None:  # model.vocab.restrict: the kept ids, read back on resume
+        files[VOCAB_FILE] = vocab_json(c.vocab_ids)
+    return write_checkpoint(root, step, *components_state(c, state), keep_last, files)
 
 
 def restore_components(c: Any, folder: Path) -> dict[str, Any]:

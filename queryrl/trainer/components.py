@@ -19,11 +19,13 @@ from queryrl.data.builtin import resolve_data_path
 from queryrl.engine.optim import make_optimizer
 from queryrl.engine.workers import Workers, make_workers
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
+from queryrl.models.vocab import output_head, read_vocab_ids, restrict_head, vocab_ids
 from queryrl.rewards import make_reward_manager
 from queryrl.rollout import make_rollout
 from queryrl.rollout.vllm import config_engine
 from queryrl.trainer.preflight import config_reward_spec
 from queryrl.trainer.row_checks import truth_rule
+from queryrl.trainer.vocab import run_vocab_ids
 
 
 def resolve_device(name: str, default: torch.device | None = None) -> torch.device:
@@ -65,6 +67,12 @@ class Components:
     # every checkpoint (and, with ray.rollout=driver, the policy after every update: it generates)
     workers: Workers = None  # type: ignore[assignment]  # set by build_components, after the models
 
+    @property
+    def vocab_ids(self) -> list[int] | None:
+        """``model.vocab.restrict``: the kept token ids of the policy's restricted head (sorted); None = a full head."""
+        ids = vocab_ids(self.policy.model)
+        return None if ids is None else [int(i) for i in ids.tolist()]
+
 
 def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptDataset]:
     needs_truth = truth_rule(cfg)  # rows the built-in reward would score against "None" are data errors
@@ -81,8 +89,13 @@ def _datasets(cfg: DictConfig, tokenizer: Any, files: list[str]) -> list[PromptD
     ]
 
 
-def _data(cfg: DictConfig, tokenizer: Any) -> tuple[PromptLoader, list[PromptDataset], int]:
-    """The train loader, the validation sets and the number of prompts left out as too long (each warned about)."""
+def _data(
+    cfg: DictConfig, policy: PolicyBundle, vocab_file: Path | None
+) -> tuple[PromptLoader, list[PromptDataset], dict[str, float]]:
+    """The train loader, the validation sets and their stats: the prompts left out as too long (each warned
+    about); with ``model.vocab.restrict`` the kept vocabulary's size, the policy's head cut to it
+    (:func:`_restrict_vocab`; `vocab_file`: the kept ids of the checkpoint a run resumes from)."""
+    tokenizer = policy.tokenizer
     train = _datasets(cfg, tokenizer, list(cfg.data.train_files))
     val = _datasets(cfg, tokenizer, list(cfg.data.val_files))
     for d in train + val:
@@ -96,7 +109,10 @@ def _data(cfg: DictConfig, tokenizer: Any) -> tuple[PromptLoader, list[PromptDat
     loader = PromptLoader(
         train, cfg.data.train_batch_size, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle, weights=weights
     )
-    return loader, val, sum(d.num_filtered for d in train + val)
+    stats = {"data/filtered_prompts": float(sum(d.num_filtered for d in train + val))}
+    if cfg.model.vocab.restrict:  # a metric every step: the run's plots and report show it
+        stats["data/vocab_kept"] = float(len(_restrict_vocab(cfg, policy, train + val, vocab_file)))
+    return loader, val, stats
 
 
 def _reward(cfg: DictConfig) -> tuple[Any, Any]:
@@ -158,8 +174,22 @@ def _prepare_process(cfg: DictConfig) -> None:
         )
 
 
-def build_components(cfg: DictConfig) -> Components:
-    """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers."""
+def _restrict_vocab(
+    cfg: DictConfig, policy: PolicyBundle, datasets: list[PromptDataset], saved: Path | None
+) -> list[int]:
+    """``model.vocab.restrict``: the kept ids (`saved`, a checkpoint's ``vocab_ids.json``, when there is one; else
+    computed from the tokenizer and data) and the policy's head cut to them (the reference shares it: LoRA)."""
+    head = output_head(policy.model)
+    size = int(head.weight.shape[0]) if isinstance(head, nn.Linear) else 0
+    ids = read_vocab_ids(saved) if saved is not None and saved.is_file() else None
+    if ids is None:
+        ids = run_vocab_ids(cfg, policy.tokenizer, datasets, size)
+    restrict_head(policy.model, ids)
+    return ids
+
+
+def build_components(cfg: DictConfig, vocab_file: Path | None = None) -> Components:
+    """Load the policy (and reference, critic), the rollout backend, data, rewards, optimizers (`vocab_file`: _data)."""
     _prepare_process(cfg)
     device = resolve_device(cfg.trainer.device)
     ref_device = resolve_device(cfg.trainer.ref_device, device)
@@ -171,7 +201,7 @@ def build_components(cfg: DictConfig) -> Components:
         cfg.model, device, ref_device, need_ref=need_ref and not on_ray, frozen_in_compute_dtype=not on_ray
     )
 
-    loader, val, filtered = _data(cfg, policy.tokenizer)
+    loader, val, stats = _data(cfg, policy, vocab_file)
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * loader.steps_per_epoch
 
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
@@ -205,7 +235,7 @@ def build_components(cfg: DictConfig) -> Components:
         device=device,
         ref_device=ref_device,
         total_steps=total_steps,
-        data_stats={"data/filtered_prompts": float(filtered)},
+        data_stats=stats,
         select=select,
     )
     if "values" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):  # a critic

@@ -38,6 +38,7 @@ from queryrl.config import save_config
 from queryrl.engine.batch import Batch
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import add_metrics, role_settings
+from queryrl.models.vocab import VOCAB_FILE, write_vocab_ids
 from queryrl.redaction import redact, register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
@@ -75,10 +76,14 @@ class Trainer:
         plan = plan_resume(self.run_dir, cfg)
         # the run folder is written only once the model, data and reward have loaded: a bad setting
         # found on the way leaves nothing behind
-        self.c: Components = build_components(cfg)
+        self.c: Components = build_components(cfg, plan.checkpoint / VOCAB_FILE if plan.checkpoint else None)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resume_from = plan.apply()  # before config.yaml is overwritten: an earlier run's is set aside
         save_config(cfg, self.run_dir / "config.yaml")
+        if self.c.vocab_ids is not None:  # model.vocab.restrict: the kept ids, once per run (and in each checkpoint)
+            write_vocab_ids(self.run_dir / VOCAB_FILE, self.c.vocab_ids)
+            kept = len(self.c.vocab_ids)
+            print(f"vocabulary: the policy's head keeps {kept} tokens (model.vocab.restrict)", flush=True)
         self.kl_ctrl = make_kl_controller(
             cfg.algo.kl_ctrl.type, cfg.algo.kl_ctrl.kl_coef, cfg.algo.kl_ctrl.target_kl, cfg.algo.kl_ctrl.horizon
         )

@@ -38,7 +38,7 @@ from queryrl.redaction import redact
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.checkpoint import CheckpointError
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "samples", "plots", "checkpoints")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "tensorboard", "samples", "plots", "checkpoints", "vocab_ids.json")
 PREVIOUS = "previous"
 # Keys whose value may change between a run and its resume (a key, or a prefix ending in "."):
 # they say how long to train, what to log, validate and keep, and where things run or live, never

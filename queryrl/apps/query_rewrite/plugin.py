@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -104,6 +104,16 @@ class QueryRewriteApp(Application):
 
         qr = settings_of(cfg)
         return rag_chat_targets(source, rows, qr.rag, max(1, int(cfg.reward.max_concurrency)))
+
+    def vocab_texts(self, cfg: DictConfig) -> Iterable[str]:
+        """``model.vocab.restrict``: the embedded RAG service's corpus (titles and contents), whose names a
+        rewrite copies; nothing when the service is external (``rag.url``) or has no corpus."""
+        rag = cfg.app.query_rewrite.rag
+        if rag.url or not rag.corpus:
+            return ()
+        from queryrl.apps.query_rewrite.reward.rag import corpus_documents
+
+        return (text for doc in corpus_documents(str(rag.corpus)) for text in (doc.title, doc.content))
 
     def learning_problem(self, cfg: DictConfig, metrics: Mapping[str, float]) -> str | None:
         """No reply of the step parsed (``reward/parsed/mean`` 0), or every reply was an empty query where

@@ -52,7 +52,7 @@ def rag_request_fields(
 KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
 
 
-def _corpus_documents(corpus: str) -> list[Document]:
+def corpus_documents(corpus: str) -> list[Document]:
     if corpus == "sales_demo":
         return [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
     if corpus.startswith(KDCONV_PREFIX):
@@ -98,7 +98,7 @@ def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
     ``policy`` with ``reference_model``; ``openai`` with ``reference_base_url``, ``reference_model``,
     ``reference_api_key_env``).
     """
-    documents = _corpus_documents(corpus)
+    documents = corpus_documents(corpus)
     retriever = str(options.get("retriever") or "bm25")
     dense: Any = None
     if retriever != "bm25":
