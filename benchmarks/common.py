@@ -101,12 +101,16 @@ def machine() -> dict[str, Any]:
         load = os.getloadavg()
     except OSError:
         load = (float("nan"),) * 3
+    from queryrl.machine import machine_info
+
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "threads_per_process": 1,
         "loadavg_at_end": [round(x, 2) for x in load],
+        # the CPU, torch's capability, native bf16, one-thread matmul rates (queryrl.machine)
+        **machine_info().as_dict(),
     }
 
 
@@ -135,13 +139,3 @@ def version_of(package: str) -> str | None:
 def python_exe() -> str:
     """The interpreter running this benchmark."""
     return sys.executable
-
-
-def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True when the CPU does bfloat16 arithmetic natively (AMX or AVX512-BF16): without it, torch emulates
-    bf16 matmuls and they are slower than float32."""
-    try:
-        flags = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))

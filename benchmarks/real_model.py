@@ -36,8 +36,9 @@ the users' 8B model answers):
 With ``--warmup-model`` (the ``warmup`` folder of an earlier run) steps 1 and 2 are skipped: GRPO starts from
 that model, and eval has no zero-shot system (a lever run: one GRPO change from the same start).
 
-Compute dtype: bfloat16 where the CPU has bf16 arithmetic (AMX or AVX512-BF16 in /proc/cpuinfo), else
-float32 (`--dtype` forces one); with bfloat16, zero-shot is also evaluated in float32 on the first
+Compute dtype: bfloat16 where the CPU has native bf16 arithmetic (``queryrl.machine.native_bf16``: AMX or
+AVX512-BF16, and torch allowed to use it), else float32 (`--dtype` forces one: a forced bfloat16 on a CPU that
+emulates it gets one warning line); with bfloat16, zero-shot is also evaluated in float32 on the first
 `--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process, with
 `--threads` torch threads (default: every core the bench may use); its wall time and peak RSS
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
@@ -63,10 +64,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import REPO, cpu_has_bf16, machine, write_json
+from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_name, prepare
+from queryrl.machine import auto_dtype, warn_if_emulated_bf16
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -231,6 +233,7 @@ def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:
         f"data.max_response_length={args.max_response_length}",
         f"trainer.num_threads={args.threads}",
         *([f"model.compute_dtype={dtype}"] if dtype != "float32" else []),
+        *(["model.vocab.restrict=true"] if getattr(args, "restrict_vocab", False) else []),
         *args.overrides,
     ]
 
@@ -393,6 +396,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         " the warm-up's SFT keeps the config's (attention only)",
     )
     parser.add_argument("--lr", type=float, default=1e-4, help="the GRPO LoRA learning rate (actor.lr)")
+    parser.add_argument(
+        "--restrict-vocab",
+        action="store_true",
+        help="GRPO with model.vocab.restrict=true: the policy's head keeps the tokens of the data and the knowledge "
+        "base only (benchmarks/vocab_head.py measures it; eval still decodes with the exported full head)",
+    )
     # eval
     parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")
     parser.add_argument("--max-prompt-length", type=int, default=1024, help="tokens")
@@ -428,6 +437,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def choose_dtype(choice: str) -> str:
+    """``--dtype``: ``auto`` is bfloat16 where the CPU has native bf16 arithmetic, else float32
+    (:func:`queryrl.machine.auto_dtype`); a bfloat16 forced on a CPU that emulates it is kept, with one warning line."""
+    warn_if_emulated_bf16(choice, "--dtype")
+    return auto_dtype() if choice == "auto" else choice
+
+
 def _eval_cmd(queryrl: str, data: str, kb: Path, args: argparse.Namespace, dtype: str, samples: int) -> list[str]:
     cmd = [queryrl, "eval", "--config", str(CONFIG), "--data", data, "--corpus", f"kdconv:{kb}"]
     cmd += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--batch-size", "8"]
@@ -459,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = (args.work or REPO / "runs" / f"bench_real_{name}").resolve()
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / kb_name(kdconv_dir)
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if cpu_has_bf16() else "float32")
+    dtype = choose_dtype(args.dtype)
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2

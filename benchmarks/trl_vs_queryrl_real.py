@@ -56,7 +56,6 @@ from common import (
     REPO,
     RESULTS,
     TOY_CONFIG,
-    cpu_has_bf16,
     machine,
     median,
     one_thread,
@@ -478,7 +477,10 @@ def main() -> None:
         print(json.dumps(fn(settings)))
         return
 
-    bf16 = args.dtype == "bfloat16" or (args.dtype == "auto" and cpu_has_bf16())
+    from queryrl.machine import auto_dtype, warn_if_emulated_bf16
+
+    warn_if_emulated_bf16(args.dtype, "--dtype")  # forced on a CPU that emulates it: one line
+    bf16 = (auto_dtype() if args.dtype == "auto" else args.dtype) == "bfloat16"
     settings: dict[str, Any] = {
         "steps": args.steps,
         "warmup": args.warmup,

@@ -45,6 +45,9 @@ def test_train_export_plot(tmp_path: Path, model_cache: Path) -> None:
     assert "step 2/2" in result.output
     assert "done:" in result.output
     assert {p.name for p in (run / "plots").glob("*.png")} >= {"reward.png", "validation.png"}
+    machine = json.loads((run / "machine.json").read_text(encoding="utf-8"))  # what the run ran on, said once
+    assert machine["matmul_gflops"]["float32"] > 0
+    assert result.output.count(f"machine: {machine['cpu']}, {machine['capability']}, ") == 1
 
     out = tmp_path / "exported"
     result = runner.invoke(app, ["export", str(run / "checkpoints" / "step_2"), str(out)])

@@ -26,8 +26,10 @@ LAYERS: list[set[str]] = [
         "plugins",
         "redaction",
         "service_auth",
+        "service_limits",
         "tracking",
         "fonts",
+        "machine",
         "report",
         "report_examples",
         "report_page",
@@ -46,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"trainer"},
     {"apps"},
     {"errors"},
-    {"cli", "__main__"},
+    {"cli", "cli_serve", "__main__"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 

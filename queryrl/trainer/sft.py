@@ -46,6 +46,7 @@ from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import clip_and_step
 from queryrl.models import load_policy
 from queryrl.trainer.components import resolve_device
+from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 from queryrl.trainer.sft_batch import (
     SFTExample,
     collate,
@@ -385,6 +386,7 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
     keep_freed_memory(cfg.trainer.malloc_mmap_threshold_mb)
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
+    warn_emulated_bf16(cfg)  # bf16 forced on a CPU that emulates it: one line, before the model loads
     bundle = load_policy(cfg.model, device, None, need_ref=False)
     model, tokenizer = bundle.model, bundle.tokenizer
     pad_id = int(tokenizer.pad_token_id)
@@ -417,6 +419,7 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
     # written in a temporary folder; an existing `out` is replaced only once the new one is complete
     with atomic_dir(out, replace=True) as tmp:
         save_config(cfg, tmp / CONFIG_NAME)
+        record_machine(tmp, echo)  # machine.json beside it: what the steps ran on
         optim = (optimizer, scheduler, params)
         step = _run_steps(cfg, tmp, model, (pad_id, device), (train, val), optim, total_steps, data_stats, result)
         result.steps, result.final_loss = step, result.losses[-1]

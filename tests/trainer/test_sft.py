@@ -257,6 +257,9 @@ def test_cli_sft_end_to_end(tmp_path: Path, model_cache: Path) -> None:
     assert f"done: {out} (final loss " in result.output
     assert "step 2/2" in result.output
     assert (out / "config.json").is_file()
+    machine = json.loads((out / "machine.json").read_text(encoding="utf-8"))  # what the steps ran on, said once
+    assert machine["matmul_gflops"]["float32"] > 0
+    assert result.output.count(f"machine: {machine['cpu']}, {machine['capability']}, ") == 1
     # the RL trainer's config takes the folder as model.path
     from queryrl.models import load_policy
 

@@ -28,17 +28,34 @@ def check_dtype(dtype: str | None) -> None:
         raise EvalError(f"--dtype {dtype!r} is not one of: {', '.join(EVAL_DTYPES)}")
 
 
-def model_dtype(path: Path, dtype: str | None = None) -> str:
-    """`dtype` (``--dtype``), else the dtype the folder's config.json names (``torch_dtype``), else float32."""
+def model_dtype(path: Path, dtype: str | None = None, device: str | None = None) -> str:
+    """`dtype` (``--dtype``), else the dtype the folder's config.json names (``torch_dtype``), else float32.
+
+    On a CPU (`device`; None: CUDA where available, else the CPU) without native bfloat16 the folder's bfloat16 is
+    computed in float32 (:func:`queryrl.machine.cpu_dtype`: emulated bf16 is far slower), and a ``--dtype
+    bfloat16`` is kept with a one-line warning."""
+    from queryrl.machine import cpu_dtype, warn_if_emulated_bf16
+
+    on_cpu = _device_type(device) == "cpu"
     if dtype is not None:
         check_dtype(dtype)
+        if on_cpu:
+            warn_if_emulated_bf16(dtype, "--dtype")
         return dtype
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return "float32"
     saved = config.get("torch_dtype") or config.get("dtype") if isinstance(config, dict) else None
-    return saved if saved in EVAL_DTYPES else "float32"
+    chosen = saved if saved in EVAL_DTYPES else "float32"
+    return cpu_dtype(chosen) if on_cpu else chosen
+
+
+def _device_type(device: str | None) -> str:
+    """``cpu`` or ``cuda`` for a generation's `device` (None: CUDA where available)."""
+    import torch
+
+    return torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def generate_replies(
@@ -76,12 +93,12 @@ def generate_replies(
         from queryrl.models.adapters import load_with_adapters
 
         try:
-            loaded: nn.Module = load_with_adapters(path, adapters, DTYPES[model_dtype(path, dtype)])
+            loaded: nn.Module = load_with_adapters(path, adapters, DTYPES[model_dtype(path, dtype, dev.type)])
         except (RuntimeError, ValueError, KeyError) as exc:  # a mismatch the header check could not see
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise EvalError(f"{'+'.join(map(str, (path, *adapters)))}: the adapters do not load: {first}") from None
     else:
-        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype)])
+        loaded = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype, dev.type)])
     model = loaded.to(dev)
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     encoded = [encode_prompt(tokenizer, list(p)) for p in prompts]

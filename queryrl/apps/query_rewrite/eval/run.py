@@ -104,6 +104,7 @@ from queryrl.apps.query_rewrite.eval.scoring import (
 )
 from queryrl.apps.query_rewrite.reward.judge import judge_client
 from queryrl.apps.query_rewrite.reward.rag import rag_client
+from queryrl.machine import machine_info
 from queryrl.rag import RAGClient
 from queryrl.rewards.judge import JudgeClient
 
@@ -177,6 +178,7 @@ def evaluate(
     run = {"batch_size": batch_size, "max_new_tokens": max_new_tokens, "decoding": "greedy", "bootstrap": n_boot}
     run |= {"compare": [f"{a}:{b}" for a, b in pairs], "ci": 0.95, "seed": seed, "max_samples": max_samples}
     run["processes"] = processes
+    run["machine"] = machine_info().as_dict()  # what the generation ran on (queryrl.machine)
     report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run, intents)
     report["judge_calls"] |= judge_spend(judge_check)  # tokens (reasoning among them) and, with prices, the cost
     records = sample_records(samples, specs, answers, results, verdicts, values, intents)
@@ -345,7 +347,7 @@ def _all_answers(
         return {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
     for spec in specs:
         if spec.name in models:
-            say(f"{spec.name}: generating with {spec.source} ({model_dtype(models[spec.name], dtype)}) ...")
+            say(f"{spec.name}: generating with {spec.source} ({model_dtype(models[spec.name], dtype, device)}) ...")
     say(f"... {min(processes, len(models))} models at once, each in its own process")
     adapters = {s.name: s.adapters for s in specs if s.adapters}
     done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype, adapters)
@@ -372,7 +374,7 @@ def _answers(
     if spec.kind != "model":
         return baseline_answers(spec.kind, samples)
     assert spec.path is not None
-    say(f"{spec.name}: generating with {spec.source} ({model_dtype(spec.path, dtype)}) ...")
+    say(f"{spec.name}: generating with {spec.source} ({model_dtype(spec.path, dtype, device)}) ...")
     return model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype, spec.adapters)
 
 

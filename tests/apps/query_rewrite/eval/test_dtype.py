@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig
 from typer.testing import CliRunner
 
+from queryrl import machine
 from queryrl.apps.query_rewrite.eval.generation import model_answers, model_dtype
 from queryrl.apps.query_rewrite.eval.samples import EvalError, load_samples
 from queryrl.cli import app
@@ -35,8 +36,27 @@ def folder_with(tmp_path: Path, config: dict[str, Any] | None) -> Path:
         (None, "float32"),  # no config.json
     ],
 )
-def test_default_is_the_folders_dtype(tmp_path: Path, config: dict[str, Any] | None, expected: str) -> None:
-    assert model_dtype(folder_with(tmp_path, config)) == expected
+def test_default_is_the_folders_dtype(
+    tmp_path: Path, config: dict[str, Any] | None, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)  # a CPU with bf16 arithmetic
+    assert model_dtype(folder_with(tmp_path, config), device="cpu") == expected
+
+
+def test_a_bf16_folder_computes_in_float32_on_a_cpu_without_bf16(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Emulated bf16 is far slower than float32: the folder's own dtype is a default, not a demand; a GPU and a
+    forced ``--dtype bfloat16`` keep it (the latter with one warning line)."""
+    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: False)
+    monkeypatch.setattr(machine, "_warned", set())
+    folder = folder_with(tmp_path, {"torch_dtype": "bfloat16"})
+    assert model_dtype(folder, device="cpu") == "float32"
+    (tmp_path / "f16").mkdir()
+    assert model_dtype(folder_with(tmp_path / "f16", {"dtype": "float16"}), device="cpu") == "float16"
+    assert model_dtype(folder, device="cuda") == "bfloat16"
+    with pytest.warns(UserWarning, match="^--dtype=bfloat16 on a CPU without native bf16"):
+        assert model_dtype(folder, "bfloat16", device="cpu") == "bfloat16"
 
 
 def test_given_dtype_wins_and_a_bad_one_is_refused(tmp_path: Path) -> None:
@@ -64,9 +84,15 @@ def loaded_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[torch.dtype]:
 
 @pytest.mark.slow
 def test_model_systems_load_in_the_dtype(
-    tmp_path: Path, tiny_cfg: DictConfig, model_cache: Path, loaded_dtypes: list[torch.dtype]
+    tmp_path: Path,
+    tiny_cfg: DictConfig,
+    model_cache: Path,
+    loaded_dtypes: list[torch.dtype],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from queryrl.models.loading import resolve_model_path
+
+    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)  # the folder's bf16 is kept (tiny: cheap)
 
     tiny = resolve_model_path(tiny_cfg.model)
     bf16 = tmp_path / "bf16"

@@ -70,6 +70,7 @@ def test_baselines_metrics_outputs_and_offline_judge(tmp_path: Path, model_cache
     assert report["n_samples"] == 40
     assert report["settings"]["ks"] == [1, 3, 5]
     assert report["settings"]["judge"] == "offline"
+    assert report["settings"]["machine"]["matmul_gflops"]["float32"] > 0  # what the numbers ran on
     systems = report["systems"]
     assert list(systems) == ["raw_turn", "concat_last3", "reference"]
     for metrics in systems.values():
