@@ -11,8 +11,42 @@ from omegaconf import DictConfig
 
 from queryrl.config import load_config
 from tests.helpers import FAKE_VLLM
+from tests.timeouts import REFERENCE_GFLOPS, scaled_timeout, timeout_factor
 
 torch.set_num_threads(1)
+
+
+def _explicit_timeout(config: pytest.Config) -> bool:
+    """Whether the run was given its timeout (``--timeout``, ``PYTEST_TIMEOUT``) rather than pyproject's."""
+    import os
+
+    return config.getoption("timeout", None) is not None or bool(os.environ.get("PYTEST_TIMEOUT"))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-timeout has read its settings
+def pytest_configure(config: pytest.Config) -> None:
+    """pyproject's timeout scaled to this machine's measured one-thread float32 matmul rate
+    (:mod:`tests.timeouts`); a timeout given on the command line or in ``PYTEST_TIMEOUT`` is kept as given."""
+    if not hasattr(config, "_env_timeout") or _explicit_timeout(config):
+        return
+    from queryrl.machine import machine_info
+
+    rate = machine_info().matmul_gflops["float32"]
+    config._timeout_factor = timeout_factor(rate)  # type: ignore[attr-defined]
+    config._timeout_rate = rate  # type: ignore[attr-defined]
+    if config._env_timeout:  # type: ignore[attr-defined]
+        config._env_timeout = scaled_timeout(config._env_timeout, rate)  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    factor = getattr(config, "_timeout_factor", None)
+    if factor is None:
+        return None
+    rate = config._timeout_rate  # type: ignore[attr-defined]
+    return (
+        f"timeouts x{factor:.2f}: one-thread float32 matmul {rate:g} GFLOP/s here, {REFERENCE_GFLOPS:g} on the "
+        f"machine the limits were set on (tests/timeouts.py)"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +85,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``ray`` run one after another on one xdist worker (``make test`` runs two: each starts a
     Ray cluster of its own, and two at once would share the machine's two cores with the other worker's
     tests), and once more after a worker's native crash (:data:`NATIVE_CRASH`); tests marked ``gpu`` are
-    skipped, with the reason, on a machine without CUDA."""
+    skipped, with the reason, on a machine without CUDA; a ``timeout`` marker's limit is scaled to the
+    machine as the default is (:func:`pytest_configure`)."""
+    factor = getattr(config, "_timeout_factor", 1.0)
     for item in items:
+        marker = item.get_closest_marker("timeout")
+        if factor > 1.0 and marker is not None and marker.args and isinstance(marker.args[0], int | float):
+            # a test's own limit scales as the default does (the closest marker is the one pytest-timeout reads)
+            limit = scaled_timeout(float(marker.args[0]), config._timeout_rate)  # type: ignore[attr-defined]
+            item.add_marker(pytest.mark.timeout(limit, *marker.args[1:], **marker.kwargs), append=False)
         if "ray" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("ray"))
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[NATIVE_CRASH]))
