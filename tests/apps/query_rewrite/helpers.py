@@ -1,5 +1,6 @@
 """Shared by the query-rewrite tests: a two-turn conversation, a recording HTTP RAG service over the demo
-corpus, a demo retrieval turn and its gold title, a small conversation log, and the KdConv folder."""
+corpus, a demo retrieval turn and its gold title, a small conversation log, the KdConv folder, and the 16 demo
+rows the training tests use."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ def write_log(path: Path) -> Path:
         ]
     pd.DataFrame(messages).to_csv(path, index=False)
     return path
+
+
+def pronoun_rows() -> list[dict[str, Any]]:
+    """16 pronoun turns of the sales demo's val split: the training data of the tests that train on the demo
+    (and of the shared ``json_model``, tests/apps/query_rewrite/conftest.py)."""
+    return [r for r in sales_demo_rows("val") if r["extra_info"]["turn_type"] == "pronoun"][:16]

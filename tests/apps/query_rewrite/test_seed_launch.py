@@ -22,10 +22,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 from queryrl.cli import app as cli
-from queryrl.config import load_config
-from queryrl.trainer.sft import run_sft
+from tests.apps.query_rewrite.helpers import pronoun_rows
 from tests.helpers import SEED_LAUNCH
 from tests.loopback import Services, rag_and_judge
 
@@ -68,32 +66,12 @@ def user_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import pandas as pd
 
     folder = tmp_path_factory.mktemp("sales_rag")
-    rows = [r for r in sales_demo_rows("val") if r["extra_info"]["turn_type"] == "pronoun"][:16]
+    rows = pronoun_rows()  # the rows the shared json_model (tests/apps/query_rewrite/conftest.py) learnt from
     for split, part in (("train", rows), ("val", rows[:4])):
         pd.DataFrame([{**r, "data_source": "query_rewrite/car_sales"} for r in part]).to_parquet(
             folder / f"{split}.parquet", index=False
         )
     return folder
-
-
-@pytest.fixture(scope="module")
-def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path, user_data: Path) -> Path:
-    """The demo's tiny model after a short SFT on the user's rows: it answers in the JSON format."""
-    tmp = tmp_path_factory.mktemp("sft")
-    overrides = [
-        f"model.cache_dir={model_cache}",
-        f"data.train_files=[{user_data / 'train.parquet'}]",
-        "data.val_files=[]",
-        "trainer.logger=[jsonl]",
-        "sft.max_steps=120",  # the answers carry a summary too: fewer steps leave many unparseable
-        "sft.lr=5e-3",
-        "sft.lr_schedule=constant",
-        "sft.warmup_steps=0",
-        "sft.batch_size=8",
-        "sft.micro_batch_size=8",
-        f"sft.output_dir={tmp / 'sft'}",
-    ]
-    return run_sft(load_config(DEMO, overrides))
 
 
 @pytest.fixture

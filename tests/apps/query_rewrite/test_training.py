@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 
 from queryrl.apps.query_rewrite.config import settings_of
-from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus, sales_demo_rows
+from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
 from queryrl.apps.query_rewrite.training import make_selector
 from queryrl.config import ConfigError, load_config
 from queryrl.rag import BM25Index, Document, HeuristicRewriter
@@ -24,8 +24,8 @@ from queryrl.rollout import RolloutOutput
 from queryrl.testing.judge_server import make_app as make_judge_app
 from queryrl.testing.judge_server import running_server
 from queryrl.trainer.loop import Trainer
-from queryrl.trainer.sft import run_sft
 from queryrl.trainer.skips import NothingTrained
+from tests.apps.query_rewrite.helpers import pronoun_rows
 from tests.helpers import small_run
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,33 +48,11 @@ def trained_cfg(tmp_path: Path, model_cache: Path, json_model: Path, few_rows: P
 
 @pytest.fixture(scope="module")
 def few_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """16 pronoun turns of the sales demo as a JSONL file: the training data of these tests."""
-    rows = [r for r in sales_demo_rows("val") if r["extra_info"]["turn_type"] == "pronoun"][:16]
+    """16 pronoun turns of the sales demo as a JSONL file: the training data of these tests (and the rows
+    ``json_model``, tests/apps/query_rewrite/conftest.py, was fine-tuned on)."""
     path = tmp_path_factory.mktemp("data") / "few.jsonl"
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pronoun_rows()))
     return path
-
-
-@pytest.fixture(scope="module")
-def json_model(tmp_path_factory: pytest.TempPathFactory, model_cache: Path, few_rows: Path) -> Path:
-    """The demo's tiny model after a short SFT on those rows: it answers them in the JSON format."""
-    tmp = tmp_path_factory.mktemp("sft")
-    cfg = load_config(
-        DEMO,
-        demo_overrides(
-            tmp,
-            model_cache,
-            f"data.train_files=[{few_rows}]",
-            "sft.max_steps=120",  # the answers carry the CRM summary: 60 steps left most unparseable
-            "sft.lr=5e-3",
-            "sft.lr_schedule=constant",
-            "sft.warmup_steps=0",
-            "sft.batch_size=8",
-            "sft.micro_batch_size=8",
-            f"sft.output_dir={tmp / 'sft'}",
-        ),
-    )
-    return run_sft(cfg)
 
 
 def _verdict(better: str, s8: float, s32: float) -> str:
