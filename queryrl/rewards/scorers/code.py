@@ -3,7 +3,9 @@
 The code never runs in the trainer's process. Each run gets, in layers:
 
 - **a subprocess** in a new session (its own process group, killed as a whole on timeout), in a
-  fresh temporary directory (its cwd, ``HOME`` and ``TMPDIR``; removed afterwards);
+  fresh temporary directory (its cwd, ``HOME`` and ``TMPDIR``; removed afterwards), with a parent-death
+  signal: it dies with the trainer, and a later run removes the folders and cgroups of a killed trainer's
+  runs (:mod:`queryrl.rewards.scorers.sandbox_leftovers`); its stdin is a sealed memfd, read-only;
 - **a minimal environment**: an allowlist (``PATH``, ``LANG``, thread counts), nothing
   inherited, so API keys and tokens in the trainer's environment are not there; ``python -I``
   also ignores ``PYTHON*`` variables, the user site and the cwd on ``sys.path``;
@@ -15,9 +17,9 @@ The code never runs in the trainer's process. Each run gets, in layers:
 - **OS isolation** (:mod:`queryrl.rewards.scorers.sandbox`, the default): user, mount, network, PID,
   IPC and UTS namespaces (``unshare``), a private read-only root that shows only the system
   directories and the interpreter (no ``/etc/passwd``, home, repository or run folder), one
-  writable folder (the run's), a private ``/tmp``, its own ``/proc``, no capabilities, and a
-  process-count limit (a ``pids`` cgroup where one is writable, e.g. as root; ``RLIMIT_NPROC``,
-  which binds every user but root). No connection leaves the network namespace, from the code
+  writable folder (the run's), a private ``/tmp``, its own ``/proc``, a fresh session keyring, no
+  capabilities, and a process-count limit (a ``pids`` cgroup where one is writable, e.g. as root;
+  ``RLIMIT_NPROC``, which binds every user but root). No connection leaves the network namespace, from the code
   or any child; the trainer's processes (and their ``/proc/<pid>/environ``) are invisible and
   cannot be signalled; every process the code starts dies when it ends;
 - **a Python guard** that always runs first: creating a socket or resolving a name raises
@@ -46,7 +48,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -56,6 +57,7 @@ from queryrl.rewards.scorers import sandbox
 from queryrl.rewards.scorers.code_rpc import SERVE, run_asserts
 from queryrl.rewards.scorers.sandbox import SandboxError
 from queryrl.rewards.scorers.sandbox_cgroups import processes_without_memory_cgroup, run_cgroups
+from queryrl.rewards.scorers.sandbox_leftovers import sweep_now_and_then, temp_folder
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +232,8 @@ def run_code(
         if refusal is not None:
             return ExecResult("sandbox_error", "", refusal, None, 0.0, "none")
         iso = sandbox.probe(python)
-    base = tempfile.mkdtemp(prefix="queryrl-sandbox-")
+    sweep_now_and_then((iso.cgroup_parent, iso.memory_parent) if iso is not None else ())
+    base = temp_folder("sandbox")  # named after this trainer: removed by a later run if it is killed
     try:
         workdir = os.path.join(base, "work")
         os.mkdir(workdir)
@@ -298,35 +301,38 @@ class _Run:
 
     def _execute(self, cmd: list[str], ready_w: int | None, used: str) -> ExecResult:
         env = {**_ENV, "HOME": self.workdir, "TMPDIR": self.workdir}
-        with tempfile.TemporaryFile() as stdin_file:  # a file, not a pipe: no write can block
+        # stdin: a sealed memfd, read-only (not a pipe: no write can block; not a host file: nothing to write to)
+        stdin = -1 if self.serve is None else self.serve[0]
+        try:
+            if self.serve is None:
+                stdin = sandbox.sealed_input(self.stdin.encode("utf-8", "replace"))
+            start = time.monotonic()
+            kept = (() if ready_w is None else (ready_w,)) + (() if self.serve is None else (self.serve[1],))
             try:
-                stdin_file.write(self.stdin.encode("utf-8", "replace"))
-                stdin_file.seek(0)
-                start = time.monotonic()
-                kept = (() if ready_w is None else (ready_w,)) + (() if self.serve is None else (self.serve[1],))
+                proc = subprocess.Popen(
+                    sandbox.dies_with_parent(cmd, self.python), stdin=stdin, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, cwd=self.workdir, env=env, start_new_session=True, pass_fds=kept,
+                )  # fmt: skip
+            except OSError as e:
+                return ExecResult("sandbox_error", "", f"{type(e).__name__}: {e}", None, 0.0, used)
+        finally:
+            if ready_w is not None:
+                os.close(ready_w)  # only the set-up holds it now: a read after the exit cannot block
+            if self.serve is None and stdin >= 0:
+                os.close(stdin)
+        try:
+            out, err, outcome = sandbox.collect_output(proc, start + self.timeout_s, self.max_output_bytes)
+            if outcome == "exited":  # both pipes closed: the exit follows at once, unless it went on
                 try:
-                    proc = subprocess.Popen(
-                        cmd, stdin=stdin_file if self.serve is None else self.serve[0], stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, cwd=self.workdir, env=env, start_new_session=True, pass_fds=kept,
-                    )  # fmt: skip
-                except OSError as e:
-                    return ExecResult("sandbox_error", "", f"{type(e).__name__}: {e}", None, 0.0, used)
-            finally:
-                if ready_w is not None:
-                    os.close(ready_w)  # only the set-up holds it now: a read after the exit cannot block
-            try:
-                out, err, outcome = sandbox.collect_output(proc, start + self.timeout_s, self.max_output_bytes)
-                if outcome == "exited":  # both pipes closed: the exit follows at once, unless it went on
-                    try:
-                        proc.wait(timeout=max(0.0, start + self.timeout_s - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        outcome = "timeout"
-            finally:
-                sandbox.kill_group(proc)  # on a timeout, and any process it left behind
-                returncode = proc.wait()
-                proc.stdout.close()  # type: ignore[union-attr]
-                proc.stderr.close()  # type: ignore[union-attr]
-            elapsed = time.monotonic() - start
+                    proc.wait(timeout=max(0.0, start + self.timeout_s - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    outcome = "timeout"
+        finally:
+            sandbox.kill_group(proc)  # on a timeout, and any process it left behind
+            returncode = proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc.stderr.close()  # type: ignore[union-attr]
+        elapsed = time.monotonic() - start
         stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
         return ExecResult(_status(outcome, returncode, stderr), stdout, stderr, returncode, elapsed, used)
 

@@ -282,13 +282,14 @@ def run_asserts(
     Raises:
         SandboxError: the sandbox refused to run or failed to start.
     """
-    from queryrl.rewards.scorers.sandbox import SandboxError
+    from queryrl.rewards.scorers.sandbox import SandboxError, dies_with_parent
+    from queryrl.rewards.scorers.sandbox_leftovers import temp_folder
 
     python = run_kwargs.get("python") or sys.executable
     timeout_s = float(run_kwargs.get("timeout_s", 5.0))
     memory_mb = int(run_kwargs.get("memory_mb", 512))
     counted = sum(1 for _, counts in tests if counts)
-    base = tempfile.mkdtemp(prefix="queryrl-evaluator-")
+    base = temp_folder("evaluator")  # named after this trainer: removed by a later run if it is killed
     request_r, request_w = os.pipe()
     reply_r, reply_w = os.pipe()
     evaluator: subprocess.Popen[bytes] | None = None
@@ -299,7 +300,7 @@ def run_asserts(
         limits = [str(int(timeout_s) + 2), str(max(memory_mb, 256) << 20)]
         with tempfile.TemporaryFile() as errors:
             evaluator = subprocess.Popen(
-                [python, "-I", "-B", "-c", EVALUATOR, tests_file, str(request_w), *limits],
+                dies_with_parent([python, "-I", "-B", "-c", EVALUATOR, tests_file, str(request_w), *limits], python),
                 stdin=reply_r, stdout=subprocess.PIPE, stderr=errors, pass_fds=(request_w,), cwd=base,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
             )  # fmt: skip

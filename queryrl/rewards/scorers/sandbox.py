@@ -10,7 +10,8 @@ before anything can fork. Holding the capabilities of its own user namespace, it
 
 1. joins fresh ``pids`` and ``memory`` cgroups the trainer made (where a cgroup is writable here;
    :mod:`queryrl.rewards.scorers.sandbox_cgroups`): the process-count limit, which binds root too
-   (``RLIMIT_NPROC`` does not), and ``memory_mb`` for all its processes together;
+   (``RLIMIT_NPROC`` does not), and ``memory_mb`` for all its processes together; then a fresh session
+   keyring (the trainer's was inherited: a key added to it was readable);
 2. builds a private root on a small tmpfs: read-only bind mounts of the system directories
    (``/usr``, ``/lib*``, ``/bin``, ``/sbin``), the interpreter's prefixes (the venv and its base
    Python) and ``/etc/ld.so.cache``; a few device nodes; private tmpfs folders (64 MiB each:
@@ -27,8 +28,9 @@ before anything can fork. Holding the capabilities of its own user namespace, it
    privileges back through a set-uid program.
 
 When process 1 (the code) exits, the kernel kills every process left in the namespace
-(``setsid`` double-forked daemons included), and ``--kill-child`` kills process 1 when the
-trainer kills ``unshare`` on a timeout. The network namespace has only a loopback that is
+(``setsid`` double-forked daemons included), and ``--kill-child`` kills process 1 when
+``unshare`` dies: when the trainer kills it on a timeout, or when the trainer dies (``unshare`` starts
+with a parent-death signal, :func:`dies_with_parent`). The network namespace has only a loopback that is
 down, so no connection leaves it, from the code or from any child process.
 
 Without ``unshare``, or where user (and mount) namespaces are refused, no isolation works:
@@ -38,6 +40,7 @@ runs are then refused unless the user opted out with ``isolation=none``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from queryrl.rewards.scorers.sandbox_cgroups import MAX_PROCESSES_WITHOUT_MEMORY_CGROUP, cgroup_parent, run_cgroups
+from queryrl.rewards.scorers.sandbox_leftovers import temp_folder
 
 
 class SandboxError(RuntimeError):
@@ -68,6 +72,7 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # pivot_root(2) has no libc wrapper: its syscall number per architecture
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219, "ppc64le": 271, "s390x": 280}
 
 HOW_TO_GET_ISOLATION = (
     "to get isolation, let this process create user namespaces (sysctl user.max_user_namespaces > 0 and, "
@@ -104,6 +109,11 @@ def _confine(spec):
     for folder in spec["cgroups"]:  # before anything forks: every descendant counts (pids.max, memory)
         with open(os.path.join(folder, "cgroup.procs"), "w") as f:
             f.write("0")
+    # a fresh, empty session keyring (KEYCTL_JOIN_SESSION_KEYRING, NULL): the trainer's, inherited through fork
+    # and exec, and the keys in it are out of reach. ENOSYS/EPERM: no keyrings here (a seccomp filter binds the
+    # code too)
+    if libc.syscall(spec["keyctl"], 1, None) < 0 and ctypes.get_errno() not in (1, 38):
+        check(-1, "a fresh session keyring")
     last_cap = int(open("/proc/sys/kernel/cap_last_cap").read())
     root = spec["root"]
     mount(None, "/", None, REC | PRIVATE)
@@ -215,6 +225,7 @@ def confine_spec(iso: Isolation, root: str, work: str, cgroups: list[str], ready
         "devices": [d for d in DEVICES if os.path.exists(d)],
         "cgroups": cgroups,
         "pivot_root": _PIVOT_ROOT.get(platform.machine(), -1),
+        "keyctl": _KEYCTL.get(platform.machine(), -1),
         "ready_fd": ready_fd,
     }
     return json.dumps(spec)
@@ -228,19 +239,23 @@ def _try(
     prefix: tuple[str, ...], binds: tuple[str, ...], python: str, pids: str | None, memory: str | None = None
 ) -> str | None:
     """Run a confined ``print('ok')``: None when it works, else the last line it printed on stderr."""
-    import tempfile
-
     iso = Isolation(prefix, binds, pids, memory)
-    with tempfile.TemporaryDirectory(prefix="queryrl-sandbox-probe-") as base:
+    base = temp_folder("sandbox-probe")
+    try:
         root, work = os.path.join(base, "root"), os.path.join(base, "work")
         os.mkdir(root)
         os.mkdir(work)
         with run_cgroups(pids, memory, MAX_PROCESSES, PROBE_MEMORY_BYTES) as cgroups:
             cmd = [*prefix, python, "-I", "-c", CONFINE + "print('ok')", confine_spec(iso, root, work, cgroups.paths)]
             try:
-                done = subprocess.run(cmd, capture_output=True, timeout=30, cwd=work, env={"PATH": "/usr/bin:/bin"})
+                done = subprocess.run(
+                    dies_with_parent(cmd, python), capture_output=True, timeout=30, cwd=work,
+                    env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
+                )  # fmt: skip
             except (OSError, subprocess.SubprocessError) as e:
                 return f"{type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
     if done.returncode == 0 and done.stdout.strip() == b"ok":
         return None
     return (done.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit code {done.returncode}"])[-1]
@@ -346,3 +361,63 @@ def collect_output(
             elif len(buffers[fd]) > max_output:
                 return bytes(buffers[fds[0]][:max_output]), bytes(buffers[fds[1]][:max_output]), "output_limit"
     return bytes(buffers[fds[0]]), bytes(buffers[fds[1]]), "exited"
+
+
+# The first program of every process chain the sandbox starts, where `setpriv` (util-linux) is missing: it asks
+# the kernel for SIGKILL when its parent (the trainer's thread that started it, which waits for it) dies, checks
+# that this parent is still there, then execs the chain (unshare, the evaluator, the unisolated runner). The
+# setting survives exec (prctl(2): cleared for set-user-ID programs and credential changes only), and
+# `unshare --kill-child` passes it on to the namespace's process 1, whose end kills every process in it.
+PARENT_DEATH = r"""
+import ctypes, os, sys
+if ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0) != 0 or os.getppid() != int(sys.argv[1]):
+    os._exit(125)  # PR_SET_PDEATHSIG SIGKILL failed, or the parent is gone already: nothing to run for
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """`setpriv` when it can set a parent-death signal here (util-linux 2.33 or later), else None."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return None
+    try:
+        done = subprocess.run([setpriv, "--pdeathsig", "KILL", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return setpriv if done.returncode == 0 else None
+
+
+def dies_with_parent(cmd: list[str], python: str) -> list[str]:
+    """`cmd` started so that it gets SIGKILL when the thread that starts it (the trainer's) dies.
+
+    ``setpriv --pdeathsig KILL`` where it works (5 ms); else :data:`PARENT_DEATH` in `python` (about 40 ms on a
+    loaded machine), which also checks that the parent did not die before the setting was made. setpriv
+    cannot check that: a trainer killed in the millisecond between the fork and setpriv's prctl leaves the run
+    going until its code ends or a later run kills its cgroup (:mod:`~.sandbox_leftovers`).
+    """
+    setpriv = _setpriv()
+    if setpriv is not None:
+        return [setpriv, "--pdeathsig", "KILL", *cmd]
+    return [python, "-I", "-S", "-c", PARENT_DEATH, str(os.getpid()), *cmd]
+
+
+def sealed_input(data: bytes) -> int:
+    """A read-only descriptor of `data`, for a child's stdin: a sealed memfd, never a file of the host.
+
+    No write, resize or new seal is possible, even on a read-write descriptor opened again through
+    ``/proc/self/fd/0`` (a read-only file of the host's ``/tmp`` could be: its owner, the sandbox's uid 0 as
+    root, may reopen and chmod it). The caller closes it.
+    """
+    fd = os.memfd_create("queryrl-stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        read_only = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)  # offset 0
+    finally:
+        os.close(fd)
+    return read_only

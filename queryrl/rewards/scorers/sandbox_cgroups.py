@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from queryrl.rewards.scorers.sandbox_leftovers import kill_cgroup, owned_name
+
 logger = logging.getLogger(__name__)
 
 MAX_PROCESSES_WITHOUT_MEMORY_CGROUP = 8  # then the worst case is 8 x memory_mb
@@ -107,7 +109,7 @@ def run_cgroups(
     """Fresh cgroups under the parents (``pids.max`` = `max_processes`; the memory limit `memory_bytes`),
     removed afterwards. A cgroup that cannot be made is left out with a warning."""
     made = RunCgroups()
-    name = f"queryrl-sandbox-{secrets.token_hex(6)}"
+    name = owned_name("sandbox", secrets.token_hex(6))  # a later run removes it if this trainer is killed
     for parent, kind in ((pids_parent, "pids"), (memory_parent, "memory")):
         if parent is None:
             continue
@@ -129,6 +131,7 @@ def run_cgroups(
         yield made
     finally:
         for folder in made.paths:
+            kill_cgroup(folder)  # nothing is left in it when the run ended normally
             remove_cgroup(folder)
 
 
