@@ -10,6 +10,16 @@ report line, no expected value (the tests' source stays in the evaluator). So ex
 ``assert`` or ``AssertionError``: all fail the tests, since the evaluator only ever sees data the solution
 returned, and the only data that passes is the right answer.
 
+The tests see the real builtins and modules whatever the solution defines: their globals hold the
+evaluator's builtins and, of the solution's names, only those the tests read without binding them
+themselves. A solution whose value for such a name is not the builtin of that name (``abs = lambda x: 0``),
+or not the module of that name where the tests use it as one (``math.isclose`` with a ``class math``), fails
+every test, with a reason in the debug log: the tests cannot tell a replaced builtin from a forged one. A
+module the solution imported (``import math``; ``import numpy as np``) is imported again by the evaluator,
+so an attribute the solution patched stays in the sandbox. An exception of the solution that steers the
+tests' control flow (``StopIteration``, which ends a ``map`` early; ``SystemExit``, ``GeneratorExit``...),
+or a reply ending an iteration nobody asked for, is a failed call.
+
 Values cross as tagged JSON of exact built-in types (``None``, ``bool``, ``int``, ``float`` with inf and
 NaN, ``str``, ``bytes``, ``complex``, ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``). Anything
 else (an instance of the solution's class, a function, an iterator, a subclass of a built-in type) stays
@@ -23,7 +33,11 @@ What this design cannot do or stop (each a failed test, never a forged pass):
 - tests that check a mutation of their own arguments in place (``xs = [3, 1]; sort_in_place(xs); assert
   xs == [1, 3]``): the sandbox mutated a copy;
 - passing a function or another non-data value to the solution (``apply(f, lambda x: x + 1)``);
-- comparing two of the solution's objects with each other (``assert Point(1, 2) == Point(1, 2)``).
+- comparing two of the solution's objects with each other (``assert Point(1, 2) == Point(1, 2)``);
+- a task whose function has a builtin's name (``def sum``), or a module's name that the tests use as
+  ``name.attribute``: every solution fails it;
+- tests that read a name they neither define nor import, expecting an object the solution makes (not a
+  module) under it, trust the solution's object for it: write the imports the tests need into the tests.
 
 The evaluator runs the tests' own code (the dataset's: trusted, not the model's) without the sandbox's
 isolation, under the same CPU and memory limits. With ``isolation=none`` the solution runs unconfined
@@ -34,6 +48,7 @@ protects nothing, as its warning says.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -43,6 +58,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 16 << 20  # one reply line; longer: that call fails
 MAX_DEPTH = 64  # nesting of one value
@@ -98,7 +115,7 @@ SERVE = (
     CODEC
     + r"""
 def _serve(module, reply_fd):
-    import json, sys
+    import builtins, json, sys, types
     table = {}
     def keep(x):
         table[len(table) + 1] = x
@@ -110,8 +127,10 @@ def _serve(module, reply_fd):
         request = json.loads(line)
         op = request["op"]
         try:
-            if op == "names":
-                value = [k for k in module.__dict__ if not k.startswith("__")]
+            if op == "names":  # each with a claim the evaluator checks: a module's name, or the builtin itself
+                value = [[k, ("module:" + v.__name__) if isinstance(v, types.ModuleType) else
+                          "builtin" if getattr(builtins, k, table) is v else None]
+                         for k, v in list(module.__dict__.items()) if not k.startswith("__")]
             elif op == "get":
                 value = module.__dict__[request["name"]]
             elif op == "call":
@@ -149,7 +168,8 @@ def _serve(module, reply_fd):
 EVALUATOR = (
     CODEC
     + r"""
-import ast, builtins, json, os, resource, sys, traceback
+import ast, builtins, importlib, importlib.util, json, os, resource, symtable, sys, traceback
+_ACTS_ON_IMPORT = {"antigravity", "this", "idlelib", "turtledemo"}  # a browser, a print, a window
 _tests_path, _request_fd = sys.argv[1], int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_CPU, (int(sys.argv[3]), int(sys.argv[3]) + 1))
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[4]), int(sys.argv[4])))
@@ -165,6 +185,11 @@ class SolutionGone(RuntimeError):
 
 class RemoteError(Exception):
     pass
+
+class _Exhausted(Exception):
+    "The solution's iterator has no next item (never raised into the tests: Remote.__iter__ ends)."
+
+_CONTROL_FLOW = (StopIteration, StopAsyncIteration)  # the other ones are not Exceptions: KeyboardInterrupt, ...
 
 def _read_line():
     line = _replies.readline(_LIMIT + 1)
@@ -197,11 +222,15 @@ def _ask(op, **fields):
     if "err" in reply:
         name, message = (list(reply["err"]) + ["", ""])[:2]
         kind = getattr(builtins, str(name), None)
-        if isinstance(kind, type) and issubclass(kind, Exception) and kind is not SystemExit:
+        # a built-in exception as itself, but never one that steers the tests' own control flow (a
+        # StopIteration raised in a function map() calls ends the map early: all() of it passes)
+        if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, _CONTROL_FLOW):
             raise kind(str(message))
         raise RemoteError("%s: %s" % (name, message))
     if reply.get("stop"):
-        raise StopIteration
+        if op != "next":
+            raise RemoteError("the solution ended an iteration that was not asked for (%s)" % op)
+        raise _Exhausted
     return _dec(reply["ok"], Remote)
 
 class Remote:
@@ -220,9 +249,10 @@ class Remote:
         it = _ask("iter", h=self._h)
         while True:
             try:
-                yield _ask("next", h=it._h)
-            except StopIteration:
+                item = _ask("next", h=it._h)
+            except _Exhausted:
                 return
+            yield item
     def __len__(self):
         return _ask("len", h=self._h)
     def __getitem__(self, key):
@@ -236,36 +266,99 @@ def _no_handle(x):
     raise TypeError("only data (numbers, strings, bytes, lists, tuples, dicts, sets) can be passed to the "
                     "solution, not %s" % type(x).__name__)
 
-def _main():
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
-    try:
-        names = set(_ask("names"))
-    except Exception:
-        names = set()
-    used = set()
-    for source, _ in _tests:
+def _test_names(sources):
+    "The names the tests read from their globals but never bind at the top level; those they call; `x` of `x.y`."
+    read, bound, called, dotted = set(), set(), set(), set()
+    def walk(table, top):
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if top and (symbol.is_assigned() or symbol.is_imported() or symbol.is_namespace()):
+                bound.add(name)
+            elif symbol.is_referenced() and (top or symbol.is_global()):
+                read.add(name)
+        for child in table.get_children():
+            walk(child, False)
+    for source in sources:
         try:
-            used |= {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+            walk(symtable.symtable(source, "<test>", "exec"), True)
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    called.add(node.func.id)
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    dotted.add(node.value.id)
         except SyntaxError:
             pass
-    for name in sorted(used & names):
-        try:
-            namespace[name] = _ask("get", name=name)
-        except Exception:
-            pass
+    return read - bound, called, dotted
+
+def _module(name):
+    "The module `name` as the evaluator imports it, or None (not a module here, or one that acts on import)."
+    top = name.partition(".")[0]
+    if not all(part.isidentifier() for part in name.split(".")) or top in _ACTS_ON_IMPORT:
+        return None
+    try:
+        return importlib.import_module(name) if _is_module(top) else None
+    except Exception:
+        return None
+
+def _is_module(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # e.g. __main__ (no spec), a name not importable
+        return False
+
+def _namespace():
+    "The tests' globals: the real builtins and modules, and from the solution only its own definitions."
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        defined = {str(k): v if type(v) is str else None for k, v in _ask("names")}
+    except Exception:
+        defined = {}
+    free, called, dotted = _test_names([source for source, _ in _tests])
+    rebound = []
+    for name in sorted(free & set(defined)):
+        claim = defined[name]
+        if hasattr(builtins, name):  # the tests get the builtin; a solution that replaced it fails them
+            if claim != "builtin":
+                rebound.append("`%s`, a builtin" % name)
+        elif name in dotted and name not in called and _is_module(name):  # used as a module: `math.pi`
+            if claim != "module:" + name:  # e.g. a `class math` for tests that use math without importing it
+                rebound.append("`%s`, a module" % name)
+            elif _module(name) is not None:
+                namespace[name] = _module(name)
+        elif claim and claim.startswith("module:") and _module(claim[7:]) is not None:
+            namespace[name] = _module(claim[7:])  # `import numpy as np`: the evaluator's own numpy
+        else:
+            try:
+                namespace[name] = _ask("get", name=name)
+            except Exception:
+                pass
+    return namespace, rebound
+
+def _main():
+    namespace, rebound = _namespace()
+    if rebound:
+        sys.stdout.write("reason: the solution rebinds %s, which the tests use: every test fails\n"
+                         % ", ".join(rebound))
+        namespace = None
     index = 0
     for source, counts in _tests:
-        try:
-            exec(compile(source, "<test>", "exec"), namespace)
-            ok = True
-        except BaseException:
-            traceback.print_exc(limit=2)
+        if namespace is None:
             ok = False
+        else:
+            ok = _run(source, namespace)
         if counts:
             sys.stdout.write("%d %s\n" % (index, "pass" if ok else "fail"))
             sys.stdout.flush()
             index += 1
     _requests.close()  # the sandbox's stdin ends: it exits
+
+def _run(source, namespace):
+    try:
+        exec(compile(source, "<test>", "exec"), namespace)
+        return True
+    except BaseException:
+        traceback.print_exc(limit=2)
+        return False
 
 _main()
 """.replace("__MAX_REPLY_BYTES__", str(MAX_REPLY_BYTES))
@@ -338,6 +431,8 @@ def _read_verdicts(evaluator: subprocess.Popen[bytes], deadline: float) -> dict[
         data += chunk
     verdicts: dict[int, bool] = {}
     for line in data.decode("utf-8", "replace").splitlines():
+        if line.startswith("reason: "):
+            logger.debug("code reward: %s", line[8:])
         parts = line.split()
         if len(parts) == 2 and parts[0].isdigit() and parts[1] in ("pass", "fail"):
             verdicts[int(parts[0])] = parts[1] == "pass"
