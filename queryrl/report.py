@@ -19,6 +19,7 @@ import html
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from queryrl.atomic import atomic_write_text
 from queryrl.report_examples import EXAMPLES_CSS, EXAMPLES_JS, NAV_HTML, SECTION_HTML, eval_examples
 from queryrl.report_page import CSS, JS, PAGE
+from queryrl.tracking import decoded_lines
 
 MAX_STEPS = 200  # steps whose samples are embedded
 MAX_TEXT = 4000  # characters kept of one text field
@@ -63,15 +65,21 @@ _TOOL = re.compile(
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn line of a run that was killed: the rest still shows
-            if isinstance(record, dict):
-                out.append(record)
+    """The JSON objects of `path`, one a line; a line that is not UTF-8 JSON (a torn line of a run that was
+    killed, a stray byte) is dropped with one warning per file: the rest still shows."""
+    out, dropped = [], []
+    for lineno, line in decoded_lines(path):
+        try:
+            record = json.loads(line) if line is not None else None
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict):
+            out.append(record)
+        else:
+            dropped.append(lineno)
+    if dropped:
+        lines = f"line {dropped[0]}" if len(dropped) == 1 else f"{len(dropped)} lines (the first: {dropped[0]})"
+        warnings.warn(f"{path}: {lines} not UTF-8 JSON objects; dropped", stacklevel=2)
     return out
 
 

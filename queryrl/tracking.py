@@ -19,7 +19,7 @@ import re
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -147,6 +147,18 @@ class _ConsoleBackend:
             self.progress = None
 
 
+def decoded_lines(path: Path) -> Iterator[tuple[int, str | None]]:
+    """(line number, text) of each non-blank line of `path`; the text is None for a line that is not UTF-8 (a
+    torn write, a stray byte): a reader drops that line, not the file."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                try:
+                    yield lineno, raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError:
+                    yield lineno, None
+
+
 class _JsonlBackend:
     """``run_dir/metrics.jsonl``: one ``{"step": s, ...}`` object per step, flushed and fsynced each write."""
 
@@ -159,17 +171,16 @@ class _JsonlBackend:
     def _truncate_after(self, start_step: int) -> None:
         """Drop records with step > ``start_step`` (and a torn last line), atomically."""
         kept = []
-        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
+        for lineno, line in decoded_lines(self.path):
             try:
-                step = json.loads(line)["step"]
+                step = json.loads(line)["step"] if line is not None else None
             except (json.JSONDecodeError, KeyError, TypeError):
                 step = None
             if not isinstance(step, int):
-                warnings.warn(f"{self.path}: line {lineno} is unreadable; dropped", stacklevel=3)
+                what = "not UTF-8" if line is None else "not a JSON object with an integer step"
+                warnings.warn(f"{self.path}: line {lineno} is unreadable ({what}); dropped", stacklevel=3)
             elif step <= start_step:
-                kept.append(line + "\n")
+                kept.append(f"{line}\n")
         atomic_write_text(self.path, "".join(kept))
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:

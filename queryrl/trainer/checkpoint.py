@@ -15,7 +15,9 @@ Crash safety, step by step:
 - pruning beyond ``keep_last`` first renames ``step_N`` to ``.trash-step_N-<pid>``, then deletes
   it: a kill mid-delete leaves a trash folder, never a half ``step_N``. Trash and temporary folders
   are never counted as checkpoints and are removed when a run starts (:func:`clean_leftovers`);
-- resume verifies the manifest (:func:`verify`) and falls back to the newest intact checkpoint;
+- resume verifies the manifest (:func:`verify`, :mod:`queryrl.trainer.manifest`: its shape, every listed file,
+  and no file it does not list) and falls back to the newest intact checkpoint; the weights loaded are exactly
+  the files the model folder names (:func:`weight_files`), a stray ``*.safetensors`` beside them is refused;
 - ``optim.pt`` and ``rng.pt`` are read with ``torch.load(weights_only=True)``: a checkpoint from
   elsewhere can hold tensors and plain data, never code that runs on load.
 
@@ -27,7 +29,6 @@ load again. Each checkpoint's size is reported (:func:`report_size`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -35,7 +36,6 @@ import random
 import re
 import shutil
 import signal
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,12 @@ from torch import nn
 
 from queryrl.atomic import readable_as_umask
 from queryrl.models.vocab import VOCAB_FILE, vocab_json
+from queryrl.trainer.manifest import LEGACY_HINT as LEGACY_HINT  # re-exported: the manifest is part of the API
+from queryrl.trainer.manifest import MANIFEST as MANIFEST
+from queryrl.trainer.manifest import data_fingerprints as data_fingerprints
+from queryrl.trainer.manifest import sha256_of as sha256_of
+from queryrl.trainer.manifest import verify as verify
+from queryrl.trainer.manifest import write_manifest as write_manifest
 
 
 class CheckpointError(Exception):
@@ -53,9 +59,7 @@ class CheckpointError(Exception):
 
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-MANIFEST = "manifest.json"
 TMP_PREFIX, TRASH_PREFIX = ".tmp-", ".trash-"
-_REQUIRED = ("state.json", "optim.pt", "rng.pt")  # what a checkpoint without a manifest must still hold
 
 
 def crash_point(name: str, step: int) -> None:
@@ -127,22 +131,63 @@ def save_model(model: nn.Module, out: Path, tokenizer: Any = None) -> None:
     readable_as_umask(out)  # safetensors writes 0600
 
 
+WEIGHTS_INDEX = "model.safetensors.index.json"  # what a sharded save_pretrained writes beside its shards
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weights files a Hugging Face folder written by :func:`save_model` names, and no others.
+
+    A peft adapter's ``adapter_model.safetensors``; else the shards a ``model.safetensors.index.json`` maps
+    tensors to; else ``model.safetensors``; else the folder's only ``*.safetensors``. Any other
+    ``*.safetensors`` beside them (e.g. an older step's weights copied in) is refused, never merged.
+
+    Raises:
+        FileNotFoundError: no weights.
+        CheckpointError: a weights file the folder's own files do not name, or an unreadable index.
+    """
+    present = sorted(folder.glob("*.safetensors"))
+    index = folder / WEIGHTS_INDEX
+    if (folder / "adapter_model.safetensors").is_file():
+        chosen = [folder / "adapter_model.safetensors"]
+    elif index.is_file():
+        try:
+            names = json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()
+            chosen = sorted({folder / n for n in names if isinstance(n, str) and Path(n).name == n})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{index}: not a safetensors index (a weight_map of tensor -> file)") from None
+        if not chosen:
+            raise CheckpointError(f"{index}: its weight_map names no weights file in {folder}")
+    elif (folder / "model.safetensors").is_file():
+        chosen = [folder / "model.safetensors"]
+    elif len(present) == 1:
+        chosen = present
+    elif present:
+        shown = ", ".join(p.name for p in present[:4])
+        raise CheckpointError(f"{folder}: several weights files ({shown}) and no {WEIGHTS_INDEX} naming them")
+    else:
+        raise FileNotFoundError(f"no weights (*.safetensors) in {folder}")
+    stray = [p for p in present if p not in chosen]
+    if stray:
+        raise CheckpointError(
+            f"{stray[0]}: a weights file that the model's own files ({', '.join(p.name for p in chosen[:3])}) do "
+            "not name; refusing to merge it into the model (remove it)"
+        )
+    return chosen
+
+
 def load_model_weights(model: nn.Module, folder: Path) -> None:
-    """Load weights saved by :func:`save_model` into `model` in place."""
+    """Load weights saved by :func:`save_model` into `model` in place: exactly :func:`weight_files`."""
     from safetensors.torch import load_file
 
-    adapter = folder / "adapter_model.safetensors"
-    if adapter.is_file():
+    files = weight_files(folder)
+    if files[0].name == "adapter_model.safetensors":
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, load_file(adapter))
+        result = set_peft_model_state_dict(model, load_file(files[0]))
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
-            raise RuntimeError(f"{adapter}: unexpected adapter keys {unexpected[:5]}")
+            raise RuntimeError(f"{files[0]}: unexpected adapter keys {unexpected[:5]}")
         return
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no weights (*.safetensors) in {folder}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
@@ -238,74 +283,7 @@ def prune(root: Path, newest: int, keep_last: int) -> None:
         shutil.rmtree(trash)
 
 
-# --- manifest ------------------------------------------------------------------------------------------
-
-
-def _files(folder: Path) -> Iterator[Path]:
-    return (p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST)
-
-
-def sha256_of(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def data_fingerprints(paths: list[str]) -> dict[str, dict[str, Any]]:
-    """Each data file's size and sha256, by path as given (what a checkpoint trained on, ``state.json``'s
-    ``data``): a resume whose files differ is refused (:mod:`queryrl.trainer.run_folder`)."""
-    return {p: {"size": Path(p).stat().st_size, "sha256": sha256_of(Path(p))} for p in paths if Path(p).is_file()}
-
-
-def write_manifest(folder: Path) -> None:
-    """``folder/manifest.json``: each file's size and sha256, by path relative to `folder`."""
-    files = {
-        p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in _files(folder)
-    }
-    with (folder / MANIFEST).open("w", encoding="utf-8") as f:
-        json.dump({"version": 1, "files": files}, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-LEGACY_HINT = (
-    f"no {MANIFEST}, so its files cannot be checked (every checkpoint of this queryrl has one; one written by an "
-    "older queryrl does not: trainer.resume_legacy=true accepts it unhashed)"
-)
-
-
-def verify(folder: Path, allow_unhashed: bool = False) -> str | None:
-    """What is wrong with checkpoint `folder` (None: intact).
-
-    With a manifest: every listed file exists with its size and sha256. Without one, the checkpoint is
-    damaged (a deleted manifest hides changed weights), unless `allow_unhashed` (``trainer.resume_legacy``,
-    for a checkpoint written before manifests): then state.json, optim.pt, rng.pt and the weights must exist
-    and not be empty, and :func:`select_checkpoint` warns that it was not hashed.
-    """
-    manifest = folder / MANIFEST
-    if not manifest.is_file():
-        if not allow_unhashed:
-            return LEGACY_HINT
-        weights = list(folder.glob("actor/*.safetensors"))
-        for path in [folder / name for name in _REQUIRED] + (weights or [folder / "actor" / "*.safetensors"]):
-            if not path.is_file():
-                return f"{path.relative_to(folder)} is missing"
-            if path.stat().st_size == 0:
-                return f"{path.relative_to(folder)} is empty (0 bytes)"
-        return None
-    try:
-        listed = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
-        return f"{MANIFEST} is unreadable"
-    for name, entry in listed.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        size = path.stat().st_size
-        if size != entry["size"]:
-            return f"{name} has {size} bytes, the manifest says {entry['size']}"
-        if sha256_of(path) != entry["sha256"]:
-            return f"{name} does not match its sha256 in the manifest"
-    return None
+# --- choosing one ------------------------------------------------------------------------------------
 
 
 def select_checkpoint(root: Path, warn: Any, allow_unhashed: bool = False) -> tuple[Path | None, list[Path]]:

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from queryrl.atomic import atomic_dir, readable_as_umask
 from queryrl.models import load_policy
 from queryrl.models.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, base_name, write_adapter
-from queryrl.trainer.checkpoint import latest_checkpoint, load_model_weights
+from queryrl.trainer.checkpoint import CheckpointError, latest_checkpoint, load_model_weights, verify
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -28,6 +28,20 @@ def resolve_checkpoint(path: Path) -> Path:
     )
 
 
+def verified_checkpoint(path: Path) -> Path:
+    """:func:`resolve_checkpoint`, verified against its manifest (one written before manifests: its files exist
+    and are not empty): only what the manifest lists is exported.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged (:func:`~queryrl.trainer.manifest.verify`'s one line).
+    """
+    found = resolve_checkpoint(path)
+    problem = verify(found, allow_unhashed=True)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {found} is damaged ({problem})")
+    return found
+
+
 def export_checkpoint(checkpoint: Path, out: Path) -> Path:
     """Write the policy of `checkpoint` to `out`: a ``checkpoints/step_N`` folder, or a run folder (or its
     ``checkpoints/``), whose latest checkpoint is exported.
@@ -35,7 +49,7 @@ def export_checkpoint(checkpoint: Path, out: Path) -> Path:
     The base model comes from the run's config (saved in the checkpoint), the trained weights
     from the checkpoint; LoRA adapters are merged. Written to a temporary folder and renamed.
     """
-    checkpoint = resolve_checkpoint(checkpoint)
+    checkpoint = verified_checkpoint(checkpoint)
     state_file = checkpoint / "state.json"
     from queryrl.config import QueryRLConfig
 
@@ -63,7 +77,7 @@ def export_adapter(checkpoint: Path, out: Path) -> Path:
         FileNotFoundError: not a checkpoint.
         ValueError: the run trained no LoRA (its checkpoint holds the whole model), or `out` exists.
     """
-    checkpoint = resolve_checkpoint(checkpoint)
+    checkpoint = verified_checkpoint(checkpoint)
     actor = checkpoint / "actor"
     if not (actor / ADAPTER_WEIGHTS).is_file():
         raise ValueError(

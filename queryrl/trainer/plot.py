@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from matplotlib.figure import Figure
 
 from queryrl.atomic import atomic_path
 from queryrl.fonts import cjk_fonts
+from queryrl.tracking import decoded_lines
 
 Series = dict[str, tuple[list[int], list[float]]]  # key -> (steps, values), sorted by step
 KeySelector = Callable[[Sequence[str]], list[str]]
@@ -32,26 +34,26 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         path: the file; one JSON object with an integer ``step`` per line.
 
     Returns:
-        The records in file order.
+        The records in file order. A line that is not one (a torn write of a killed run, a byte that is not
+        UTF-8) is dropped with a warning naming the file and the line, as the tracker drops it on resume.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: a malformed line (the message names its number), or no records at all.
+        ValueError: no records at all.
     """
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON: {err}") from err
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError(f"{path}: line {lineno} is not a JSON object with an integer 'step'")
+    for lineno, line in decoded_lines(path):
+        try:
+            record = json.loads(line) if line is not None else None
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
             records.append(record)
+        else:
+            what = "not UTF-8" if line is None else "not a JSON object with an integer 'step'"
+            warnings.warn(f"{path}: line {lineno} is {what}; dropped", stacklevel=2)
     if not records:
         raise ValueError(f"{path} holds no metrics")
     return records

@@ -144,8 +144,25 @@ def mismatch_message(run: Path, config_yaml: Path, diffs: list[tuple[str, Any, A
 
 
 def read_config_yaml(path: Path) -> dict[str, Any]:
-    """A run's saved ``config.yaml`` as plain data ({} when it holds no mapping)."""
-    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    """A run's saved ``config.yaml`` as plain data ({} when it holds no mapping).
+
+    Raises:
+        ConfigError: the file is not UTF-8 YAML (one line naming it, where, and the ways out).
+    """
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        if isinstance(err, UnicodeDecodeError):
+            why = f"byte {err.object[err.start]:#04x} at offset {err.start} is not UTF-8"
+        else:
+            why = str(getattr(err, "problem", None) or type(err).__name__)
+        raise ConfigError(
+            f"{path}: the saved config of the run in this folder is not readable YAML{where} ({why}); restore "
+            "it, or start over with trainer.resume=disable (the earlier run's files are moved aside), or use "
+            "a new trainer.experiment_name"
+        ) from None
     return loaded if isinstance(loaded, dict) else {}
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from queryrl.trainer.plot import plot_run, to_series
+from queryrl.trainer.plot import plot_run, read_metrics, to_series
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -79,13 +79,20 @@ def test_missing_and_empty_metrics_name_the_path(tmp_path: Path) -> None:
         plot_run(tmp_path)
 
 
-def test_malformed_line_names_its_number(tmp_path: Path) -> None:
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x": 1.0}\n{"step": 2, "x": \n')
-    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
-        plot_run(tmp_path)
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n[1, 2]\n')
-    with pytest.raises(ValueError, match="line 2 is not a JSON object"):
-        plot_run(tmp_path)
+def test_a_torn_or_undecodable_line_is_dropped_with_a_warning_naming_it(tmp_path: Path) -> None:
+    """Issue 52 item 3: a ``\\xff`` byte in metrics.jsonl was a UnicodeDecodeError naming no file; a torn line
+    stopped the plot. Each such line is now dropped with one warning naming file and line; the rest is drawn."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_bytes(b'{"step": 1, "x": 1.0}\n{"step": 2, "x": \n[1, 2]\n\xff\n{"step": 3, "x": 3.0}\n\xff')
+    with pytest.warns(UserWarning, match="dropped") as caught:
+        records = read_metrics(metrics)
+    assert [r["step"] for r in records] == [1, 3]
+    assert [str(w.message) for w in caught] == [
+        f"{metrics}: line 2 is not a JSON object with an integer 'step'; dropped",
+        f"{metrics}: line 3 is not a JSON object with an integer 'step'; dropped",
+        f"{metrics}: line 4 is not UTF-8; dropped",
+        f"{metrics}: line 6 is not UTF-8; dropped",
+    ]
 
 
 def test_to_series_sorts_steps_keeps_the_last_duplicate_and_drops_gaps() -> None:
