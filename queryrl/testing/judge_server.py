@@ -66,6 +66,7 @@ from starlette.concurrency import run_in_threadpool
 from queryrl.plugins import load_callable
 from queryrl.rewards.json_extract import json_objects
 from queryrl.service_auth import check_bind, resolve_token
+from queryrl.service_limits import ServiceLimits, serve_app
 from queryrl.testing.openai_rules import ServerRules, api_error
 
 JudgeFn = Callable[[list[dict[str, Any]]], str | Awaitable[str]]
@@ -416,8 +417,10 @@ def serve(
     api_key_env: str | None = None,
     token: str | None = None,
     reasoning_tokens: int = 0,
+    limits: ServiceLimits | None = None,
 ) -> None:
-    """Serve `judge` until interrupted (blocking).
+    """Serve `judge` until interrupted (blocking), under `limits` (:mod:`queryrl.service_limits`; default:
+    its defaults: 256 connections, 10 s for a request header, 1 MiB bodies).
 
     Args:
         host: interface to bind, e.g. ``127.0.0.1`` (this machine only) or ``0.0.0.0`` (every interface:
@@ -441,7 +444,7 @@ def serve(
     check_bind(host, api_key, "serve-judge")
     fn = load_judge_function(judge)
     app = make_app(fn, latency_ms=latency_ms, strict=strict, api_key=api_key, reasoning_tokens=reasoning_tokens)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    serve_app(app, host, port, limits or ServiceLimits(), "serve-judge")
 
 
 @contextmanager
