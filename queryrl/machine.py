@@ -180,7 +180,7 @@ def warn_if_emulated_bf16(dtype: str | None, what: str, device_type: str = "cpu"
         _warned.add(what)
         warnings.warn(
             f"{what}=bfloat16 on a CPU without native bf16 ({cpu_model()}, {torch_capability()}): torch emulates "
-            "it, far slower than float32; leave it unset (or auto) for float32",
+            "it, far slower than the float32 that the defaults (and auto) choose here",
             stacklevel=2,
         )
     return True
