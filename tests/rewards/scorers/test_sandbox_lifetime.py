@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -156,9 +157,11 @@ def test_every_process_of_the_chain_gets_a_parent_death_signal(monkeypatch: pyte
 
 def test_a_sweep_removes_only_what_dead_owners_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.Popen(["true"])
+    dead = subprocess.Popen(["sleep", "30"])
     dead_tag = f"{dead.pid}.{sandbox_leftovers.start_time(dead.pid)}"
+    dead.kill()
     dead.wait()
+    assert re.fullmatch(r"\d+\.\d+", dead_tag)
     mine = Path(sandbox_leftovers.temp_folder("sandbox"))
     stale = [tmp_path / f"queryrl-sandbox-{dead_tag}-abc", tmp_path / f"queryrl-evaluator-{dead_tag}-abc"]
     others = tmp_path / f"queryrl-sandbox-{dead_tag}-other"  # another user's: never ours to remove
