@@ -12,7 +12,7 @@ BROWSER := $(VENV)/.browser
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: lock demo demo-toy demo-agent test lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
+.PHONY: lock demo demo-toy demo-agent test test-quick lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
 	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
 	gpu-check gpu-wheels docs
 
@@ -20,12 +20,14 @@ export MKL_NUM_THREADS ?= 1
 # tokenizer are built once into the cache; SFT warm start on the reference rewriter's answers, GRPO
 # against the embedded RAG service and the offline judge, then evaluation on the test split against
 # the baselines: runs/demo/eval.json, runs/demo/eval.png, the training curves in runs/demo/plots/ and the run page
-# runs/demo/report.html (its path is printed last).
+# runs/demo/report.html (its path is printed next to last); the last line is the demo's wall time and the machine
+# it ran on (CPU, torch's capability, native bf16, one-thread matmul rates: python -m queryrl.machine).
 DEMO_CFG := configs/query_rewrite_demo.yaml
 DEMO_DIR := runs/demo
 
 demo: $(STAMP) $(FONTS)
 	rm -rf $(DEMO_DIR)
+	mkdir -p $(DEMO_DIR) && date +%s > $(DEMO_DIR)/.started
 	$(BIN)/queryrl sft --config $(DEMO_CFG)
 	$(BIN)/queryrl train --config $(DEMO_CFG) model.path=$(DEMO_DIR)/sft trainer.resume=disable
 	$(BIN)/queryrl export $(DEMO_DIR) $(DEMO_DIR)/grpo
@@ -33,6 +35,7 @@ demo: $(STAMP) $(FONTS)
 		--systems raw_turn,concat_last3,reference,sft=$(DEMO_DIR)/sft,grpo=$(DEMO_DIR)/grpo --out $(DEMO_DIR)/eval.json \
 		--compare grpo:sft,grpo:reference,grpo:concat_last3,sft:reference
 	$(BIN)/queryrl report $(DEMO_DIR)
+	@$(BIN)/python -m queryrl.machine --since $(DEMO_DIR)/.started --label "make demo"
 
 # The calculator agent without forced calls: SFT on the calls, then GRPO where the policy writes them.
 demo-agent: $(STAMP)
@@ -154,6 +157,11 @@ pytest: $(STAMP) $(FONTS) $(BROWSER)
 	QUERYRL_REQUIRE_CJK_FONT=$$(test -f $(FONTS) && grep -q installed $(FONTS) && echo 1) \
 	QUERYRL_REQUIRE_BROWSER=$$(test -f $(BROWSER) && grep -q installed $(BROWSER) && echo 1) $(BIN)/python -m pytest -q \
 	-n 2 --dist loadgroup --durations=15
+
+# the quick tier, for iteration: every test but those marked slow (end-to-end runs, the Ray and FSDP clusters,
+# real training; docs/development.md); make test runs them all
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=10
 
 lint: $(STAMP)
 	$(BIN)/ruff check queryrl tests tools benchmarks
