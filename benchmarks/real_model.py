@@ -126,8 +126,9 @@ def run_measured(name: str, cmd: list[str], log: Path, env: dict[str, str]) -> d
 
 def step_timings(metrics_file: Path) -> dict[str, Any]:
     """Means over the training steps of ``timing_s/<phase>`` in the trainer's metrics.jsonl, a few metrics per
-    step, and ``zero_std_group_frac_mean``: the run's mean share of groups whose reward had no spread (None when
-    no step logged it; issue 50's goal is at most 0.3)."""
+    step, ``zero_std_group_frac_mean``: the run's mean share of groups whose reward had no spread (None when
+    no step logged it; issue 50's goal is at most 0.3), and ``identical_group_frac_mean``: the share whose samples
+    were one response (flat under any reward)."""
     rows = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     steps = [r for r in rows if any(k.startswith("timing_s/") for k in r)]
     keys = sorted({k for r in steps for k in r if k.startswith("timing_s/")})
@@ -138,11 +139,18 @@ def step_timings(metrics_file: Path) -> dict[str, Any]:
             ("score_mean_per_step", "critic/score/mean"),
             ("format_mean_per_step", "reward/format/mean"),
             ("zero_std_group_frac_per_step", "reward/zero_std_group_frac"),  # 1.0: no group had a signal
+            ("identical_group_frac_per_step", "rollout/identical_group_frac"),  # one response drawn for the group
         )
     }
     flat = per_step["zero_std_group_frac_per_step"]  # the run's share of groups with no reward spread
-    flat_mean = round(statistics.mean(flat), 4) if flat else None
-    return {"steps": len(steps), "mean_s": means, **per_step, "zero_std_group_frac_mean": flat_mean}
+    same = per_step["identical_group_frac_per_step"]  # ... of which no reward could split (one response)
+    return {
+        "steps": len(steps),
+        "mean_s": means,
+        **per_step,
+        "zero_std_group_frac_mean": round(statistics.mean(flat), 4) if flat else None,
+        "identical_group_frac_mean": round(statistics.mean(same), 4) if same else None,
+    }
 
 
 def max_weight_change(before: Path, after: Path) -> float | None:

@@ -158,10 +158,17 @@ def flat_groups_line(points: dict[str, dict[int, float]]) -> str | None:
     share = sum(per_step.values()) / len(per_step)
     steps = f"{len(per_step)} step{'s' if len(per_step) != 1 else ''}"
     verdict = "met" if share <= FLAT_GROUPS_GOAL else "not met"
-    return (
+    line = (
         f"Flat groups: {share * 100:.0f} % of the groups over the run ({steps}) had one reward for every sample, "
         f"so GRPO learnt nothing from them (goal: at most {FLAT_GROUPS_GOAL * 100:.0f} %, {verdict})."
     )
+    same = points.get("rollout/identical_group_frac") or {}
+    if same:  # the sampler's part: one response drawn for the whole group, which no reward can split
+        line += (
+            f" In {sum(same.values()) / len(same) * 100:.0f} % the sampler drew one response for the whole group: "
+            "no reward can split those, only more varied samples can."
+        )
+    return line
 
 
 def _sample_steps(run_dir: Path) -> tuple[list[int], list[int], int]:

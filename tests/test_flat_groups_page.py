@@ -39,3 +39,16 @@ def test_no_line_without_the_metric(tmp_path: Path) -> None:
     page = write_report(_run(tmp_path / "none", [None, None])).read_text(encoding="utf-8")
     assert "flatgroups" not in page
     assert "@JUDGE@" not in page
+
+
+def test_the_line_says_how_many_groups_were_one_response_drawn_again(tmp_path: Path) -> None:
+    folder = _run(tmp_path / "same", [1.0, 0.5])
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    for row, same in zip(rows, [0.75, 0.25], strict=True):
+        row["rollout/identical_group_frac"] = same
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    line = _line(write_report(folder).read_text(encoding="utf-8"))
+    assert line.endswith(
+        "In 50 % the sampler drew one response for the whole group: no reward can split those, only more varied "
+        "samples can."
+    )

@@ -105,6 +105,20 @@ def zero_std_group_fraction(scores: Tensor, group_ids: Tensor) -> float:
     return sum(bool((g == g[0]).all()) for g in sized) / len(sized)
 
 
+def identical_group_fraction(response_ids: Tensor, attention_mask: Tensor, group_ids: Tensor) -> float:
+    """The fraction of groups (of size > 1) whose responses are one token sequence: flat under any reward, since
+    nothing a reward reads can tell them apart. Beside ``reward/zero_std_group_frac`` it says whether flat groups
+    come from the reward (different responses scored alike) or from the sampler (the same response drawn again)."""
+    texts = [tuple(row[mask > 0].tolist()) for row, mask in zip(response_ids.cpu(), attention_mask.cpu(), strict=True)]
+    groups: dict[int, list[tuple[int, ...]]] = {}
+    for text, group in zip(texts, group_ids.tolist(), strict=True):
+        groups.setdefault(int(group), []).append(text)
+    sized = [g for g in groups.values() if len(g) > 1]
+    if not sized:
+        return 0.0
+    return sum(len(set(g)) == 1 for g in sized) / len(sized)
+
+
 def rollout_probs_diff(batch: Batch) -> dict[str, float]:
     """verl's ``training/rollout_probs_diff_*``: |p_rollout - p_train| over the trained tokens.
 

@@ -20,7 +20,7 @@ from queryrl.algos.kl import apply_kl_in_reward
 from queryrl.engine.batch import Batch, outcome_to_tokens
 from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
-from queryrl.trainer.metrics import PhaseTimer, unscored_rows, zero_std_group_fraction
+from queryrl.trainer.metrics import PhaseTimer, identical_group_fraction, unscored_rows, zero_std_group_fraction
 from queryrl.trainer.samples import NOT_TRAINED
 
 
@@ -194,6 +194,9 @@ def apply_scores(batch: Batch, results: list[RewardResult], drop_failed_groups: 
     batch.token_scores = outcome_to_tokens(scores.nan_to_num(0.0).to(batch.response_mask.device), batch.response_mask)
     if len(batch):
         metrics["reward/zero_std_group_frac"] = zero_std_group_fraction(scores, batch.group_ids.cpu())
+        metrics["rollout/identical_group_frac"] = identical_group_fraction(
+            batch.response_ids, batch.response_attention_mask, batch.group_ids
+        )
     return Scored(batch, metrics, kept, failed)
 
 

@@ -33,17 +33,20 @@ def test_step_timings_are_means_over_steps(tmp_path: Path) -> None:
         {"step": 1, "timing_s/gen": 2.0, "timing_s/update_actor": 4.0, "critic/score/mean": -0.5},
         {"step": 2, "timing_s/gen": 4.0, "timing_s/update_actor": 6.0, "critic/score/mean": 0.25},
         {"step": 3, "timing_s/gen": 3.0, "reward/format/mean": 0.5, "reward/zero_std_group_frac": 1.0},
+        {"step": 4, "timing_s/gen": 3.0, "reward/zero_std_group_frac": 0.5, "rollout/identical_group_frac": 0.25},
         {"step": 2, "val/score/mean": 0.1},  # a validation row: no timings
     ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert bench.step_timings(metrics) == {
-        "steps": 3,
+        "steps": 4,
         "mean_s": {"gen": 3.0, "update_actor": 5.0},
         "score_mean_per_step": [-0.5, 0.25],
         "format_mean_per_step": [0.5],
-        "zero_std_group_frac_per_step": [1.0],
-        "zero_std_group_frac_mean": 1.0,
+        "zero_std_group_frac_per_step": [1.0, 0.5],
+        "identical_group_frac_per_step": [0.25],
+        "zero_std_group_frac_mean": 0.75,
+        "identical_group_frac_mean": 0.25,
     }
     metrics.write_text(json.dumps(rows[0]) + "\n")  # no step logged the flat groups: no mean
     assert bench.step_timings(metrics)["zero_std_group_frac_mean"] is None
