@@ -205,3 +205,103 @@ def test_the_cycle_checker_sees_a_lazy_cycle(tmp_path: Path) -> None:
     (pkg / "sub" / "b.py").write_text("def g():\n    from . import a\n", encoding="utf-8")
     (pkg / "c.py").write_text("from queryrl.sub import a\n", encoding="utf-8")
     assert cycles(import_graph(pkg)) == [["queryrl.sub.a", "queryrl.sub.b"]]
+
+
+# --- the query-rewrite application: the same treatment inside queryrl/apps/query_rewrite -----------------
+# its parts top to bottom (the order argued in the app's __init__ docstring and docs/architecture.md); a part
+# is a subpackage or a top-level module of the application
+APP = PACKAGE / "apps" / "query_rewrite"
+APP_NAME = "queryrl.apps.query_rewrite"
+APP_LAYERS: list[set[str]] = [
+    {"config", "prompts", "metrics", "corpora", "fencing"},  # leaves: the library only
+    {"intent"},
+    {"reward"},
+    {"policy_rewriter", "training"},
+    {"data"},
+    {"demo"},
+    {"eval"},
+    {"warmup"},
+    {"preflight", "commands"},
+    {"plugin"},
+]
+APP_RANK = {part: i for i, layer in enumerate(APP_LAYERS) for part in layer}
+
+
+def _app_part(path: Path, app: Path = APP) -> str:
+    """The part of the application `path` is in (``""``: the package's own ``__init__``)."""
+    rel = path.relative_to(app)
+    return "" if rel.parts == ("__init__.py",) else rel.parts[0].removesuffix(".py")
+
+
+def app_imports(path: Path, app: Path = APP, name: str = APP_NAME) -> list[tuple[str, int]]:
+    """(imported part of the application, line) of every import of it in `path`, at any depth, relative
+    imports resolved; ``from queryrl.apps.query_rewrite import X`` is part X, or ``""`` where X is one of the
+    package's lazily imported names (whose modules may sit anywhere in the order)."""
+    module = _module_name(path, app.parents[1])  # app: queryrl/apps/<name>
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            targets = [f"{base}.{a.name}" for a in node.names] if base == name else [base]
+        for target in targets:
+            if target == name or target.startswith(name + "."):
+                part = target[len(name) + 1 :].split(".")[0]
+                out.append((part if part in APP_RANK or not part else "", node.lineno))
+    return sorted(out, key=lambda x: x[1])
+
+
+def _app_modules() -> list[Path]:
+    return sorted(p for p in APP.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_every_app_part_has_a_layer() -> None:
+    parts = {_app_part(p) for p in _app_modules()} - {""}
+    assert parts - set(APP_RANK) == set(), "add the new part to APP_LAYERS (and to the app's __init__ docstring)"
+
+
+def _later_parts(path: Path, app: Path = APP, name: str = APP_NAME) -> list[str]:
+    part = _app_part(path, app)
+    if not part:
+        return []  # the package's __init__ names everything lazily, by string
+    return [
+        f"{path.relative_to(app.parent)}:{line} imports "
+        + (
+            f"{target}/ (layer {APP_RANK[target]}) from {part} (layer {APP_RANK[part]})"
+            if target
+            else f"a lazy name of the package itself from {part}: import it from its module"
+        )
+        for target, line in app_imports(path, app, name)
+        if target != part and (not target or APP_RANK[target] > APP_RANK[part])
+    ]
+
+
+@pytest.mark.parametrize("path", _app_modules(), ids=lambda p: str(p.relative_to(APP)))
+def test_the_application_imports_follow_its_layers(path: Path) -> None:
+    wrong = _later_parts(path)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_app_checker_sees_a_lazy_import_of_a_later_part(tmp_path: Path) -> None:
+    app = tmp_path / "queryrl" / "apps" / "query_rewrite"
+    (app / "intent").mkdir(parents=True)
+    for init in (tmp_path / "queryrl", tmp_path / "queryrl" / "apps", app, app / "intent"):
+        (init / "__init__.py").write_text("", encoding="utf-8")
+    bad = app / "intent" / "reading.py"
+    bad.write_text(
+        "from ..config import X\n"  # a leaf: fine
+        "def f():\n    from queryrl.apps.query_rewrite.demo.phrases import HOMOPHONES\n"
+        "from ..reward import judging\n"
+        "from queryrl.apps.query_rewrite import sales_demo_corpus\n",
+        encoding="utf-8",
+    )
+    assert app_imports(bad, app) == [("config", 1), ("demo", 3), ("reward", 4), ("", 5)]
+    wrong = _later_parts(bad, app)
+    assert len(wrong) == 3, wrong
+    assert "demo/ (layer 5) from intent (layer 1)" in wrong[0]

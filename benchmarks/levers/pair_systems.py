@@ -10,7 +10,7 @@ For pairs that the eval's ``--compare`` did not make:
 
 Reads the per-turn metrics of ``eval_samples.jsonl`` (the turns with gold documents) and prints, for
 Recall@5 and MRR, ``A - B`` with its paired bootstrap 95 % interval (the eval's own
-:func:`~queryrl.apps.query_rewrite.eval.metrics.paired_bootstrap`, 1,000 resamples, seed 0) and the shares of
+:func:`~queryrl.apps.query_rewrite.metrics.paired_bootstrap`, 1,000 resamples, seed 0) and the shares of
 turns where A or B is better, as JSON.
 
 ``--b-from OTHER`` reads B from another eval of the same rows (two lever runs evaluated separately; the turns
@@ -19,7 +19,7 @@ gold entity (``names_gold_entity``; KdConv document ids are ``entity::attribute`
 
 ``--conversations`` adds the interval with whole conversations resampled (``conversation_low`` /
 ``conversation_high``; a cluster bootstrap: each replicate draws the conversations with replacement and takes
-every turn of each, 5,000 replicates, seed 0: :func:`~queryrl.apps.query_rewrite.eval.metrics.group_interval`,
+every turn of each, 5,000 replicates, seed 0: :func:`~queryrl.apps.query_rewrite.metrics.group_interval`,
 which ``queryrl eval`` now reports too, with its own 1,000). The turns of one KdConv conversation share its
 entity and its difficulty; with 15 conversations in a split that matters.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.apps.query_rewrite.data.kdconv import doc_entity
-from queryrl.apps.query_rewrite.eval.metrics import group_interval, paired_bootstrap
+from queryrl.apps.query_rewrite.metrics import group_interval, paired_bootstrap
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON
 - per split and over all splits, the recipe's effect with the GRPO seed averaged out: each turn's GRPO score is the
   mean over that split's GRPO seeds, paired with the split's warm-up (one warm-up per split, shared by its GRPO
   runs) and with the reference; intervals by the eval's paired bootstrap over turns and by a cluster bootstrap over
-  conversations (:func:`~queryrl.apps.query_rewrite.eval.metrics.paired_bootstrap` with ``groups``). Over all
+  conversations (:func:`~queryrl.apps.query_rewrite.metrics.paired_bootstrap` with ``groups``). Over all
   splits a cluster is one conversation of one split: the split seeds draw their held-out conversations from one
   KdConv file, so a conversation can be held out in two splits, with a different model each time.
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
+from queryrl.apps.query_rewrite.metrics import paired_bootstrap
 
 RATIO_GOAL = 2.2  # context-dependent Recall@5 at least this many times concat_last3's
 INTENT_GOAL = 0.97

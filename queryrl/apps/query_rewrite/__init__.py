@@ -1,7 +1,29 @@
-"""The query rewriter, in folders by job: ``data/`` (your conversations, KdConv, the splits, the warm-up set),
-``demo/`` (the synthetic sales chat), ``reward/`` (the reward and the judge), ``intent/`` (whether a rewrite
-keeps the question), ``eval/`` (``queryrl eval``); beside them the prompts, the config node, the plugin,
-its commands, training and preflight wiring.
+"""The query rewriter, in parts stacked like the library's layers: a part imports only the library and the
+parts above it in this list (``tests/test_layering.py`` reads every import, lazy ones too, and fails on one
+that goes down):
+
+1. the leaves: ``config`` (the ``app.query_rewrite`` node), ``prompts`` (the prompt and the answer's parser),
+   ``metrics`` (retrieval and judge metrics, the bootstrap), ``corpora`` (the embedded service's corpora by
+   name), ``fencing`` (the ``<data>`` block a judge is shown untrusted text in);
+2. ``intent/``: whether a rewrite keeps the customer's question (its word lists and its table of known
+   slips are its own);
+3. ``reward/``: the reward (RAG requests and clients, the pairwise judge, the modes, the score);
+4. ``policy_rewriter``, ``training``: a model folder as the reference rewriter; the trainer's hooks;
+5. ``data/``: your conversations, KdConv, the splits, the SFT targets (made by the reward's parser or the
+   RAG service's ``/rag/chat``, so below ``reward/``);
+6. ``demo/``: the synthetic sales chat, made into rows as ``data/`` makes them;
+7. ``eval/``: ``queryrl eval``, which reads any data ``data/`` reads (a KdConv file prepared on the fly)
+   and scores with the reward's parts;
+8. ``warmup``: the warm-up set of ``queryrl warmup``, a model's own rewrites scored as ``eval/`` scores;
+9. ``preflight``, ``commands``: the services check before training, the CLI commands;
+10. ``plugin``: the entry point, which wires all of it and registers the ``sales_demo`` dataset, the
+    ``sales_demo`` and ``kdconv:KB_PATH`` corpora and the ``policy`` rewriter by name.
+
+Why ``data/`` sits below ``reward/`` and above ``eval/``: preparing data uses the reward's parser and RAG
+client, and evaluating reads every data format; the one job of ``data/`` that needs the evaluation (sampling
+and scoring a model's rewrites) is ``warmup``, below ``eval/``. The corpora are looked up by name
+(:func:`~queryrl.apps.query_rewrite.corpora.find_corpus`) so that the reward retrieves from the demo's
+catalogue or a KdConv knowledge base without importing either.
 
 The names below are imported on first use (PEP 562), so that finding the plugin
 (:mod:`.plugin`, read by every ``queryrl`` command) does not import torch.

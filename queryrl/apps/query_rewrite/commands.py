@@ -372,11 +372,11 @@ def warmup(
     retrieves with each, keeps the one (or the reference rewriter's answer) whose result ranks a gold
     document highest, and writes the rows with that target: train on it with queryrl sft.
     """
-    from queryrl.apps.query_rewrite.data.warmup import WarmupSettings, build_warmup, write_warmup
     from queryrl.apps.query_rewrite.eval.generation import check_dtype
     from queryrl.apps.query_rewrite.eval.run import config_rag_client
     from queryrl.apps.query_rewrite.eval.samples import EvalError
     from queryrl.apps.query_rewrite.eval.settings import load_eval_config
+    from queryrl.apps.query_rewrite.warmup import WarmupSettings, build_warmup, write_warmup
     from queryrl.data.builtin import resolve_data_path
     from queryrl.data.records import DataError, load_records
 

@@ -1,9 +1,10 @@
 """The query-rewrite application as a queryrl plugin (entry point ``queryrl.apps: query_rewrite``).
 
-It brings the ``app.query_rewrite`` config node (:mod:`.config`), seed 000's launch keys, its reward
-(:func:`.reward.compute_score` under the ``async`` manager, see :mod:`.training`), seed_hybrid's
-candidate selector, the services preflight and ``--dry-run`` check, the ``sales_demo`` built-in
-dataset and the ``policy`` reference rewriter.
+It brings the ``app.query_rewrite`` config node (:mod:`.config`), the users' launch-script keys
+(``algorithm.hybrid_grpo_gpt5.*``), its reward (:func:`~.reward.score.compute_score` under the ``async``
+manager, see :mod:`.training`), seed_hybrid's candidate selector, the services preflight and ``--dry-run``
+check, the ``sales_demo`` built-in dataset, the ``sales_demo`` and ``kdconv:KB_PATH`` corpora
+(:mod:`.corpora`) and the ``policy`` reference rewriter.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from queryrl.apps.query_rewrite.config import (
     settings_of,
     validate_settings,
 )
+from queryrl.apps.query_rewrite.corpora import BuiltinCorpus, register_corpus
 from queryrl.config import ConfigError
 
 DEMO_PREFIX = "builtin://sales_demo"
@@ -57,11 +59,14 @@ class QueryRewriteApp(Application):
         from queryrl.rag.rewriters import REWRITERS
 
         register_builtin_dataset("sales_demo", _sales_demo_rows, version=8)  # builtin://sales_demo/{train,val,test}
+        # app.query_rewrite.rag.corpus: the demo's catalogue (its own entities), a KdConv knowledge base
+        register_corpus("sales_demo", BuiltinCorpus(_sales_demo_corpus, title_entities=False))
+        register_corpus("kdconv", BuiltinCorpus(_kdconv_corpus, argument="KB_PATH", latin_entities=False))
         REWRITERS.register("policy")(_policy_rewriter)  # the reference rewriter "policy": a model folder
 
     def resolve(self, cfg: DictConfig) -> None:
         qr = cfg.app.query_rewrite
-        if qr.seed_hybrid.enable:  # seed 000's launch keys select seed_hybrid
+        if qr.seed_hybrid.enable:  # the users' launch-script keys select seed_hybrid
             qr.enable = True
             qr.reward_mode = "seed_hybrid"
         resolve_seed_keys(cfg)
@@ -203,6 +208,18 @@ def _sales_demo_rows(split: str) -> list[dict[str, Any]]:
     from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
 
     return sales_demo_rows(split)
+
+
+def _sales_demo_corpus(_: str) -> list[dict[str, Any]]:
+    from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
+
+    return sales_demo_corpus()
+
+
+def _kdconv_corpus(kb_path: str) -> list[dict[str, Any]]:
+    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
+
+    return kdconv_corpus(kb_path)
 
 
 def _policy_rewriter(model_path: str, **kwargs: Any) -> Any:

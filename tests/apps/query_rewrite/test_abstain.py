@@ -13,9 +13,9 @@ import pytest
 
 from queryrl.apps.query_rewrite.config import QueryRewriteConfig
 from queryrl.apps.query_rewrite.demo.data import sales_demo_rows
-from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, system_metrics
 from queryrl.apps.query_rewrite.eval.run import evaluate
 from queryrl.apps.query_rewrite.eval.samples import load_samples
+from queryrl.apps.query_rewrite.metrics import abstained_result, no_retrieval_turn, system_metrics
 from queryrl.apps.query_rewrite.reward.judging import OfflineJudge, quality_from_verdict
 from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.config import load_config

@@ -28,7 +28,7 @@ prepends terms carried from the history to the current turn, the target is clean
   raises the targets' Recall@5 (measured on the earlier, copy-the-document demo data: 0.849 -> 0.879).
 
 Turns that need no retrieval get an EMPTY query: where the row is labelled (empty gold and a kind in
-:data:`~queryrl.apps.query_rewrite.eval.metrics.NO_RETRIEVAL_KINDS`, as in the sales demo's ``chitchat``
+:data:`~queryrl.apps.query_rewrite.metrics.NO_RETRIEVAL_KINDS`, as in the sales demo's ``chitchat``
 turns) from the label, otherwise when the reference rewriter abstains (the heuristic's small-talk
 list). A labelled retrieval turn never gets an empty target: where the reference abstained there, the
 target is the turn itself. ``queryrl sft`` reads the target from ``extra_info.sft_target``. RL then
@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from queryrl.apps.query_rewrite.eval.metrics import no_retrieval_turn
+from queryrl.apps.query_rewrite.metrics import no_retrieval_turn
 from queryrl.apps.query_rewrite.prompts import NO_QUERY, QUERY_FIELD, check_answer_fields
 from queryrl.rag import HeuristicRewriter
 from queryrl.rag.rewriters import last_user_turn

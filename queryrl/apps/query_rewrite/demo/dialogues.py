@@ -30,6 +30,7 @@ from typing import Any
 
 from queryrl.apps.query_rewrite.data.conversations import Conversation, Message
 from queryrl.apps.query_rewrite.demo import phrases as ph
+from queryrl.apps.query_rewrite.intent.slips import BRAND_HOMOPHONES, HOMOPHONES
 
 ASPECT_LABELS = {
     "price": "价格",
@@ -201,12 +202,12 @@ def _explicit_focus(s: _State, product: Product) -> _Turn:
 
 def _slip(text: str, product: Product, rng: random.Random) -> str:
     """`text` with one homophone swapped in, or the brand misspelt, or one Chinese character left out."""
-    words = [w for w in ph.HOMOPHONES if w in text]
+    words = [w for w in HOMOPHONES if w in text]
     if words and rng.random() < 0.7:
         word = rng.choice(words)
-        return text.replace(word, rng.choice(ph.HOMOPHONES[word]), 1)
+        return text.replace(word, rng.choice(HOMOPHONES[word]), 1)
     if product.brand in text:
-        return text.replace(product.brand, ph.BRAND_HOMOPHONES[product.brand], 1)
+        return text.replace(product.brand, BRAND_HOMOPHONES[product.brand], 1)
 
     def cjk(ch: str) -> bool:
         return "\u4e00" <= ch <= "\u9fff"

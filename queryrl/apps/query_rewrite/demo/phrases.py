@@ -1,5 +1,5 @@
-"""The wording of the sales demo's dialogues (:mod:`.demo_dialogues`): what customers type, how the
-assistant paraphrases the catalogue, and the slips customers make.
+"""The wording of the sales demo's dialogues (:mod:`.dialogues`): what customers type and how the
+assistant paraphrases the catalogue (the slips customers make are the intent check's :mod:`~.intent.slips`).
 
 Tables only, no logic but small formatting helpers. Every user phrasing is built from parts (an
 opener, a core question, a particle, sometimes a remark about the customer) so that the same
@@ -160,40 +160,6 @@ SMALL_TALK = (
     "我先去吃个饭",
     "你们周末也上班吗",
 )
-
-# --- slips: homophones and near-misses ("续行" for 续航), applied to one word of a question ----------
-HOMOPHONES: dict[str, tuple[str, ...]] = {
-    "续航": ("续行", "序航", "续杭"),
-    "保修": ("包修", "保休"),
-    "配置": ("配制", "佩置"),
-    "颜色": ("言色", "颜涩"),
-    "库存": ("库村", "裤存"),
-    "优惠": ("优会", "忧惠"),
-    "多少钱": ("多少前", "都少钱"),
-    "价格": ("价个", "架格"),
-    "快递": ("快第", "块递"),
-    "送到": ("送道",),
-    "有货": ("有或",),
-    "便宜": ("便意", "变宜"),
-    "电池": ("电尺", "店池"),
-    "活动": ("活东",),
-    "参数": ("参素",),
-    "手机": ("首机",),
-    "耳机": ("尔机",),
-    "电脑": ("电恼",),
-    "平板": ("平版",),
-    "手表": ("首表",),
-}
-BRAND_HOMOPHONES = {
-    "星辰": "星晨",
-    "云帆": "云凡",
-    "极光": "级光",
-    "青松": "清松",
-    "锐行": "瑞行",
-    "朗月": "郎月",
-    "海川": "海穿",
-    "北辰": "北晨",
-}
 
 # --- assistant replies: paraphrases of the catalogue facts, never its sentences --------------------
 # {r}: how the reply refers to the product ("这款", its model "X3", brand + model, or nothing)

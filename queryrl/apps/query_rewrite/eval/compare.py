@@ -6,7 +6,7 @@ other, and that shared variance cancels in the difference. For each pair ``A:B``
 (:func:`parse_compare`), over the turns both were scored on (retrieval metrics: the turns with gold),
 :func:`compare_systems` reports the mean difference ``A - B`` of recall@k, MRR and NDCG@k (k the
 headline cutoff, 5) with its paired percentile-bootstrap interval
-(:func:`~queryrl.apps.query_rewrite.eval.metrics.paired_bootstrap`: one draw of turn indices per replicate,
+(:func:`~queryrl.apps.query_rewrite.metrics.paired_bootstrap`: one draw of turn indices per replicate,
 applied to both systems), ``n``, and the shares of turns where A > B, A < B and A = B. Where both
 systems have judge verdicts against the reference (not ``reference`` itself), the difference of their
 judge scores (1 win, 0.5 tie, 0 loss) over the turns where both verdicts are valid. The intent columns
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from queryrl.apps.query_rewrite.eval.metrics import mrr, ndcg_at_k, paired_bootstrap, recall_at_k
+from queryrl.apps.query_rewrite.metrics import mrr, ndcg_at_k, paired_bootstrap, recall_at_k
 
 JUDGE_SCORES = {"8b": 1.0, "same": 0.5, "32b": 0.0}  # as win_tie_loss's score: the candidate is "8b"
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from queryrl.apps.query_rewrite.eval.compare import pair_key, paired_where_both
-from queryrl.apps.query_rewrite.eval.metrics import bootstrap_ci, no_retrieval_turn, paired_bootstrap
 from queryrl.apps.query_rewrite.eval.samples import Answer, EvalError, Sample, SystemSpec
 from queryrl.apps.query_rewrite.intent.check import IntentVerdict, check_intent
 from queryrl.apps.query_rewrite.intent.judge import IntentJudgeOutcome, judge_intents, verdict_kept
+from queryrl.apps.query_rewrite.metrics import bootstrap_ci, no_retrieval_turn, paired_bootstrap
 from queryrl.rewards.judge import JudgeClient
 
 

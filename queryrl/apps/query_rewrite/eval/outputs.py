@@ -27,9 +27,9 @@ import numpy as np
 
 from queryrl.apps.query_rewrite.eval.compare import draw_differences, format_comparisons
 from queryrl.apps.query_rewrite.eval.intent import SystemIntents, intent_fields
-from queryrl.apps.query_rewrite.eval.metrics import HEADLINE_K, format_table
 from queryrl.apps.query_rewrite.eval.samples import Answer, Sample, SystemSpec
 from queryrl.apps.query_rewrite.eval.scoring import doc_ids
+from queryrl.apps.query_rewrite.metrics import HEADLINE_K, format_table
 from queryrl.atomic import atomic_path, atomic_write_text
 from queryrl.fonts import cjk_fonts
 

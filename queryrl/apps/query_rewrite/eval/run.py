@@ -20,8 +20,8 @@ The settings are the application's config nodes ``app.query_rewrite.rag`` and ``
    reply that does not parse is a format failure: no RAG call, an empty result (recall 0, counted in the
    metrics) and, with a judge, a loss against the reference;
 5. the metrics with their percentile-bootstrap 95 % intervals
-   (:func:`~queryrl.apps.query_rewrite.eval.metrics.system_metrics`,
-   :func:`~queryrl.apps.query_rewrite.eval.metrics.judge_metrics`) and the paired differences of
+   (:func:`~queryrl.apps.query_rewrite.metrics.system_metrics`,
+   :func:`~queryrl.apps.query_rewrite.metrics.judge_metrics`) and the paired differences of
    ``--compare`` (:mod:`~queryrl.apps.query_rewrite.eval.compare`);
 6. the outputs (:mod:`~queryrl.apps.query_rewrite.eval.outputs`): ``out``, ``eval.png``,
    ``eval_samples.jsonl`` and the printed tables.
@@ -80,7 +80,6 @@ from queryrl.apps.query_rewrite.eval.intent import (
     intent_metrics,
 )
 from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, is_kdconv_file, prepare_kdconv
-from queryrl.apps.query_rewrite.eval.metrics import DEFAULT_KS, HEADLINE_K, judge_metrics, system_metrics
 from queryrl.apps.query_rewrite.eval.outputs import eval_notes, sample_records, write_outputs
 from queryrl.apps.query_rewrite.eval.samples import (
     Answer,
@@ -102,6 +101,7 @@ from queryrl.apps.query_rewrite.eval.scoring import (
     retrieve,
     spend_line,
 )
+from queryrl.apps.query_rewrite.metrics import DEFAULT_KS, HEADLINE_K, judge_metrics, system_metrics
 from queryrl.apps.query_rewrite.reward.judge import judge_client
 from queryrl.apps.query_rewrite.reward.rag import rag_client
 from queryrl.machine import machine_info

@@ -2,8 +2,8 @@
 
 Systems (:func:`parse_systems`):
 
-- ``raw_turn``: the last user turn as typed (:func:`~queryrl.apps.query_rewrite.eval.metrics.raw_last_turn`);
-- ``concat_last3``: the last three user turns joined (:func:`~queryrl.apps.query_rewrite.eval.metrics.last_k_turns`);
+- ``raw_turn``: the last user turn as typed (:func:`~queryrl.apps.query_rewrite.metrics.raw_last_turn`);
+- ``concat_last3``: the last three user turns joined (:func:`~queryrl.apps.query_rewrite.metrics.last_k_turns`);
 - ``reference``: the reference pipeline ``/rag/chat`` (the service's own rewriter);
 - ``NAME=PATH`` or a bare ``PATH``: a Hugging Face model folder (NAME defaults to the folder's name); its
   answers come from :mod:`~queryrl.apps.query_rewrite.eval.generation`;
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.apps.query_rewrite.eval.checks import not_a_model_message
-from queryrl.apps.query_rewrite.eval.metrics import last_k_turns, raw_last_turn
+from queryrl.apps.query_rewrite.metrics import last_k_turns, raw_last_turn
 from queryrl.apps.query_rewrite.reward.score import ID_FIELDS
 from queryrl.models.adapters import adapter_problem
 

@@ -5,7 +5,7 @@ Retrieval. The reference pipeline ``/rag/chat`` answers each sample once (its re
 goes to ``/rag/chat_8b`` with its profile and summary (:func:`retrieve`). The client is the reward's
 (:func:`~queryrl.apps.query_rewrite.reward.rag.rag_client`: HTTP to a service, or the embedded one). A
 format failure sends nothing and has no result (None); an empty query is an abstention: no call, no
-documents (:func:`~queryrl.apps.query_rewrite.eval.metrics.abstained_result`). A failed call is an
+documents (:func:`~queryrl.apps.query_rewrite.metrics.abstained_result`). A failed call is an
 :class:`~queryrl.apps.query_rewrite.eval.samples.EvalError` naming the service and the endpoint.
 
 Judging (:func:`judge_all`). The offline judge (:class:`~queryrl.apps.query_rewrite.reward.judging.OfflineJudge`,
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn
 from queryrl.apps.query_rewrite.eval.samples import Answer, EvalError, Sample
+from queryrl.apps.query_rewrite.metrics import abstained_result, no_retrieval_turn
 from queryrl.apps.query_rewrite.reward.judging import OfflineJudge, combine_swapped, judge_pair
 from queryrl.apps.query_rewrite.reward.modes import normalise_rewrite
 from queryrl.rag import RAGClient, RAGError

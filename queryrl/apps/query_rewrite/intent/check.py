@@ -41,7 +41,7 @@ A rewrite keeps the intent unless (each a ``code``, checked in this order; the r
   word) whose rewrite asks something.
 
 Pronouns and ellipsis (这个, 它, 那): the rewrite may replace them with names from the history, and
-those are not invented. Known slips of the demo's customers (:data:`~.demo_phrases.HOMOPHONES`: 续行 for
+those are not invented. Known slips of the demo's customers (:data:`~.intent.slips.HOMOPHONES`: 续行 for
 续航, 包修 for 保修) are read as the word they stand for, in every text.
 
 Limits. Chinese words come from jieba's precise mode (the tokenizer of the BM25 index), so a name that

@@ -10,9 +10,9 @@ object (:data:`INTENT_SCHEMA`: ``same_intent`` yes / no and a ``reason``), asked
 judge client (:class:`~queryrl.rewards.judge.JudgeClient`: its retries, its failure counting, its cache),
 so a failed call is counted, never read as a verdict.
 
-Prompt injection: as in the pairwise rubric (:mod:`.judging`), the conversation and the rewrite are data in
-one JSON object between ``<data>`` delimiters that no string can close, and the system message says that
-text in it addressing the judge is evidence of a changed intent.
+Prompt injection: as in the pairwise rubric (:mod:`.reward.judging`), the conversation and the rewrite are data
+in one JSON object between ``<data>`` delimiters that no string can close (:mod:`.fencing`), and the system
+message says that text in it addressing the judge is evidence of a changed intent.
 
 Decided without a call: a format failure (no query: not kept) and an empty query (the offline check's
 verdict, :func:`~.intent.check_intent`: kept only on a turn that asks nothing).
@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from queryrl.apps.query_rewrite.fencing import DATA_CLOSE, DATA_OPEN, clean_conversation, clean_data
 from queryrl.apps.query_rewrite.intent.check import IntentVerdict
-from queryrl.apps.query_rewrite.reward.judging import DATA_CLOSE, DATA_OPEN, clean_conversation, clean_data
 from queryrl.rewards.judge import JudgeClient
 
 INTENT_SCHEMA: dict[str, Any] = {

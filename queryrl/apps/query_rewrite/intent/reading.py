@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import jieba
 
-from queryrl.apps.query_rewrite.demo.phrases import BRAND_HOMOPHONES, HOMOPHONES
+from queryrl.apps.query_rewrite.intent.slips import BRAND_HOMOPHONES, HOMOPHONES
 from queryrl.apps.query_rewrite.intent.words import (
     ANSWER_LINKS,
     ANSWER_VERBS,
@@ -59,7 +59,7 @@ _CHITCHAT = frozenset(CHITCHAT_WORDS)
 _QUANTITY = re.compile(
     r"^[一二两三四五六七八九十百千万几半每]+(?:个|天|年|月|周|日|小时|分钟|次|块|元|台|只|件|寸|斤|公里|米|岁|星期|倍|折)"
 )
-# the demo customers' slips (typo -> the word meant), longest first
+# the known slips (typo -> the word meant, :mod:`.slips`), longest first
 _SLIPS = sorted(
     [(typo, word) for word, typos in HOMOPHONES.items() for typo in typos]
     + [(typo, word) for word, typo in BRAND_HOMOPHONES.items()],
@@ -69,7 +69,7 @@ _SLIPS = sorted(
 
 def normalise(text: str) -> str:
     """NFKC (full-width letters and digits become ASCII), lowercase, whitespace runs as one space, and the
-    known slips (:data:`~.demo_phrases.HOMOPHONES`) replaced by the word they stand for."""
+    known slips (:data:`~.intent.slips.HOMOPHONES`) replaced by the word they stand for."""
     out = _SPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
     for typo, word in _SLIPS:
         out = out.replace(typo, word)

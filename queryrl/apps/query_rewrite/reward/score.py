@@ -54,7 +54,7 @@ Failures and penalties.
   ``position_swap``) two orders that disagree all *raise*: the manager marks the sample failed; it is
   never scored 0.
 - Turns that need no retrieval (empty gold and a kind in
-  :data:`~queryrl.apps.query_rewrite.eval.metrics.NO_RETRIEVAL_KINDS`, e.g. "在吗"): the right answer is an
+  :data:`~queryrl.apps.query_rewrite.metrics.NO_RETRIEVAL_KINDS`, e.g. "在吗"): the right answer is an
   EMPTY ``rewritten_query``. It gets every component at its top (judge 1, retrieval_rank 2, format 1); a
   non-empty query there gets judge -1 and retrieval_rank 0 (format 1); an empty query on a turn with gold
   gets that same floor. These are settled by the label alone: no RAG or judge call
@@ -86,7 +86,7 @@ from queryrl.apps.query_rewrite.config import (
     settings_from_flat,
     settings_of,
 )
-from queryrl.apps.query_rewrite.eval.metrics import abstained_result, no_retrieval_turn, recall_at_k
+from queryrl.apps.query_rewrite.metrics import abstained_result, no_retrieval_turn, recall_at_k
 from queryrl.apps.query_rewrite.prompts import (
     MAX_QUERY_CHARS,
     QUERY_FIELD,

@@ -19,7 +19,7 @@ from queryrl.apps.query_rewrite.demo.data import (
     sales_demo_corpus,
     sales_demo_rows,
 )
-from queryrl.apps.query_rewrite.demo.phrases import BRAND_HOMOPHONES, HOMOPHONES
+from queryrl.apps.query_rewrite.intent.slips import BRAND_HOMOPHONES, HOMOPHONES
 from queryrl.data.records import check_record, load_records
 from queryrl.rag.rewriters import HeuristicRewriter
 

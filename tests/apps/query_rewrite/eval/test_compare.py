@@ -20,7 +20,7 @@ from queryrl.apps.query_rewrite.eval.compare import (
     parse_compare,
     per_sample_values,
 )
-from queryrl.apps.query_rewrite.eval.metrics import paired_bootstrap
+from queryrl.apps.query_rewrite.metrics import paired_bootstrap
 from queryrl.cli import app
 
 DATA = "builtin://sales_demo/test"
@@ -237,8 +237,8 @@ def test_cli_unknown_compare_name_fails_before_anything_runs(tmp_path: Path) -> 
 
 
 def test_the_printed_table_fits_a_terminal() -> None:
-    from queryrl.apps.query_rewrite.eval.metrics import format_table
     from queryrl.apps.query_rewrite.eval.outputs import table_rows
+    from queryrl.apps.query_rewrite.metrics import format_table
 
     metrics = {"n": 250, "recall@5": 0.714, "recall@5_low": 0.662, "recall@5_high": 0.766, "mrr": 0.513}
     metrics |= {"mrr_low": 0.46, "mrr_high": 0.566}

@@ -14,8 +14,8 @@ import pytest
 from matplotlib.axes import Axes
 from typer.testing import CliRunner
 
-from queryrl.apps.query_rewrite.eval.metrics import format_table
 from queryrl.apps.query_rewrite.eval.outputs import NO_GOLD, table_rows
+from queryrl.apps.query_rewrite.metrics import format_table
 from queryrl.cli import app
 from queryrl.data.builtin import resolve_data_path
 from queryrl.data.records import load_records

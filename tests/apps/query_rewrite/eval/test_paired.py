@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from queryrl.apps.query_rewrite.eval.metrics import bootstrap_ci, paired_bootstrap
+from queryrl.apps.query_rewrite.metrics import bootstrap_ci, paired_bootstrap
 
 
 def test_a_constant_difference_gives_a_zero_width_interval_at_that_value() -> None:
@@ -122,7 +122,7 @@ def test_resampling_whole_conversations_widens_the_interval_when_they_differ() -
 
 
 def test_group_ids_empty_or_single_and_mismatched() -> None:
-    from queryrl.apps.query_rewrite.eval.metrics import group_interval
+    from queryrl.apps.query_rewrite.metrics import group_interval
 
     assert group_interval([0.1, 0.2, 0.3], ["same", "same", "same"]) == {}  # one group: nothing to resample
     assert group_interval([0.1, 0.2, 0.3], ["", "", "x"])["groups"] == 3  # "" is a group of its own

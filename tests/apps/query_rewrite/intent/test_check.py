@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
-from queryrl.apps.query_rewrite.demo.phrases import ASK, ASPECT_WORDS, ELLIPSIS, HOMOPHONES
-from queryrl.apps.query_rewrite.eval.metrics import no_retrieval_turn
+from queryrl.apps.query_rewrite.demo.phrases import ASK, ASPECT_WORDS, ELLIPSIS
 from queryrl.apps.query_rewrite.intent.check import CODES, NO_QUERY, check_intent, garbled, normalise, read_text
+from queryrl.apps.query_rewrite.intent.slips import HOMOPHONES
+from queryrl.apps.query_rewrite.metrics import no_retrieval_turn
 
 
 def _contexts(history: list[str], last: str) -> list[dict[str, str]]:

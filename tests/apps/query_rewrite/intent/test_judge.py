@@ -16,9 +16,9 @@ import pytest
 from omegaconf import DictConfig
 
 from queryrl.apps.query_rewrite.eval.run import evaluate
+from queryrl.apps.query_rewrite.fencing import DATA_CLOSE, DATA_OPEN
 from queryrl.apps.query_rewrite.intent.check import check_intent
 from queryrl.apps.query_rewrite.intent.judge import INTENT_SCHEMA, build_intent_messages, judge_intents
-from queryrl.apps.query_rewrite.reward.judging import DATA_CLOSE, DATA_OPEN
 from queryrl.config import load_config
 from queryrl.rewards.judge import JudgeClient
 from queryrl.testing.judge_server import CONSTANT_VERDICT, make_app, running_server

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.fencing import DATA_CLOSE, DATA_OPEN
 from queryrl.apps.query_rewrite.reward.judging import (
-    DATA_CLOSE,
-    DATA_OPEN,
     RUBRIC_VERDICT_SCHEMA,
     OfflineJudge,
     build_judge_messages,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from queryrl.apps.query_rewrite.eval.metrics import (
+from queryrl.apps.query_rewrite.metrics import (
     abstain_metrics,
     abstained_result,
     bootstrap_ci,

@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.apps.query_rewrite.data.sft_targets import SFT_SOURCE_KEY, SFT_TARGET_KEY, render_answer
-from queryrl.apps.query_rewrite.eval.metrics import no_retrieval_turn
 from queryrl.apps.query_rewrite.eval.samples import Answer, sample_of
 from queryrl.apps.query_rewrite.eval.scoring import doc_ids, retrieve
 from queryrl.apps.query_rewrite.intent.check import check_intent
+from queryrl.apps.query_rewrite.metrics import no_retrieval_turn
 from queryrl.apps.query_rewrite.reward.intent import intent_sources
 from queryrl.apps.query_rewrite.reward.modes import parse_answer, retrieval_rank_reward
 from queryrl.rag import RAGClient

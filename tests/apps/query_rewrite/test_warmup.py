@@ -15,10 +15,10 @@ import queryrl.apps.query_rewrite.eval.generation as eval_generation
 from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
 from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
 from queryrl.apps.query_rewrite.data.sft_targets import HEURISTIC_SOURCE, SFT_TARGET_KEY, add_sft_targets
-from queryrl.apps.query_rewrite.data.warmup import WARMUP_KEY, WarmupSettings, build_warmup, few_shot_messages
 from queryrl.apps.query_rewrite.demo.data import DOMAIN, make_catalogue, make_dialogues
 from queryrl.apps.query_rewrite.prompts import parse_text_answer
 from queryrl.apps.query_rewrite.reward.rag import rag_client
+from queryrl.apps.query_rewrite.warmup import WARMUP_KEY, WarmupSettings, build_warmup, few_shot_messages
 from queryrl.cli import app
 from queryrl.data.records import load_records
 
