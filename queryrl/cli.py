@@ -167,12 +167,9 @@ def train(
     if cfg.trainer.preflight:
         _preflight(cfg)
     from queryrl.trainer.loop import Trainer
-    from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 
-    warn_emulated_bf16(cfg)  # bf16 forced on a CPU that emulates it: one line, before the model loads
     try:
-        with Trainer(cfg) as trainer:
-            record_machine(trainer.run_dir, typer.echo)  # machine.json: the CPU, native bf16, matmul rates
+        with Trainer(cfg) as trainer:  # writes machine.json: the CPU, native bf16, matmul rates
             metrics = trainer.fit()
     except DataError as exc:
         _fail(str(exc))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from queryrl.atomic import atomic_write_text
+from queryrl.machine import MACHINE_FILE, MachineInfo
 from queryrl.report_examples import EXAMPLES_CSS, EXAMPLES_JS, NAV_HTML, SECTION_HTML, eval_examples
 from queryrl.report_page import CSS, JS, PAGE
 from queryrl.tracking import decoded_lines
@@ -147,6 +148,15 @@ def judge_spend_line(points: dict[str, dict[int, float]]) -> str | None:
 _SPEND = ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cost", "failed", "cut_off")
 
 FLAT_GROUPS_GOAL = 0.30  # issue 50: at most 30 % of a run's groups without a reward spread
+
+
+def machine_line(run_dir: Path) -> str | None:
+    """What the run's steps ran on (its ``machine.json``, :mod:`queryrl.machine`), as the console said it; None
+    without the file or when it cannot be read (a page is still written)."""
+    try:
+        return MachineInfo(**json.loads((run_dir / MACHINE_FILE).read_text(encoding="utf-8"))).line()
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def flat_groups_line(points: dict[str, dict[int, float]]) -> str | None:
@@ -301,8 +311,9 @@ def write_report(run_dir: Path) -> Path:
     )
     out = run_dir / "report.html"
     points = _points(run_dir)
-    spend, flat = judge_spend_line(points), flat_groups_line(points)
-    judge = f'<p id="flatgroups">{html.escape(flat)}</p>' if flat else ""
+    spend, flat, ran_on = judge_spend_line(points), flat_groups_line(points), machine_line(run_dir)
+    judge = f'<p id="machine">{html.escape(ran_on)}</p>' if ran_on else ""
+    judge += f'<p id="flatgroups">{html.escape(flat)}</p>' if flat else ""
     judge += f'<p id="judgespend">{html.escape(spend)}</p>' if spend else ""
     atomic_write_text(out, _page(f"queryrl run: {info['run']}", body, examples=True, judge=judge))
     return out

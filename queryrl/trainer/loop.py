@@ -43,6 +43,7 @@ from queryrl.redaction import redact, register_config_secrets
 from queryrl.rollout import SamplingParams
 from queryrl.trainer import checkpoint as ckpt
 from queryrl.trainer.components import Components, build_components
+from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 from queryrl.trainer.metrics import PhaseTimer, data_metrics, rollout_probs_diff
 from queryrl.trainer.run_folder import plan_resume, read_config_yaml, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
@@ -71,6 +72,7 @@ class Trainer:
         self.cfg = cfg
         register_config_secrets(cfg)  # their values are redacted from every message, log line and sample
         seed_everything(cfg.trainer.seed)
+        warn_emulated_bf16(cfg)  # bf16 forced on a CPU that emulates it: one line, before the model loads
         self.run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name
         # reads only: refuses a folder trained with another config, picks the newest intact checkpoint
         plan = plan_resume(self.run_dir, cfg)
@@ -80,6 +82,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resume_from = plan.apply()  # before config.yaml is overwritten: an earlier run's is set aside
         save_config(cfg, self.run_dir / "config.yaml")
+        record_machine(self.run_dir)  # machine.json and one line: the CPU, native bf16, matmul rates
         if self.c.vocab_ids is not None:  # model.vocab.restrict: the kept ids, once per run (and in each checkpoint)
             write_vocab_ids(self.run_dir / VOCAB_FILE, self.c.vocab_ids)
             kept = len(self.c.vocab_ids)
