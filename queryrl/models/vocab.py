@@ -90,6 +90,18 @@ def restrict_head(model: nn.Module, ids: Sequence[int]) -> nn.Linear:
     return new
 
 
+def unrestrict_head(model: nn.Module, head: nn.Module) -> None:
+    """Put the full output head `head` (what :func:`restrict_head` replaced) back on `model`, e.g. before
+    a model trained with the restricted head is saved (its weights are the full model's: the head was frozen).
+
+    Raises:
+        VocabError: `model`'s head is not a restricted one.
+    """
+    if vocab_ids(model) is None:
+        raise VocabError("model.vocab.restrict: the output head is not restricted; nothing to put back")
+    getattr(model, "set_output_embeddings")(head)  # noqa: B009 - through peft's attribute forwarding
+
+
 def head_tokens(model: nn.Module, tokens: Tensor, counted: Tensor | None = None) -> Tensor:
     """`tokens` (token ids) as indices into `model`'s logits: themselves for a full head, their restricted
     indices for a restricted one. A token outside the kept set maps to 0; where `counted` (same shape, > 0 =

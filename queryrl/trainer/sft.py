@@ -18,6 +18,9 @@ folder (LoRA merged) with the tokenizer, the metrics and the redacted config, wr
 temporary sibling and renamed into ``sft.output_dir`` once complete; RL starts from it with
 ``model.path=<folder>``. With LoRA the folder also holds ``adapter/``: the adapter unmerged, in bf16
 (``adapter_config.json`` and ``adapter_model.safetensors``; ``queryrl eval --systems NAME=BASE+ADAPTER``).
+With ``model.vocab.restrict`` (LoRA) the loss is the cross-entropy over the kept tokens
+(:mod:`queryrl.trainer.vocab`: every prompt and target token is kept); the folder holds the full-vocabulary
+model and the kept ids in ``vocab_ids.json``, which a GRPO run from it adds to its own.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from queryrl.engine.optim import make_optimizer
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import clip_and_step
 from queryrl.models import load_policy
+from queryrl.models.vocab import VOCAB_FILE, unrestrict_head, write_vocab_ids
 from queryrl.trainer.components import resolve_device
 from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 from queryrl.trainer.sft_batch import (
@@ -53,6 +57,7 @@ from queryrl.trainer.sft_batch import (
     sum_prompt_and_target_loss,
     sum_target_loss,
 )
+from queryrl.trainer.vocab import sft_restrict
 
 CONSOLE_KEYS: tuple[str, ...] = ("sft/loss", "sft/val_loss", "sft/lr", "sft/grad_norm", "sft/tokens")
 CONFIG_NAME = "sft_config.yaml"  # the redacted config, next to the model files
@@ -402,6 +407,9 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
         "data/filtered_prompts": float(train.num_filtered + val.num_filtered),
         "sft/truncated_targets": float(train.num_truncated + val.num_truncated),
     }
+    vocab = sft_restrict(cfg, model, tokenizer, [*train.examples, *val.examples]) if cfg.model.vocab.restrict else None
+    if vocab is not None:  # model.vocab.restrict: a metric every step, as in RL
+        data_stats["data/vocab_kept"] = float(len(vocab[0]))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = make_optimizer(
         params,
@@ -428,6 +436,9 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
 
             plot_run(tmp)
         model.eval()
+        if vocab is not None:  # the full head back (it was frozen: the saved model is the full one), the ids beside
+            unrestrict_head(model, vocab[1])
+            write_vocab_ids(tmp / VOCAB_FILE, vocab[0])
         _save_model(model, tokenizer, bundle.lora, tmp, bundle.path)
     return result
 

@@ -1,5 +1,10 @@
 """An SFT micro-batch and its losses: the left-padded batch of prompt + target sequences and the
-cross-entropy of their target (and prompt) tokens, as :mod:`queryrl.trainer.sft` accumulates them."""
+cross-entropy of their target (and prompt) tokens, as :mod:`queryrl.trainer.sft` accumulates them.
+
+With a restricted output head (``model.vocab.restrict``, :mod:`queryrl.models.vocab`) the logits are over
+the kept tokens and the labels are looked up as restricted indices (:func:`head_labels`): the cross-entropy
+is then the full distribution's restricted to the kept ids and renormalised, the policy GRPO goes on with.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from queryrl.engine.policy import causal_lm_logits
+from queryrl.models.vocab import head_tokens
 from queryrl.padding import mask_positions
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (prompt, padding)
@@ -59,6 +65,15 @@ def collate(examples: Sequence[SFTExample], pad_id: int) -> dict[str, Tensor]:
     }
 
 
+def head_labels(model: nn.Module, labels: Tensor) -> Tensor:
+    """`labels` (token ids, :data:`IGNORE_INDEX` where nothing is scored) as indices into `model`'s logits:
+    unchanged for a full head, restricted indices for a restricted one (a scored token outside the kept set
+    is a :class:`~queryrl.models.vocab.VocabError`)."""
+    scored = labels != IGNORE_INDEX
+    mapped = head_tokens(model, labels.clamp(min=0), scored)
+    return torch.where(scored, mapped, labels)
+
+
 def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.device) -> tuple[Tensor, int]:
     """The summed cross-entropy of the target tokens of `batch` and how many there are.
 
@@ -79,7 +94,7 @@ def sum_target_loss(model: nn.Module, batch: dict[str, Tensor], device: torch.de
         position_ids=batch["position_ids"].to(device),
     )
     logits = logits[:, :-1].float()
-    labels = labels[:, first:]
+    labels = head_labels(model, labels[:, first:])
     loss = F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
     )
@@ -101,7 +116,9 @@ def sum_prompt_and_target_loss(
     logits = causal_lm_logits(
         model, input_ids.shape[1], input_ids=input_ids, attention_mask=mask, position_ids=positions
     )
-    ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), input_ids[:, 1:], reduction="none")  # (N, L - 1)
     target = batch["labels"].to(device)[:, 1:] != IGNORE_INDEX
     prompt = (mask[:, :-1] * mask[:, 1:]).bool() & ~target  # a real token predicted from a real one
+    scored = torch.where(target | prompt, input_ids[:, 1:], IGNORE_INDEX)
+    tokens = head_labels(model, scored).clamp(min=0)  # padding: any index, masked out below
+    ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tokens, reduction="none")  # (N, L - 1)
     return (ce * target).sum(), int(target.sum()), (ce * prompt).sum(), int(prompt.sum())
