@@ -198,7 +198,7 @@ def check_sync(work: Path, smoke: bool) -> dict[str, Any]:
 
 
 class OneRankFSDP:
-    """The trainer's Workers protocol over one :class:`PolicyWorker` in this process (what a Ray actor holds),
+    """The trainer's Workers protocol over one :class:`~.worker.PolicyWorker` in this process (what a Ray actor holds),
     its policy sharded by FSDP2 over a one-rank group (NCCL on a GPU); the worker generates too."""
 
     def __init__(self, cfg: Any, c: Any) -> None:

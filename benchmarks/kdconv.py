@@ -17,11 +17,11 @@ Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_k
    (``--sft-target``) is by default ``reference``: the entity-aware reference rewriter's answer on the
    prompt's history (KB entity names as a jieba dictionary, :class:`~queryrl.rag.HeuristicRewriter`
    with ``latin_entities=False``); ``gold`` builds it from the training row's gold documents
-   (:func:`gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
+   (:func:`~.kdconv_prep.gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
    Test rows never carry gold-derived text.
 
    ``--augment K`` (default 0: off) adds K entity-swapped copies of each *training* dialogue
-   (:func:`augment_dialogues`): every knowledge-base entity the dialogue mentions (in its messages, found
+   (:func:`~.kdconv_prep.augment_dialogues`): every knowledge-base entity the dialogue mentions (in its messages, found
    longest first so that 北京故宫 is not read as 故宫, or in its ``attrs``) is replaced everywhere in it
    (messages, ``attrs`` names and values, so the gold ``entity::attribute`` becomes
    ``new_entity::attribute``) by another KB entity, drawn with a seeded ``random.Random`` and, where one
@@ -34,9 +34,9 @@ Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_k
    ``sft.prompt_loss_weight=W`` to SFT.
 
    ``--extra-sft film,music`` (default off) adds the conversations of KdConv's other domains, ``dev.json``
-   and ``test.json`` of ``film/`` and ``music/`` beside the travel folder (:func:`extra_sft_rows`): their
+   and ``test.json`` of ``film/`` and ``music/`` beside the travel folder (:func:`~.kdconv_prep.extra_sft_rows`): their
    turns with gold documents, with their own domain line, the same window and SFT target, the reference
-   rewriter knowing that file's entity names (the ``attrs`` names, :func:`attr_entity_names`; those
+   rewriter knowing that file's entity names (the ``attrs`` names, :func:`~.kdconv_prep.attr_entity_names`; those
    domains have no knowledge base here), into ``extra.parquet``, which like ``train_aug.parquet`` only
    ``queryrl sft`` reads (their gold ids are not in the travel corpus): more diverse conversation text
    with the same kind of target. ``--tokenizer-extra`` also trains the tokenizer on the SFT-only files

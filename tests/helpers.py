@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the CPU stand-in for vLLM 0.32 (tests/rollout/fake_vllm/README.md), put on sys.path by the fake_vllm fixture
 FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
 
-# Seed 000's scripts/run_hybrid_grpo_query_RL.sh, entry point swapped for `queryrl train`.
+# The users' scripts/run_hybrid_grpo_query_RL.sh, entry point swapped for `queryrl train`.
 SEED_LAUNCH = r"""
 queryrl train \
     algorithm.adv_estimator=grpo \

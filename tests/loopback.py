@@ -1,5 +1,5 @@
 """A RAG service over the sales demo's catalogue and a strict OpenAI-compatible judge, both on 127.0.0.1,
-for the tests that run the users' own path end to end (docs/your-data.md's recipe, seed 000's launch script)."""
+for the tests that run the users' own path end to end (docs/your-data.md's recipe, the users' launch script)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Services:
 
 
 def _seed_paths(app: Any) -> Any:
-    """The RAG service also at seed 000's paths (``/chat_8b``, ``/chat``, no ``/rag`` prefix)."""
+    """The RAG service also at the users' paths (``/chat_8b``, ``/chat``, no ``/rag`` prefix)."""
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] in ("/chat_8b", "/chat"):
@@ -40,7 +40,7 @@ def _seed_paths(app: Any) -> Any:
 
 @contextmanager
 def rag_and_judge(api_key: str, better: str = "same", seed_paths: bool = False) -> Iterator[Services]:
-    """Both services for the block's duration; the judge answers `better` with seed 000's verdict schema,
+    """Both services for the block's duration; the judge answers `better` with the users' verdict schema,
     refuses what OpenAI's API refuses for GPT-5 (strict) and checks `api_key`."""
     docs = [Document(d["doc_id"], d["title"], d["content"]) for d in sales_demo_corpus()]
     rag = make_rag_app(BM25Index(docs), HeuristicRewriter(), top_k=5)

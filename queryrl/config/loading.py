@@ -177,7 +177,7 @@ def load_config(
 
     YAML files and overrides may use verl's key names. Raises :class:`ConfigError` naming the
     key for an unknown key (with the closest known keys), a wrong type or an invalid value; every
-    bad key of the file and the command line is reported in the one error. Seed 000's service
+    bad key of the file and the command line is reported in the one error. The users' launch-script
     keys are then resolved by the applications (:meth:`~queryrl.application.Application.resolve`)
     and the whole is validated. With
     `allow_missing`, a preset's ``???`` values stay unset instead of being an error (for commands such
@@ -189,7 +189,7 @@ def load_config(
     problems = _apply(cfg, items + more) + problems
     if problems:
         raise _one_error(problems)
-    for app in load_apps():  # e.g. seed 000's launch keys -> where they take effect
+    for app in load_apps():  # e.g. the users' launch-script keys -> where they take effect
         app.resolve(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     # a preset's ``???``: a value only the user can give (a model folder, their data, their service)

@@ -112,7 +112,7 @@ def build_prompt_dataset(
         max_prompt_length: the most prompt tokens allowed.
         filter_overlong: drop (and count) longer prompts; False: a longer prompt is an error.
         prompt_key: the column holding the chat messages.
-        needs_truth: the data sources whose rows need a ``reward_model.ground_truth`` (:func:`check_record`).
+        needs_truth: the data sources whose rows need a ``reward_model.ground_truth`` (:func:`~.records.check_record`).
 
     Raises:
         DataError: a bad file or row, a chat template that fails on a row, or (with

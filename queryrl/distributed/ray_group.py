@@ -7,9 +7,9 @@ verl's single controller, reduced to what this trainer needs:
   placement group, one GPU each (or ``ray.num_cpus_per_worker`` CPU slots when there is no GPU).
 - :class:`~.worker_group.RayWorkerGroup`: one :class:`~queryrl.distributed.worker.PolicyWorker` actor per
   bundle, joined into one ``torch.distributed`` group; ``call_all`` runs a method on every rank and
-  collects the results in rank order. A dead actor raises :class:`WorkerDiedError` (naming the
+  collects the results in rank order. A dead actor raises :class:`~.worker_group.WorkerDiedError` (naming the
   rank, pid and the call) as soon as Ray reports it, and a call that outlives
-  ``ray.call_timeout_s`` raises :class:`WorkerTimeoutError`: the driver never waits forever.
+  ``ray.call_timeout_s`` raises :class:`~.worker_group.WorkerTimeoutError`: the driver never waits forever.
   After either, the remaining actors are killed (they may be blocked in a collective).
 - :class:`RayWorkers`: what the trainer loop calls (``compute``, ``optimizer_step``, weight and
   state sync), with the batch split by data-parallel rank and the results concatenated.

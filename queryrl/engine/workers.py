@@ -141,7 +141,7 @@ class LocalWorkers:
         """Nothing to release."""
 
     def checksums(self, role: str = "actor") -> list[float]:
-        """The sum of `role`'s trainable parameters, as one rank (:meth:`RayWorkers.checksums`' form)."""
+        """The sum of `role`'s trainable parameters, as one rank (:meth:`~.ray_group.RayWorkers.checksums`' form)."""
         module = self.c.policy.model if role == "actor" else self.c.critic
         return [float(sum(p.detach().double().sum() for p in module.parameters() if p.requires_grad))]
 

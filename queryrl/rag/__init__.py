@@ -1,5 +1,5 @@
 """Retrieval for the query-rewrite application: a BM25 index (jieba tokens; optional dense / hybrid), the
-RAG service of ARCHITECTURE.md §6 (FastAPI or in-process) and its async client."""
+RAG service the reward calls (docs/query-rewriter.md; FastAPI or in-process) and its async client."""
 
 from queryrl.rag.client import RAGClient, RAGError, RAGFailure, reference_key
 from queryrl.rag.index import (

@@ -1,4 +1,4 @@
-"""The RAG service of ARCHITECTURE.md §6 (seed 000 §2.4), over HTTP (FastAPI) or in-process.
+"""The RAG service the query-rewrite reward calls (the users' two endpoints), over HTTP (FastAPI) or in-process.
 
     app = make_app(BM25Index(load_corpus("corpus.jsonl")), HeuristicRewriter(), top_k=5)
     serve("corpus.jsonl", "127.0.0.1", 8000)        # what `queryrl serve-rag` runs

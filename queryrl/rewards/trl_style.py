@@ -16,10 +16,10 @@ queryrl follows TRL 1.16 there: a sample that no function scored (None, or NaN, 
 is *unscored*, not failed. It stays in the batch with a NaN reward, is left out of its group's mean and
 standard deviation (TRL's ``nanmean``/``nanstd``) and gets advantage 0 (``reward/unscored`` counts them);
 a step where a function scores only some samples trains on the others. An exception in a function stops
-the run with the function's name and the error, as TRL raises it (:class:`RewardFunctionRaised`; the CLI
+the run with the function's name and the error, as TRL raises it (:class:`~.skips.RewardFunctionRaised`; the CLI
 exits 3). A return of the wrong shape does the same: that is a bug in the function, not a flaky sample.
 
-What queryrl passes, per batch (one :meth:`RewardManager.submit`; in the trainer, the step's whole
+What queryrl passes, per batch (one :meth:`~.manager.RewardManager.submit`; in the trainer, the step's whole
 generation batch, as TRL calls once per generation batch: a prompt's group is never split across calls):
 
 - ``prompts`` and ``completions`` in the data's own form, as TRL decides by the dataset's format. Rows

@@ -199,7 +199,7 @@ def load_model_weights(model: nn.Module, folder: Path) -> None:
 
 
 def load_critic_weights(critic: Any, folder: Path) -> None:
-    """Load a checkpoint's ``critic/`` (what :meth:`ValueModel.save_pretrained` wrote: the backbone's weights
+    """Load a checkpoint's ``critic/`` (what :meth:`~.ValueModel.save_pretrained` wrote: the backbone's weights
     under its own names and ``value_head.pt``) into `critic` in place."""
     head = folder / "value_head.pt"
     if not head.is_file():

@@ -60,7 +60,7 @@ class Components:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
     data_stats: dict[str, float] = field(default_factory=dict)
-    # picks the rows of a rollout to score and train on (seed 000's selector); None = every row
+    # picks the rows of a rollout to score and train on (the query-rewrite app's seed_hybrid selector); None = every row
     select: Any = None
     # what computes log-probs and values and takes the updates (trainer.backend, queryrl.engine.workers):
     # local = the models above; ray = worker groups whose mirrors are the models above, pulled before

@@ -92,7 +92,7 @@ def generate_and_score(
     """Generate for `items` and score every response; rewards overlap generation.
 
     A reward that scores calls as a whole (:func:`calls_per_batch`) gets one call on every response.
-    With `select` (e.g. seed 000's candidate selector), everything is generated first, then
+    With `select` (e.g. the query-rewrite app's seed_hybrid selector), everything is generated first, then
     ``select(output)`` returns the rows to keep and, for each kept row, extra ``extra_info`` entries
     for its reward; only those rows are scored and returned. `step` (the training step; None
     outside training) and `progress` reach a TRL-style reward function as its ``trainer_state``.

@@ -56,7 +56,7 @@ def test_qwen3_8b_2gpu_preset_is_the_seed_run_on_two_gpus() -> None:
     assert (qr.enable, qr.reward_mode, qr.seed_hybrid.group_size) == (True, "seed_hybrid", 5)
     assert (qr.judge.backend, qr.judge.model, qr.judge.base_url) == ("openai", "gpt-5", "https://api.openai.com/v1")
     assert (qr.judge.timeout_s, cfg.reward.max_concurrency) == (10.0, 8)
-    # the seed's two endpoint URLs instead of rag.url
+    # the launch script's two endpoint URLs instead of rag.url
     seed_rag = [
         "model.path=/m",
         "data.train_files=[/d/train.parquet]",
@@ -86,12 +86,12 @@ def test_seed_launch_command_parses_with_verl_keys_mapped() -> None:
     assert cfg.trainer.project_name == "sales_rag_grpo_gpt5_v4"
     assert cfg.trainer.experiment_name == "qwen3_8b_grpo_gpt5_hybrid"
     assert (cfg.trainer.n_gpus_per_node, cfg.trainer.total_epochs, cfg.trainer.seed) == (2, 20, 42)
-    # nothing of the seed's services was given: no silent localhost default
+    # nothing of the launch script's services was given: no silent localhost default
     qr = cfg.app.query_rewrite
     assert (qr.rag.url, qr.judge.backend) == (None, "offline")
 
 
-SEED_YAML_KEYS = [  # seed 000 §3.5.2, as launch-script overrides
+SEED_YAML_KEYS = [  # the service keys of the users' YAML, as launch-script overrides
     "+algorithm.hybrid_grpo_gpt5.gpt5_model=GPT-5",
     "+algorithm.hybrid_grpo_gpt5.gpt5_batch_size=8",
     "+algorithm.hybrid_grpo_gpt5.gpt5_timeout=10.0",
@@ -105,7 +105,7 @@ def test_seed_service_keys_do_what_their_names_say() -> None:
         None, ["+algorithm.hybrid_grpo_gpt5.enable=true", "actor_rollout_ref.rollout.n=5", *SEED_YAML_KEYS]
     )
     qr = cfg.app.query_rewrite
-    assert qr.rag.url == "http://localhost:8000/{endpoint}"  # the seed's paths have no /rag prefix
+    assert qr.rag.url == "http://localhost:8000/{endpoint}"  # the users' paths have no /rag prefix
     assert (qr.judge.backend, qr.judge.model, qr.judge.base_url) == ("openai", "GPT-5", "https://api.openai.com/v1")
     assert qr.judge.api_key_env == "OPENAI_API_KEY"
     assert (qr.judge.timeout_s, cfg.reward.max_concurrency) == (10.0, 8)

@@ -1,4 +1,4 @@
-"""The RAG client's URL forms: a service root (``/rag/<endpoint>``) or a ``{endpoint}`` template (seed 000's
+"""The RAG client's URL forms: a service root (``/rag/<endpoint>``) or a ``{endpoint}`` template (the users'
 ``http://host:8000/chat_8b``-style endpoints), against a real service on loopback."""
 
 from __future__ import annotations

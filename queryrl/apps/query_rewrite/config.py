@@ -1,7 +1,7 @@
 """The query-rewrite application's config node, ``app.query_rewrite``: one settings object.
 
 The dataclasses below are the application's whole settings: the trainer's reward, ``queryrl eval``
-and the CLI read them from here. :class:`SeedHybridConfig` carries seed 000's launch-script keys
+and the CLI read them from here. :class:`SeedHybridConfig` carries the users' launch-script keys
 (``algorithm.hybrid_grpo_gpt5.*``, an alias of ``app.query_rewrite.seed_hybrid.*``);
 :func:`resolve_seed_keys` writes the ones the user gave where they take effect.
 """
@@ -22,10 +22,10 @@ from queryrl.rag.client import check_document_fields
 
 @dataclass
 class SeedHybridConfig:
-    """Seed 000's ``algorithm.hybrid_grpo_gpt5.*`` keys, used by the query-rewrite application.
+    """The ``algorithm.hybrid_grpo_gpt5.*`` keys of the users' launch script, used by the query-rewrite application.
 
     The service keys default to None: a key counts as given only when the user set it, and
-    :func:`load_config` then writes it where it takes effect (never a silent localhost default):
+    :func:`~queryrl.config.load_config` then writes it where it takes effect (never a silent localhost default):
 
     - ``gpt5_model`` -> ``app.query_rewrite.judge.backend=openai`` with ``judge.model`` = it and
       ``judge.base_url`` = ``https://api.openai.com/v1`` unless given; the key comes from
@@ -39,7 +39,7 @@ class SeedHybridConfig:
       pair is an error (queryrl does not guess an endpoint).
     """
 
-    enable: bool = False  # take the seed's keys below
+    enable: bool = False  # take the launch script's keys below
     group_size: int = 5  # -> rollout.n
     selection_method: str = "max_log_prob"  # max_log_prob | weighted_sample
     gpt5_weight: float = 0.85  # the judge's share of the reward
@@ -150,7 +150,7 @@ RANK_DEPTH_MAX = 100  # retrieval_rank_reward's depth: a gold document below it 
 
 
 def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
-    """Seed 000's two full endpoint URLs -> ``app.query_rewrite.rag.url`` (see :class:`SeedHybridConfig`)."""
+    """The launch script's two full endpoint URLs -> ``app.query_rewrite.rag.url`` (see :class:`SeedHybridConfig`)."""
     a, b = chat_8b_url.strip().rstrip("/"), chat_url.strip().rstrip("/")
     where = f"rag_endpoint={chat_8b_url!r}, reference_endpoint={chat_url!r}"
     if not all(re.match(r"https?://[^/]+", u) for u in (a, b)):
@@ -158,7 +158,7 @@ def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
     if not (a.endswith("/chat_8b") and b.endswith("/chat")) or a[: -len("/chat_8b")] != b[: -len("/chat")]:
         raise ConfigError(
             f"algorithm.hybrid_grpo_gpt5: {where}: queryrl calls the 8B pipeline at <prefix>/chat_8b and the reference "
-            "at <prefix>/chat of one service (seed 000 §2.4); give two such URLs, or set "
+            "at <prefix>/chat of one service (as the users' RAG service serves them); give two such URLs, or set "
             "app.query_rewrite.rag.url to the service root or a template http://host:port/path/{endpoint}"
         )
     prefix = a[: -len("/chat_8b")]
@@ -166,7 +166,7 @@ def rag_url_from_endpoints(chat_8b_url: str, chat_url: str) -> str:
 
 
 def resolve_seed_keys(cfg: DictConfig) -> None:
-    """Write the seed keys the user gave where they take effect (see :class:`SeedHybridConfig`)."""
+    """Write the launch-script keys the user gave where they take effect (see :class:`SeedHybridConfig`)."""
     seed, qr = cfg.app.query_rewrite.seed_hybrid, cfg.app.query_rewrite
     if (seed.rag_endpoint is None) != (seed.reference_endpoint is None):
         raise ConfigError(

@@ -277,7 +277,7 @@ def win_tie_loss(
 
 
 class LabelledTurn(Protocol):
-    """What :func:`system_metrics` reads of a sample (:class:`~.eval_samples.Sample` is one)."""
+    """What :func:`system_metrics` reads of a sample (:class:`~.eval.samples.Sample` is one)."""
 
     gold: list[str]
     kind: str

@@ -1,6 +1,6 @@
 """A model folder as the reference pipeline's rewriter: e.g. the frozen initial policy.
 
-Seed 000's reference is a 32B pipeline; without one, the natural reference for "did training help"
+The users' reference is their 32B pipeline; without one, the natural reference for "did training help"
 is the policy as it was before RL: the same prompt (:func:`~queryrl.apps.query_rewrite.prompts.build_messages`
 with the data's domain line and answer fields: pass the ones the rows were prepared with), greedy
 decoding, and the reward's parser (:func:`~queryrl.apps.query_rewrite.reward.modes.parse_answer`): a reply

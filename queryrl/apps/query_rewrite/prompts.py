@@ -3,7 +3,7 @@
 The policy sees one system message (the task, the domain line and the JSON it must answer with) and
 one user message (the user profile and history summary when present, the history, the current user
 turn last). By default it answers only ``{"rewritten_query": ...}``; ``answer_fields`` can also ask
-for ``user_profile`` and ``history_summary`` (seed 000's structured output, sent on to
+for ``user_profile`` and ``history_summary`` (the users' structured output, sent on to
 ``/rag/chat_8b``; without them the caller sends the row's own profile and summary).
 
 Made for real instruct models as well as the tiny one:

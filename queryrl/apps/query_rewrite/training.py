@@ -4,7 +4,7 @@ The trainer stays generic; this module turns the ``app.query_rewrite`` config se
 
 - the reward's settings (:func:`~queryrl.apps.query_rewrite.config.settings_of`): the node as its dataclass,
   which :class:`~queryrl.apps.query_rewrite.reward.score.QueryRewriteReward` scores with on the ``async`` manager;
-- for ``seed_hybrid``, the candidate selector (:func:`make_selector`): seed 000 v4.0 picks one
+- for ``seed_hybrid``, the candidate selector (:func:`make_selector`): the users' recipe (v4.0) picks one
   candidate per group by the z-score of its sequence log-prob, only that candidate is judged, and
   the update is on the selected candidates only (groups of one: verl's GRPO gives a group of one
   mean 0 and std 1, so the advantage is the hybrid reward itself, a REINFORCE step without baseline).
@@ -37,7 +37,7 @@ REWARD_FUNCTION = "queryrl.apps.query_rewrite.reward"
 
 
 def make_selector(cfg: DictConfig) -> Callable[[RolloutOutput], tuple[Tensor, list[dict[str, Any]]]] | None:
-    """Seed 000's selector for ``seed_hybrid`` (None for every other mode).
+    """The users' selector for ``seed_hybrid`` (None for every other mode).
 
     The returned function takes a step's rollout and returns the selected row of each group (in
     group order) and, per selected row, ``{"seed_hybrid_z": z}`` for the reward. The

@@ -1,14 +1,14 @@
 """LLM-as-judge client: any OpenAI-compatible chat API, with bounded concurrency, retries, a disk cache
-and per-step accounting. Used by the query-rewrite judge (ARCHITECTURE.md §6) and by any reward function::
+and per-step accounting. Used by the query-rewrite judge (docs/query-rewriter.md) and by any reward function::
 
     client = JudgeClient("https://api.openai.com/v1", "gpt-5", reasoning_effort="low", cache_dir="~/.cache/judge")
     print(client.check_sync())  # before a long job: the key, GET /models, one small request with these settings
     result = await client.judge(messages, schema=PAIRWISE_VERDICT_SCHEMA)
     if result.verdict is None:
-        ...  # failed: result.error says why. Never replace it with a neutral score (seed 000 returns 0.5).
+        ...  # failed: result.error says why. Never replace it with a neutral score (the users' code returns 0.5).
     metrics = collect_judge_metrics()  # the trainer, once per step: judge/* summed over every live client
 
-Failure policy (:mod:`.judge_policy`): transient failures are retried with backoff, a request the server
+Failure policy (:mod:`~queryrl.rewards.judge.policy`): transient failures are retried with backoff, a request the server
 refuses is sent once, a failed judgment is ``verdict=None`` with ``error`` saying why, a missing key is
 :class:`JudgeConfigError`. :meth:`JudgeClient.check` tests the service before a long job depends on it.
 
@@ -37,7 +37,7 @@ prices, ``judge/cost``. ``JudgeResult.latency_s``: one ``judge()``'s wall time f
 
 Concurrency: at most ``max_concurrency`` requests in flight per event loop (an ``asyncio.Semaphore``
 made lazily in the running loop, next to that loop's SDK client). Cache: with ``cache_dir``, successful
-verdicts are kept on disk by the request's hash (:class:`~.judge_memory.VerdictCache`).
+verdicts are kept on disk by the request's hash (:class:`~.memory.VerdictCache`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ log = logging.getLogger(__name__)
 NO_KEY_PLACEHOLDER = "EMPTY"
 CACHE_VERSION = 2  # 2: verdicts are whole replies (a verdict read from a refusal's prose is not reused)
 
-# Seed 000 §3.2: {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}, sums in [0, 40].
+# The users' pairwise verdict, sums in [0, 40]:
+# {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}
 _SIDE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["sum"],
@@ -143,7 +144,7 @@ class JudgeClient:
         reasoning_effort: sent when not None: ``minimal``, ``low``, ``medium``, ``high`` (also ``none``,
             ``xhigh`` for the models that take them).
         extra_body: extra JSON fields merged into the request body as given (the SDK's ``extra_body``).
-        backoff_base_s, backoff_max_s, retry_after_max_s: the wait before a retry (:class:`~.judge_policy.Backoff`).
+        backoff_base_s, backoff_max_s, retry_after_max_s: the wait before a retry (:class:`~.policy.Backoff`).
         setting_prefix: where these settings live in a config (``app.query_rewrite.judge``), named in errors.
         whole_reply: the verdict is the whole reply or its one fenced block (json_extract.reply_object);
             False: the first object passing the schema anywhere in it (not for a judge: e.g. a rewriter).

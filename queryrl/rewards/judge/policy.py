@@ -8,7 +8,7 @@ naming the judge setting to change (:func:`server_message`).
 
 How :class:`~.judge.JudgeClient` applies it: a retryable failure is re-sent up to ``max_retries`` times
 (``timeout_s`` per attempt, the whole attempt) after :class:`Backoff`'s wait; a refused request is sent once
-(each retry would be a paid call) and remembered for :data:`~.judge_memory.REFUSAL_TTL_S`, so the same request
+(each retry would be a paid call) and remembered for :data:`~.memory.REFUSAL_TTL_S`, so the same request
 again (a reward manager retrying the sample) gets the same failure unpaid. A call that still fails, a reply
 with no JSON object and a JSON object that fails the schema give ``verdict=None`` with ``error`` starting
 ``"call failed"``, ``"unparseable verdict"`` or ``"schema-invalid verdict"``; a failed call's error carries
@@ -43,7 +43,7 @@ class JudgeConfigError(RuntimeError):
 
 
 class JudgeUnavailable(RuntimeError):
-    """:meth:`JudgeClient.check` failed: the service does not answer, refuses the key or the settings."""
+    """:meth:`~.client.JudgeClient.check` failed: the service does not answer, refuses the key or the settings."""
 
 
 def is_retryable(error: BaseException) -> bool:

@@ -28,7 +28,7 @@ def test_a_reward_function_beside_the_app_is_a_config_error(own_reward: Path) ->
         load_config(DEMO, [f"reward.function.path={own_reward}"])
     with pytest.raises(ConfigError, match=r"reward\.functions \(.*my_reward\.py:fmt\) would replace it"):
         load_config(DEMO, [f"reward.functions=[{{path: {own_reward}, name: fmt}}]"])
-    # the application's own function, as seed 000's scripts name it, is no conflict; nor is a file without the app
+    # the application's own function, as the users' launch script names it, is no conflict; nor a file without the app
     load_config(DEMO, [f"reward.function.path={REWARD_FUNCTION}"])
     load_config(DEMO, ["app.query_rewrite.enable=false", f"reward.function.path={own_reward}"])
 

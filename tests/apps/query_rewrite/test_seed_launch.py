@@ -1,6 +1,6 @@
-"""Seed 000's launch script (``scripts/run_hybrid_grpo_query_RL.sh``, "修改7") with its entry point swapped
+"""The users' launch script (their ``scripts/run_hybrid_grpo_query_RL.sh``, "修改7") with its entry point swapped
 for ``queryrl train``, run as a real CLI process against a RAG service and an OpenAI-compatible judge on
-loopback, with the service keys of its YAML (§3.5.2) given as launch-script overrides.
+loopback, with the service keys of their YAML given as launch-script overrides.
 
 Adapted for a CPU test, and only this: the model folder is a tiny model fine-tuned here to answer in the
 JSON format; ``trainer.n_gpus_per_node=1``; one step of 2 prompts; a short response length; the judge's
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[3]
 DEMO = REPO / "configs" / "query_rewrite_demo.yaml"
 SECRET = "sk-seed-launch-0123456789abcdef"
 
-# scripts/run_hybrid_grpo_query_RL.sh of seed 000, entry point swapped (tests/config/test_config.py holds it as
+# the users' scripts/run_hybrid_grpo_query_RL.sh, entry point swapped (tests/config/test_config.py holds it as
 # written); DATA and MODEL are filled in below
 SEED_SCRIPT = SEED_LAUNCH.replace("/home/jovyan2/query_rl/data/sales_rag", "DATA").replace(
     "/home/jovyan2/query_rl/model/Qwen3-8B", "MODEL"
@@ -46,7 +46,7 @@ def seed_args(data: Path, model: Path) -> list[str]:
 
 
 def seed_yaml_keys(rag_base: str, model: str = "GPT-5") -> list[str]:
-    """§3.5.2's service keys as overrides (the seed's endpoint shape: no /rag prefix)."""
+    """Their YAML's service keys as overrides (their endpoint shape: no /rag prefix)."""
     return [
         f"+algorithm.hybrid_grpo_gpt5.gpt5_model={model}",
         "+algorithm.hybrid_grpo_gpt5.gpt5_batch_size=8",
@@ -76,7 +76,7 @@ def user_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def services() -> Iterator[Services]:
-    """The user's RAG service at the seed's paths and a strict GPT-5 stand-in that checks the key."""
+    """The user's RAG service at the users' paths and a strict GPT-5 stand-in that checks the key."""
     with rag_and_judge(SECRET, better="8b", seed_paths=True) as found:
         yield found
 

@@ -1,5 +1,5 @@
 """The query-rewrite application inside the trainer: the real-model path (a model folder, an external
-RAG service over HTTP, an OpenAI-compatible judge), failure handling, and seed 000's hybrid mode."""
+RAG service over HTTP, an OpenAI-compatible judge), failure handling, and the users' hybrid mode."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Catalogue: 5 product lines x 5 models x 8 aspects = 200 documents ``{doc_id, tit
 (plus ``product``, ``category``, ``aspect`` and ``facts`` metadata; :func:`sales_demo_corpus` drops
 them). ``doc_id`` is ``"{product_id}-{aspect}"``, e.g. ``"phone-03-battery"``.
 
-Dialogues (:mod:`.demo_dialogues`, worded by :mod:`.demo_phrases`): a customer and a sales assistant,
+Dialogues (:mod:`.dialogues`, worded by :mod:`.phrases`): a customer and a sales assistant,
 with greetings and small talk that need no retrieval (kind ``chitchat``, empty gold), pronouns,
 ellipsis, typos, bargaining, comparisons, switches within and across product lines, a CRM profile and
 a summary that change through the dialogue, and replies that paraphrase the documents.

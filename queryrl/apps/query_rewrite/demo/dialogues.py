@@ -320,7 +320,7 @@ def _promotion(product: Product, rng: random.Random) -> str:
 
 
 def _fact(product: Product, aspect: str, rng: random.Random) -> str:
-    """One aspect's facts in the assistant's words (see :mod:`.demo_phrases`); for ``price`` the text keeps
+    """One aspect's facts in the assistant's words (see :mod:`.phrases`); for ``price`` the text keeps
     a ``{r}`` slot for the product reference."""
     f = product.docs[aspect]["facts"]
     if aspect == "price":

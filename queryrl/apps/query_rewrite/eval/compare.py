@@ -10,7 +10,7 @@ headline cutoff, 5) with its paired percentile-bootstrap interval
 applied to both systems), ``n``, and the shares of turns where A > B, A < B and A = B. Where both
 systems have judge verdicts against the reference (not ``reference`` itself), the difference of their
 judge scores (1 win, 0.5 tie, 0 loss) over the turns where both verdicts are valid. The intent columns
-(``intent_kept``, ``intent_kept_judge``, over every turn) come from :func:`~.eval_intent.compare_intents`.
+(``intent_kept``, ``intent_kept_judge``, over every turn) come from :func:`~.eval.intent.compare_intents`.
 
 The eval writes them to the JSON (``comparisons: {"A-B": {...}}``), prints them as a second table
 (:func:`format_comparisons`) and draws them as a panel of the chart (:func:`draw_differences`).

@@ -8,7 +8,7 @@ nothing) with its percentile-bootstrap 95 % interval (``intent_kept_low`` / ``in
 ``intent_n`` (the turns). The ``reference`` system's query is the one the service reports.
 
 With an OpenAI-compatible judge (``--judge`` and ``app.query_rewrite.judge.backend=openai``) the LLM is
-asked the same question for each query (:mod:`.intent_judge`), reported apart: ``intent_kept_judge`` (over
+asked the same question for each query (:mod:`.intent.judge`), reported apart: ``intent_kept_judge`` (over
 the turns with a valid answer) with its interval, ``intent_judge_n``, ``intent_judge_failed`` (no valid
 answer) and ``intent_judge_calls``; its calls count in the report's ``judge_calls``.
 
@@ -120,7 +120,7 @@ def intent_metrics(intents: SystemIntents, n_boot: int, seed: int) -> dict[str, 
 def compare_intents(
     pairs: Sequence[tuple[str, str]], intents: Mapping[str, SystemIntents], n_boot: int, seed: int
 ) -> dict[str, dict[str, Any]]:
-    """Per pair (its key ``A-B``): ``intent_kept`` -- :func:`~.evaluation.paired_bootstrap` of A's and B's
+    """Per pair (its key ``A-B``): ``intent_kept`` -- :func:`~.metrics.paired_bootstrap` of A's and B's
     per-turn 1 / 0 over every turn -- and ``intent_kept_judge`` over the turns the LLM answered for both."""
     out: dict[str, dict[str, Any]] = {}
     for a, b in pairs:

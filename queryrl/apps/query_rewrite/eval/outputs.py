@@ -125,7 +125,7 @@ def plot_systems(
 
     Baselines (grey) and the `trained` systems (blue) are told apart; with judge verdicts a panel of the
     judge score (wins + ties/2 against the reference, with its interval); with `comparisons`, a panel of
-    the paired differences (:func:`~.eval_compare.draw_differences`). A panel with nothing to show says why
+    the paired differences (:func:`~.eval.compare.draw_differences`). A panel with nothing to show says why
     in its place: `notes` (:func:`eval_notes`), else that no system has the metric.
     """
     notes = notes or {}
@@ -213,7 +213,7 @@ def sample_records(
         results: a system's RAG result per sample (None: a format failure).
         verdicts: a judged system's verdict per sample.
         values: a system's recall@5 / MRR / NDCG@5 per sample (None without gold).
-        intents: a system's intent verdicts (:mod:`~.eval_intent`).
+        intents: a system's intent verdicts (:mod:`~.eval.intent`).
     """
     records = []
     for i, s in enumerate(samples):

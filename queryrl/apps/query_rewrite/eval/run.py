@@ -41,7 +41,7 @@ Turns that need no retrieval (no gold, kind ``chitchat``): ``n_no_retrieval``, `
 share where the system's query was empty: for ``reference`` the service's own rewrite, the baselines
 never abstain) and ``false_abstain`` (the share of turns with gold where it was empty); an empty query
 costs no RAG call, and the offline judge prefers no documents to any on those turns. Meaning kept, on
-every turn (:mod:`~.eval_intent`): ``intent_kept`` with its interval and ``intent_n`` (the offline check);
+every turn (:mod:`~.eval.intent`): ``intent_kept`` with its interval and ``intent_n`` (the offline check);
 with an OpenAI-compatible judge also ``intent_kept_judge`` (the LLM asked the same question).
 
 ``compare`` (``--compare grpo:sft,grpo:reference``): for each pair A:B, the paired difference A - B of
@@ -49,13 +49,13 @@ recall@5, MRR and NDCG@5 over the same turns with its paired bootstrap interval,
 A > B / A < B / A = B, the judge-score difference where both were judged, and the ``intent_kept``
 (``intent_kept_judge``) difference over every turn: ``comparisons`` in the
 JSON, a second printed table and a third panel of ``eval.png``. A name that is not one of the systems is
-an :class:`~.eval_samples.EvalError` before anything is generated.
+an :class:`~.eval.samples.EvalError` before anything is generated.
 
 Errors: an unknown system, a missing model folder (a training checkpoint gets the ``queryrl export``
 command that makes one), a data file that cannot be read, a service check that fails or an unreachable
-RAG service raise :class:`~.eval_samples.EvalError` with one message naming what. Judge calls that fail
+RAG service raise :class:`~.eval.samples.EvalError` with one message naming what. Judge calls that fail
 during the run are counted (``judge_calls`` in the JSON: sent, failed, the first error) and warned about
-with the count and the first error; when every one failed, :class:`~.eval_samples.EvalError` is raised
+with the count and the first error; when every one failed, :class:`~.eval.samples.EvalError` is raised
 after the outputs are written (the CLI exits 2).
 """
 
@@ -136,15 +136,15 @@ def evaluate(
         data: ``builtin://NAME/SPLIT``, a ``.parquet`` or a ``.jsonl`` file of query-rewrite rows, or a KdConv
             dialogue file (``.json``) prepared on the fly with `kdconv` (:mod:`~.eval.kdconv_file`; None: the
             bench's recipe, the knowledge base beside the file).
-        systems: ``--systems``, a comma-separated string or a list (:func:`~.eval_samples.parse_systems`).
+        systems: ``--systems``, a comma-separated string or a list (:func:`~.eval.samples.parse_systems`).
         out: the JSON summary's path; ``eval.png`` and ``eval_samples.jsonl`` go next to it.
-        cfg: a loaded config (:func:`~.eval_settings.load_eval_config`; None: the defaults): the RAG service
+        cfg: a loaded config (:func:`~.eval.settings.load_eval_config`; None: the defaults): the RAG service
             ``app.query_rewrite.rag`` (``url`` None: the embedded one; ``top_k`` >= 5) and the judge.
         judge: judge every system but ``reference`` against it with ``app.query_rewrite.judge``.
         batch_size, max_new_tokens, device, dtype: a model system's generation (`dtype` None: the folder's).
         n_boot, seed: the bootstrap.
         max_samples, cache_dir: only the first rows (None / 0: all); where ``builtin://`` data is made.
-        compare: ``--compare``: ``A:B`` pairs of system names (:func:`~.eval_compare.parse_compare`).
+        compare: ``--compare``: ``A:B`` pairs of system names (:func:`~.eval.compare.parse_compare`).
         processes: model systems generated at once, each in its own process with its share of the torch
             threads (1: one after another in this process).
         echo, warn: where progress and the tables go (None: silent), and warnings (default: stderr).
@@ -319,7 +319,7 @@ def _judge_client(judge: Any) -> JudgeClient:
 
 def config_rag_client(cfg: DictConfig) -> RAGClient:
     """The reward's shared RAG client for ``app.query_rewrite.rag`` (as the reward reads it:
-    :func:`~queryrl.apps.query_rewrite.training.settings_of`)."""
+    :func:`~queryrl.apps.query_rewrite.config.settings_of`)."""
 
     rag = OmegaConf.to_object(cfg.app.query_rewrite.rag)
     assert isinstance(rag, QueryRewriteRAGConfig)

@@ -18,7 +18,7 @@ Two eval-only rules keep the command's defaults:
 
 - judging: ``--judge none`` judges nothing; otherwise the app's judge is used when ``--judge`` names a
   backend, when ``--config`` is given, or when the overrides set ``app.query_rewrite.judge.backend`` (or
-  seed 000's ``gpt5_model``); without any of these nothing is judged;
+  the launch script's ``gpt5_model``); without any of these nothing is judged;
 - the reply budget of a model: ``data.max_response_length`` when ``--config`` is given or the overrides set
   it, else 64 (``--max-new-tokens`` wins over both).
 """

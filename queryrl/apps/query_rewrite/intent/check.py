@@ -22,7 +22,7 @@ A rewrite keeps the intent unless (each a ``code``, checked in this order; the r
   word beside the question, in a clause that asks nothing, that occurs nowhere in it
   (``"知道排云殿吗？红烧肉"``: words added to the question are not read, a paraphrase is no invention);
 - ``question_changed`` / ``question_dropped`` / ``question_added``: the question types
-  (:data:`~.intent_words.QUESTION_CUES`: price, warranty, return, shipping, stock, phone, address,
+  (:data:`~.intent.words.QUESTION_CUES`: price, warranty, return, shipping, stock, phone, address,
   opening hours, ticket, ...) of the last turn are not all asked by the rewrite, or the rewrite asks a type
   the turn does not. A cue with two types (便宜: price or promotion) is kept by either. When the last turn
   names no type ("极光Pro7的话呢?"), the rewrite may take its types from the history, not from nowhere. A
@@ -48,8 +48,8 @@ Limits. Chinese words come from jieba's precise mode (the tokenizer of the BM25 
 jieba cuts into common words is only as safe as the half-of-the-words rule; a name written in Chinese
 and replaced by another (故宫 -> 天坛) is caught when it was the question's only content word, not
 always otherwise; numbers in Chinese characters (六千五) are not checked for invention; paraphrases of
-the question words outside :data:`~.intent_words.QUESTION_CUES` are not known. An LLM judge
-(:mod:`.intent_judge`) is the check to trust where one is configured.
+the question words outside :data:`~.intent.words.QUESTION_CUES` are not known. An LLM judge
+(:mod:`.intent.judge`) is the check to trust where one is configured.
 """
 
 from __future__ import annotations

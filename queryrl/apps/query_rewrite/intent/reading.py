@@ -2,8 +2,8 @@
 types, names, numbers and content words (:func:`read_text`), and which of its clauses only tell a value
 (:func:`without_told_clauses`).
 
-A clause asks when it has a question cue (:data:`~.intent_words.QUESTION_CUES`), a question word
-(:data:`~.intent_words.QUESTION_MARKERS`) or an "X不X"; a clause that tells a value (a cue, 是/为/： and a
+A clause asks when it has a question cue (:data:`~.intent.words.QUESTION_CUES`), a question word
+(:data:`~.intent.words.QUESTION_MARKERS`) or an "X不X"; a clause that tells a value (a cue, 是/为/： and a
 value that asks nothing, or 位于 and a place) beside a clause that asks is not asked: KdConv's speakers
 answer the last question and ask the next in one turn ("电话是010-…，你知道这里的开放时间吗？").
 """
@@ -125,7 +125,7 @@ def _cue_spans(compact: str) -> list[tuple[int, int, str]]:
 
 
 def _clauses(compact: str) -> list[tuple[int, int]]:
-    """(start, end) of the clauses of `compact`, cut at :data:`~.intent_words.CLAUSE_BREAKS` (kept in the
+    """(start, end) of the clauses of `compact`, cut at :data:`~.intent.words.CLAUSE_BREAKS` (kept in the
     clause they end, so a clause ending in ？ is a question)."""
     out, start = [], 0
     for i, ch in enumerate(compact):
@@ -141,7 +141,7 @@ def _clauses(compact: str) -> list[tuple[int, int]]:
 def _states_answer(clause: str, cues: Sequence[str]) -> bool:
     """`clause` states a value of a question type and asks nothing: a cue, a link and a value (``电话是010-…``,
     ``门票为20元``), or an answer verb and its object (``位于朝阳区``); the turn's own statement, read by the
-    same pattern as a rewrite's invented answer (:func:`_answer`)."""
+    same pattern as a rewrite's invented answer (:func:`~.intent.check._answer`)."""
     if any(m in clause for m in QUESTION_MARKERS) or x_not_x(clause):
         return False
     heads = alternation(cues)

@@ -1,7 +1,7 @@
 """The word lists of the offline intent check (:mod:`.intent`): question types, function words, generic nouns.
 
 Tables only. Every entry is matched on NFKC-normalised, lowercased text with the spaces removed
-(:func:`.intent.normalise`). The demo's own phrasings (:mod:`.demo_phrases`: ``ASK``, ``ASPECT_WORDS``,
+(:func:`~.intent.reading.normalise`). The demo's own phrasings (:mod:`~.demo.phrases`: ``ASK``, ``ASPECT_WORDS``,
 ``ELLIPSIS``) and KdConv's travel questions are what these lists were written against;
 ``tests/apps/query_rewrite/intent/test_check.py`` checks that every demo aspect word and question falls in its type.
 """

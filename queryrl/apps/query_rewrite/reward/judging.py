@@ -1,15 +1,15 @@
-"""The pairwise judge of the query-rewrite application (ARCHITECTURE.md §6; seed 000 §2.2, §3.2).
+"""The pairwise judge of the query-rewrite application: the users' rubric and verdict mapping (docs/query-rewriter.md).
 
 Two retrieval pipelines answer the same conversation: the candidate (the policy's rewrite sent to
 ``/rag/chat_8b``) and the reference (``/rag/chat``). Each result has the RAG service's format
 ``{"status", "response": [{"doc_id", "title", "content", "score"}], "answer", "rewritten_query",
-"cost_time"}``. The judge compares them on the seed's rubric and answers::
+"cost_time"}``. The judge compares them on the users' rubric and answers::
 
     {"better": "8b" | "32b" | "same",
      "score": {"8b": {"quality", "relevance", "completeness", "retrieval", "sum"}, "32b": {...}}}
 
-The labels are positions ("8b" is the first result shown), kept from the seed. The rubric weights
-40/20/20/20 % become per-dimension maxima 16/8/8/8, so ``sum`` is out of 40 as the seed's mapping
+The labels are positions ("8b" is the first result shown), kept from the users' prompt. The rubric weights
+40/20/20/20 % become per-dimension maxima 16/8/8/8, so ``sum`` is out of 40 as the users' mapping
 (:func:`quality_from_verdict`) assumes.
 
 Prompt injection. The policy's output is untrusted text. The judge never sees the policy's raw
@@ -25,7 +25,7 @@ judge obeys it is the judge model's robustness, which position swapping and the 
 audit. Pass ``include_rewrites=False`` to leave the rewritten queries out entirely.
 
 Failures. A missing or schema-invalid verdict gives quality None: the caller fails the sample. The
-seed's fallback (a missing sum read as 20, a failed call scored 0.5) is deliberately not used: it
+users' fallback (a missing sum read as 20, a failed call scored 0.5) is deliberately not used: it
 would reward the policy with a made-up neutral score.
 
 Position swap. Judge both orders -- the candidate as "8b" (``v_ab``), then as "32b" (``v_ba``) -- and
@@ -69,7 +69,7 @@ _SIDE: dict[str, Any] = {
 }
 # The full rubric schema, for asking an LLM (JudgeClient.judge(messages, schema=RUBRIC_VERDICT_SCHEMA)).
 # quality_from_verdict needs only the sums (PAIRWISE_VERDICT_SCHEMA): a sum that disagrees with its
-# dimensions is taken as given, as the seed does.
+# dimensions is taken as given, as the users' mapping does.
 RUBRIC_VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["better", "score"],
@@ -200,7 +200,8 @@ async def judge_pair(
 
 
 def quality_from_verdict(verdict: Any) -> float | None:
-    """Seed 000 §3.2 ``extract_quality_score``, without its defaults: quality in [0, 1], or None.
+    """The users' ``extract_quality_score`` (their verdict -> quality mapping), without its defaults: quality in
+    [0, 1], or None.
 
     With ``s8``, ``s32`` the two sums (out of 40)::
 

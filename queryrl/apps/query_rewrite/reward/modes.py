@@ -1,4 +1,4 @@
-"""Reward modes of the query-rewrite application (ARCHITECTURE.md §6), as pure per-sample functions.
+"""Reward modes of the query-rewrite application (docs/query-rewriter.md), as pure per-sample functions.
 
 Notation: ``G`` candidates (rewrites) per prompt; ``q`` a judged quality in [0, 1]
 (:func:`queryrl.apps.query_rewrite.reward.judging.quality_from_verdict`). ``None`` anywhere means "failed /
@@ -23,8 +23,8 @@ Modes and their scales:
   retrieval components (judge -1, retrieval_rank 0; format 1: it is well-formed), with no RAG or judge
   call; on a turn with gold, an empty query gets that same floor (it retrieves nothing).
 - any weighted mix of the above (:func:`mix_rewards`).
-- ``seed_hybrid``: seed 000 v4.0 as written (:func:`grpo_selector_scores`, :func:`select_candidate`,
-  :func:`hybrid_reward`). Kept faithful to the seed, and statistically odd:
+- ``seed_hybrid``: the users' hybrid recipe (their spec v4.0) as written (:func:`grpo_selector_scores`,
+  :func:`select_candidate`, :func:`hybrid_reward`). Kept faithful to their code, and statistically odd:
 
   * its "GRPO advantage" is the z-score of the candidates' sequence log-probs, not an advantage of
     any reward: it measures how confident the policy was in a candidate relative to its siblings;
@@ -37,7 +37,7 @@ Modes and their scales:
     baseline: the update is a REINFORCE step on a single, non-uniformly selected sample, and the
     selection rule (not the policy's sampling distribution) decides what gets reinforced.
 
-  Use ``group_judge`` unless reproducing the seed.
+  Use ``group_judge`` unless reproducing their runs.
 
 Identical rewrites in a group share one RAG call and one judge call (:func:`dedupe`).
 """
@@ -235,18 +235,18 @@ def retrieval_graded_reward(
     return length * (1.0 / float(np.log2(1 + rank)) + separation) / 2.0
 
 
-# --- seed_hybrid (seed 000 §3.1, §3.3) ----------------------------------------------------------
+# --- seed_hybrid (the users' selector and final reward) ----------------------------------------------------------
 
 
 def grpo_selector_scores(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Seed 000 §3.1 ``compute_grpo_scores``: z-scores of the candidates' sequence log-probs.
+    """The users' ``compute_grpo_scores``: z-scores of the candidates' sequence log-probs.
 
     Args:
         logprobs: (G,) the summed token log-probs of each candidate.
 
     Returns:
         (G,) ``(lp - mean) / std`` (population std), all zeros when ``std < 1e-8``. Computed in
-        float64 (the seed used float32).
+        float64 (their code used float32).
     """
     lp = np.asarray(logprobs, dtype=np.float64)  # (G,)
     if lp.ndim != 1 or lp.size == 0:
@@ -260,10 +260,10 @@ def grpo_selector_scores(logprobs: Sequence[float] | np.ndarray) -> np.ndarray:
 def select_candidate(
     logprobs: Sequence[float] | np.ndarray, method: str, rng: np.random.Generator
 ) -> tuple[int, float]:
-    """Seed 000 §3.1 ``GRPOSelector.select_best``: (index of the chosen candidate, its z-score).
+    """The users' ``GRPOSelector.select_best``: (index of the chosen candidate, its z-score).
 
     ``max_log_prob``: the argmax of the z-scores (the first on ties). ``weighted_sample``: drawn from
-    ``softmax(z)`` with `rng` (a seeded ``np.random.Generator``; the seed used the global RNG).
+    ``softmax(z)`` with `rng` (a seeded ``np.random.Generator``; their code used the global RNG).
     """
     z = grpo_selector_scores(logprobs)  # (G,)
     if method == "max_log_prob":
@@ -277,7 +277,7 @@ def select_candidate(
 
 
 def hybrid_reward(quality: float, grpo_advantage: float, gpt5_weight: float = 0.85, grpo_weight: float = 0.15) -> float:
-    """Seed 000 §3.3 ``compute_final_reward``: ``w_j * (2q - 1) + w_g * grpo_advantage``.
+    """The users' ``compute_final_reward``: ``w_j * (2q - 1) + w_g * grpo_advantage``.
 
     Raises:
         ValueError: weights negative or not summing to 1 (within 1e-6), or `quality` outside [0, 1].

@@ -1,4 +1,4 @@
-"""The query-rewrite reward with verl's contract (ARCHITECTURE.md §6), for the ``async`` reward manager::
+"""The query-rewrite reward with verl's contract (docs/query-rewriter.md), for the ``async`` reward manager::
 
     reward.function.path=queryrl.apps.query_rewrite.reward.score reward.function.name=compute_score
     reward.manager=async reward.kwargs.judge=offline reward.kwargs.weights.format=0.2 ...
@@ -15,7 +15,7 @@ send the rewritten query to ``/rag/chat_8b`` and the conversation to ``/rag/chat
 mix the components (:func:`~queryrl.apps.query_rewrite.reward.modes.mix_rewards`):
 
 - ``judge``: ``2q - 1`` in [-1, 1] (``group_judge``), ``q`` from the offline judge (gold documents, no
-  LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`combine_swapped`);
+  LLM) or an OpenAI-compatible judge on the rubric (optionally both positions, :func:`~.judging.combine_swapped`);
 - ``retrieval_rank``: ConvSearch-R1's rank reward of the gold documents, in [0, 2], among the service's
   documents (``rag.rank_depth`` of them where set, the first ``top_k`` of which the judge sees);
 - ``retrieval_entity`` (only where ``weights.retrieval_entity`` is set): the share of the first ``top_k``
@@ -33,7 +33,7 @@ mix the components (:func:`~queryrl.apps.query_rewrite.reward.modes.mix_rewards`
   like any other, and is counted: ``format/truncated`` (1 / 0, logged ``reward/format/truncated/mean``).
   Its format credit is full when the row asked only for the query (``extra_info.answer_fields``, the
   default), 0.5 when the cut lost the profile/summary the prompt asked for
-  (:func:`~.reward_modes.format_reward`).
+  (:func:`~.reward.modes.format_reward`).
 
 ``/rag/chat_8b`` gets the policy's ``user_profile`` / ``history_summary`` where it answered them, else
 the row's own (``extra_info``): by default the policy answers only the query.
@@ -66,7 +66,7 @@ Failures and penalties.
   components are mixed as configured). The offline judge needs gold, so there it fails the sample
   unless the judge weight is 0 (a component with weight 0 is not computed).
 
-Sharing work: identical requests share one RAG pair and one verdict (:mod:`.reward_calls`); the judge
+Sharing work: identical requests share one RAG pair and one verdict (:mod:`.reward.calls`); the judge
 side is :mod:`.judge`, the RAG clients :mod:`.rag`.
 """
 
@@ -193,7 +193,7 @@ def _abstain_score(
 
 def _unparsed_score(s: QueryRewriteConfig, info: Mapping[str, Any], weights: dict[str, float]) -> dict[str, float]:
     """The score of a reply that does not parse: every component at its floor (seed_hybrid: quality 0)."""
-    if s.reward_mode == "seed_hybrid":  # quality 0 in the seed's formula
+    if s.reward_mode == "seed_hybrid":  # quality 0 in the users' formula
         z = float(info.get("seed_hybrid_z", 0.0))
         hybrid = hybrid_reward(0.0, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)
         return {"score": hybrid, "quality": 0.0, "judge": -1.0, "format": 0.0, "selected_z": z, **_NOT_CUT}
@@ -284,7 +284,7 @@ async def score_reply(
         consistency is counted in :func:`pop_reward_metrics`, ``judge/position_consistency``). Where the
         RAG service was asked, also what a person reads in the samples files: ``candidate_query``,
         ``reference_query``, ``candidate_documents`` and ``reference_documents`` (:func:`shown_documents`,
-        gold marked) and, where the judge was asked, ``judge_verdict`` (:func:`readable_verdict`; with
+        gold marked) and, where the judge was asked, ``judge_verdict`` (:func:`~.reward.judge.readable_verdict`; with
         ``position_swap`` also ``judge_verdict_swapped``); ``intent/changed`` (1 / 0) and ``intent_check``
         (``{"kept", "code", "reason"}``) where the row has a conversation.
 
@@ -409,10 +409,10 @@ async def _judged_score(
     intent: Any,
     weights: dict[str, float],
 ) -> dict[str, Any]:
-    """`out` completed with the judge's verdict (when weighted, or seed 000's hybrid mode) and the score."""
+    """`out` completed with the judge's verdict (when weighted, or in the users' hybrid mode) and the score."""
     candidate, reference = results
     sources = intent_sources(info)
-    if s.reward_mode == "seed_hybrid":  # seed 000 §3.3: the selected candidate's hybrid reward
+    if s.reward_mode == "seed_hybrid":  # the users' compute_final_reward: the selected candidate's hybrid reward
         quality, extra = await shared_judge(s.judge, contexts, candidate, reference, gold, s.rag.top_k, sources)
         z = float(info.get("seed_hybrid_z", 0.0))
         hybrid = hybrid_reward(quality, z, s.seed_hybrid.gpt5_weight, s.seed_hybrid.grpo_weight)

@@ -47,7 +47,7 @@ def serve_judge_constant() -> Iterator[str]:
 @pytest.mark.slow
 def test_serve_judge_constant_is_accepted_by_the_query_rewrite_reward(serve_judge_constant: str) -> None:
     out = _score(serve_judge_constant)  # a schema-invalid verdict raises RewardFailure: the sample fails
-    assert out["quality"] == pytest.approx(0.5 + 20 / 40 * 0.2)  # seed 000 §3.2: a tie at 20 of 40
+    assert out["quality"] == pytest.approx(0.5 + 20 / 40 * 0.2)  # the users' mapping: a tie at 20 of 40
     assert out["judge"] == pytest.approx(2 * out["quality"] - 1)
 
 

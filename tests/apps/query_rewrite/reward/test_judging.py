@@ -42,7 +42,7 @@ def data_block(messages: list[dict[str, str]]) -> tuple[str, dict[str, Any]]:
     return user, json.loads(user[start:end])
 
 
-# --- quality mapping (seed 000 §3.2) --------------------------------------------------------------
+# --- quality mapping (the users' extract_quality_score) --------------------------------------------------------------
 
 
 def test_quality_better_8b() -> None:
@@ -69,7 +69,7 @@ def test_quality_same() -> None:
         None,
         "8b",
         {},
-        {"better": "8b"},  # no scores: the seed would read 20; here the sample fails
+        {"better": "8b"},  # no scores: the users' code would read 20; here the sample fails
         {"better": "8b", "score": {"8b": {"sum": 30}}},
         {"better": "both", "score": {"8b": {"sum": 30}, "32b": {"sum": 10}}},
         verdict("8b", 45, 10),  # sum out of range

@@ -79,7 +79,7 @@ def test_correct_rewrite_beats_useless_and_raw_turn() -> None:
         assert good["recall_at_5"] == 1.0
         assert good["format"] == 1.0
         # the title query is not always ranked as well as the reference's (rank 2 vs 1): then both lose to
-        # it, and a loss's quality depends only on the reference's sum (seed 000 §3.2)
+        # it, and a loss's quality depends only on the reference's sum (the users' mapping)
         assert good["quality"] >= useless["quality"]
         assert useless["quality"] < 0.5
         assert useless["retrieval_rank"] == 0.0
