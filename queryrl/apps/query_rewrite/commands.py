@@ -254,6 +254,14 @@ def eval_(
         int,
         typer.Option(help="Model systems generated at once, each in its own process with a share of the threads."),
     ] = 1,
+    vocab_ids: Annotated[
+        str | None,
+        typer.Option(
+            "--vocab-ids",
+            help="Decode with a vocabulary-restricted head (model.vocab.restrict's kept ids): FILE for every model "
+            "system, or NAME=FILE[,NAME=FILE] for those; FILE a vocab_ids.json or a folder holding one.",
+        ),
+    ] = None,
     kb: Annotated[
         Path | None,
         typer.Option(
@@ -319,6 +327,7 @@ def eval_(
             compare=compare,
             processes=processes,
             kdconv=_kdconv_settings(kb, history_chars, answer_format, KdConvSettings),
+            vocab_ids=vocab_ids,
             echo=typer.echo,
             warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
         )

@@ -4,6 +4,13 @@ A model answers each row's chat-templated prompt greedily; the reply goes throug
 :func:`~queryrl.apps.query_rewrite.reward.modes.parse_answer`. A reply that does not parse is a format
 failure (:class:`~queryrl.apps.query_rewrite.eval.samples.Answer` with ``query`` None); an empty query is
 an abstention. Where the reply carries no profile or summary, the row's own go to ``/rag/chat_8b``.
+
+A model may decode with a vocabulary-restricted head (``--vocab-ids``, :func:`vocab_files`; the head of
+``model.vocab.restrict``, :mod:`queryrl.models.vocab`): its greedy token is then the argmax over the kept ids,
+the full head's token wherever that one is kept. The option names its files explicitly rather than reading a
+``vocab_ids.json`` found in a model folder: the replies, and so the metrics, would otherwise change with a
+side file (a restricted SFT's folder evaluated beside other models), and a ``BASE+ADAPTER`` system has no one
+folder that would carry it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,52 @@ if TYPE_CHECKING:
     from queryrl.rollout.base import SamplingParams
 
 EVAL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def vocab_files(option: str | None, models: Sequence[str]) -> dict[str, Path]:
+    """``--vocab-ids``: which of the model systems `models` (their names) decode with a restricted head, and
+    from which kept-ids file. ``FILE``: every model system; ``NAME=FILE[,NAME=FILE]``: those named. A FILE is a
+    ``vocab_ids.json`` (as ``queryrl train`` and ``queryrl sft`` write it) or a folder that holds one.
+
+    Raises:
+        EvalError: a name that is not a model system, a name given twice, or a file that is not there.
+    """
+    from queryrl.models.vocab import VOCAB_FILE
+
+    if not option:
+        return {}
+    items = [item.strip() for item in option.split(",") if item.strip()]
+    named = [item.partition("=") for item in items]
+    if len(items) == 1 and not named[0][1]:  # one FILE: every model system
+        chosen = {name: Path(items[0]) for name in models}
+    elif all(sep and name in models for name, sep, _ in named):
+        chosen = {name.strip(): Path(path.strip()) for name, _, path in named}
+        if len(chosen) < len(items):
+            raise EvalError(f"--vocab-ids {option!r}: a system is named twice")
+    else:
+        bad = next(item for item, (name, sep, _) in zip(items, named, strict=True) if not sep or name not in models)
+        raise EvalError(
+            f"--vocab-ids: {bad!r} is not NAME=FILE with NAME one of the model systems ({', '.join(models) or 'none'})"
+            " (or give one FILE for every model system)"
+        )
+    chosen = {name: path / VOCAB_FILE if path.is_dir() else path for name, path in chosen.items()}
+    for name, path in chosen.items():
+        if not path.is_file():
+            raise EvalError(f"--vocab-ids: {name}: {path}: no such file (a vocab_ids.json, or a folder holding one)")
+    return chosen
+
+
+def read_vocab(path: Path) -> list[int]:
+    """The kept ids of `path` (:func:`~queryrl.models.vocab.read_vocab_ids`).
+
+    Raises:
+        EvalError: not a kept-vocabulary file (named)."""
+    from queryrl.models.vocab import VocabError, read_vocab_ids
+
+    try:
+        return read_vocab_ids(path)
+    except VocabError as exc:
+        raise EvalError(f"--vocab-ids: {exc}") from None
 
 
 def check_dtype(dtype: str | None) -> None:
@@ -66,8 +119,12 @@ def generate_replies(
     device: str | None = None,
     dtype: str | None = None,
     adapters: Sequence[Path] = (),
+    vocab: Sequence[int] | None = None,
 ) -> list[list[str]]:
     """The replies of the model in `path` to each chat prompt: ``params.n`` per prompt, decoded.
+
+    With `vocab` (sorted kept token ids) the model decodes with its head restricted to them
+    (:func:`~queryrl.models.vocab.restrict_head`).
 
     With `adapters` (LoRA adapter folders) the model is `path` with each merged into it in order, in float32
     (:func:`~queryrl.models.adapters.load_with_adapters`); the tokenizer is `path`'s.
@@ -100,6 +157,8 @@ def generate_replies(
     else:
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype, dev.type)])
     model = loaded.to(dev)
+    if vocab is not None:
+        _restrict(model, vocab, path)
     rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     encoded = [encode_prompt(tokenizer, list(p)) for p in prompts]
     # shortest first, so that a micro-batch pads its prompts little (split 0's 167 held-out KdConv prompts, batches
@@ -114,6 +173,30 @@ def generate_replies(
     for rank, i in enumerate(order):
         replies[i] = texts[rank * n : (rank + 1) * n]
     return replies
+
+
+def record_heads(
+    systems: Sequence[dict[str, Any]], files: Mapping[str, Path], kept: Mapping[str, Sequence[int]]
+) -> None:
+    """The eval JSON's ``settings.systems`` entries of the model systems say how each decoded: ``head`` ``full``,
+    or ``restricted`` with ``vocab_kept`` (the kept count) and ``vocab_ids`` (its file)."""
+    for entry in systems:
+        name = entry["name"]
+        if entry["kind"] == "model":
+            entry["head"] = "restricted" if name in kept else "full"
+        if name in kept:
+            entry |= {"vocab_kept": len(kept[name]), "vocab_ids": str(files[name])}
+
+
+def _restrict(model: Any, vocab: Sequence[int], path: Path) -> None:
+    """`model`'s head cut to the kept ids `vocab` (the model is only decoded: its head is frozen first)."""
+    from queryrl.models.vocab import VocabError, restrict_head
+
+    model.requires_grad_(False)
+    try:
+        restrict_head(model, vocab)
+    except VocabError as exc:
+        raise EvalError(f"--vocab-ids for {path}: {exc}") from None
 
 
 def _set_threads(threads: int) -> None:
@@ -132,10 +215,11 @@ def answers_in_processes(
     device: str | None = None,
     dtype: str | None = None,
     adapters: Mapping[str, Sequence[Path]] | None = None,
+    vocab: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, list[Answer]]:
     """:func:`model_answers` of each model in `jobs` (name -> folder, with `adapters`' folders for that name merged
-    into it), up to `processes` models at once, each in a fresh process whose torch threads are its share of this
-    process's (at least one).
+    into it and `vocab`'s kept ids for its head), up to `processes` models at once, each in a fresh process whose
+    torch threads are its share of this process's (at least one).
 
     On a CPU two models decoding side by side on one thread each finish sooner than one after the other on two
     threads: a small model's decode step is mostly single-threaded work (dispatch, norms, sampling). The replies
@@ -152,7 +236,15 @@ def answers_in_processes(
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_set_threads, initargs=(threads,)) as pool:
         futures = {
             name: pool.submit(
-                model_answers, path, samples, batch_size, max_new_tokens, device, dtype, (adapters or {}).get(name, ())
+                model_answers,
+                path,
+                samples,
+                batch_size,
+                max_new_tokens,
+                device,
+                dtype,
+                (adapters or {}).get(name, ()),
+                (vocab or {}).get(name),
             )
             for name, path in jobs.items()
         }
@@ -167,14 +259,17 @@ def model_answers(
     device: str | None = None,
     dtype: str | None = None,
     adapters: Sequence[Path] = (),
+    vocab: Sequence[int] | None = None,
 ) -> list[Answer]:
-    """Greedy replies of the model in `path` (with `adapters` merged) to each sample's prompt
+    """Greedy replies of the model in `path` (with `adapters` merged; its head restricted to `vocab`) to each
+    sample's prompt
     (:func:`generate_replies`), parsed (:func:`parse_answer`, as the sample's prompt asked:
     ``Sample.answer_format``)."""
     from queryrl.rollout.base import SamplingParams
 
     params = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
-    replies = generate_replies(path, [s.prompt for s in samples], params, batch_size, device, dtype, adapters)
+    prompts = [s.prompt for s in samples]
+    replies = generate_replies(path, prompts, params, batch_size, device, dtype, adapters, vocab)
     answers = []
     for sample, (text,) in zip(samples, replies, strict=True):
         parsed = parse_answer(text, answer_format=sample.answer_format)

@@ -71,7 +71,15 @@ from omegaconf import DictConfig, OmegaConf
 from queryrl.apps.query_rewrite.config import QueryRewriteJudgeConfig, QueryRewriteRAGConfig, settings_of
 from queryrl.apps.query_rewrite.eval.checks import ServiceCheckFailed, check_services
 from queryrl.apps.query_rewrite.eval.compare import compare_systems, parse_compare, per_sample_values
-from queryrl.apps.query_rewrite.eval.generation import answers_in_processes, check_dtype, model_answers, model_dtype
+from queryrl.apps.query_rewrite.eval.generation import (
+    answers_in_processes,
+    check_dtype,
+    model_answers,
+    model_dtype,
+    read_vocab,
+    record_heads,
+    vocab_files,
+)
 from queryrl.apps.query_rewrite.eval.intent import (
     SystemIntents,
     assess_intents,
@@ -127,6 +135,7 @@ def evaluate(
     compare: str | Sequence[str] | None = None,
     processes: int = 1,
     kdconv: KdConvSettings | None = None,
+    vocab_ids: str | None = None,
     echo: Callable[[str], None] | None = print,
     warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -147,6 +156,8 @@ def evaluate(
         compare: ``--compare``: ``A:B`` pairs of system names (:func:`~.eval.compare.parse_compare`).
         processes: model systems generated at once, each in its own process with its share of the torch
             threads (1: one after another in this process).
+        vocab_ids: ``--vocab-ids``: the model systems that decode with a restricted head, and their kept ids
+            (:func:`~.eval.generation.vocab_files`); ``settings.systems`` records each one's head.
         echo, warn: where progress and the tables go (None: silent), and warnings (default: stderr).
 
     Raises:
@@ -157,6 +168,8 @@ def evaluate(
     judge_check = _check_arguments(rag, judge_node, batch_size, max_new_tokens, n_boot, dtype, processes)
     say = echo or (lambda _: None)
     specs, pairs = _systems(systems, compare)
+    files = vocab_files(vocab_ids, [s.name for s in specs if s.kind == "model"])
+    kept = {name: read_vocab(path) for name, path in files.items()}
     samples = load_samples(data, max_samples, cache_dir, _kdconv_rows(data, cfg, kdconv, say))
     say(f"{len(samples)} samples from {data}; systems: {', '.join(s.name for s in specs)}")
     # the judge and the RAG service answer (both endpoints, with the first sample), before any model is loaded
@@ -165,7 +178,7 @@ def evaluate(
     client = config_rag_client(cfg)
     if rag.url is None:  # the embedded service: a corpus that fails to load costs no model time (an external
         asyncio.run(retrieve(client, samples[:1], {}, rag.url))  # one was just checked, both endpoints)
-    answers = _all_answers(specs, samples, batch_size, max_new_tokens, device, dtype, processes, say)
+    answers = _all_answers(specs, samples, batch_size, max_new_tokens, device, dtype, processes, say, kept)
     references, candidates = asyncio.run(retrieve(client, samples, answers, rag.url))
     results = {s.name: list(references) if s.kind == "reference" else candidates[s.name] for s in specs}
     outcomes = _judge_systems(judge_node, judge_check, specs, samples, results, references, int(rag.top_k), say)
@@ -180,6 +193,7 @@ def evaluate(
     run["processes"] = processes
     run["machine"] = machine_info().as_dict()  # what the generation ran on (queryrl.machine)
     report = _report(data, specs, samples, answers, results, outcomes, values, pairs, rag, judge_node, run, intents)
+    record_heads(report["settings"]["systems"], files, kept)
     report["judge_calls"] |= judge_spend(judge_check)  # tokens (reasoning among them) and, with prices, the cost
     records = sample_records(samples, specs, answers, results, verdicts, values, intents)
     write_outputs(report, records, Path(out), say)
@@ -340,21 +354,23 @@ def _all_answers(
     dtype: str | None,
     processes: int,
     say: Callable[[str], None],
+    kept: Mapping[str, list[int]],
 ) -> dict[str, list[Answer] | None]:
-    """Every system's answers (:func:`_answers`); with `processes` > 1, the model systems' several at once."""
+    """Every system's answers (:func:`_answers`); with `processes` > 1, the model systems' several at once; a
+    model named in `kept` decodes with its head restricted to those ids."""
     models = {s.name: s.path for s in specs if s.kind == "model" and s.path is not None}
     if processes < 2 or len(models) < 2:
-        return {spec.name: _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say) for spec in specs}
+        return {s.name: _answers(s, samples, batch_size, max_new_tokens, device, dtype, say, kept) for s in specs}
     for spec in specs:
         if spec.name in models:
             say(f"{spec.name}: generating with {spec.source} ({model_dtype(models[spec.name], dtype, device)}) ...")
     say(f"... {min(processes, len(models))} models at once, each in its own process")
     adapters = {s.name: s.adapters for s in specs if s.adapters}
-    done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype, adapters)
+    done = answers_in_processes(models, samples, batch_size, max_new_tokens, processes, device, dtype, adapters, kept)
     return {
         spec.name: done[spec.name]
         if spec.name in done
-        else _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say)
+        else _answers(spec, samples, batch_size, max_new_tokens, device, dtype, say, kept)
         for spec in specs
     }
 
@@ -367,15 +383,18 @@ def _answers(
     device: str | None,
     dtype: str | None,
     say: Callable[[str], None],
+    kept: Mapping[str, list[int]],
 ) -> list[Answer] | None:
-    """A system's answers: a model's replies, a baseline's queries, or None for ``reference``."""
+    """A system's answers: a model's replies (its head restricted to `kept`'s ids for it), a baseline's queries,
+    or None for ``reference``."""
     if spec.kind == "reference":
         return None
     if spec.kind != "model":
         return baseline_answers(spec.kind, samples)
     assert spec.path is not None
     say(f"{spec.name}: generating with {spec.source} ({model_dtype(spec.path, dtype, device)}) ...")
-    return model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype, spec.adapters)
+    vocab = kept.get(spec.name)
+    return model_answers(spec.path, samples, batch_size, max_new_tokens, device, dtype, spec.adapters, vocab)
 
 
 def _judge_systems(

@@ -90,7 +90,7 @@ def test_base_plus_two_adapters_answers_as_the_merged_export(
     assert _raws(out, "warm") == _raws(out, "warm_merged")
     assert report["comparisons"]["chain-merged"]["recall@5"]["diff"] == 0.0
     assert report["settings"]["systems"][1] == {
-        "name": "chain", "kind": "model", "path": str(base), "adapters": [str(a1), str(a2)],
+        "name": "chain", "kind": "model", "path": str(base), "adapters": [str(a1), str(a2)], "head": "full",
     }  # fmt: skip
     assert f"chain: generating with {chain} (float32) ..." in lines
 

@@ -135,7 +135,7 @@ def test_model_folder_system_counts_format_failures(tmp_path: Path, tiny_cfg: Di
     tiny = report["systems"]["tiny"]
     assert 0.0 <= tiny["format_ok"] <= 1.0
     assert tiny["n"] + tiny["n_skipped"] == 4  # the first 4 rows: a greeting and 3 questions
-    assert report["settings"]["systems"][1] == {"name": "tiny", "kind": "model", "path": str(folder)}
+    assert report["settings"]["systems"][1] == {"name": "tiny", "kind": "model", "path": str(folder), "head": "full"}
     failed = 0
     for sample in _samples(out):
         entry = sample["systems"]["tiny"]
