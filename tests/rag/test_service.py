@@ -60,7 +60,7 @@ def test_chat_rewrites_internally(rag_url: str) -> None:
 
 def test_score_threshold_keeps_the_top_hit(rag_url: str) -> None:
     body = httpx.post(f"{rag_url}/rag/chat_8b", json=chat_8b_body(score_threshold=0.95)).json()
-    assert [d["doc_id"] for d in body["response"]] == ["iphone-price"]  # the seed's 0.95: top and near-ties
+    assert [d["doc_id"] for d in body["response"]] == ["iphone-price"]  # the users' 0.95: top and near-ties
     empty = httpx.post(f"{rag_url}/rag/chat_8b", json=chat_8b_body(query="   ")).json()
     check_schema(empty)
     assert empty["response"] == []

@@ -1,6 +1,6 @@
 """Mixed precision: bf16 compute over fp32 master weights and AdamW state, against pure bf16 and fp32.
 
-The tiny model trained three AdamW steps at lr 1e-6 (the seed's full fine-tuning lr): in pure
+The tiny model trained three AdamW steps at lr 1e-6 (the users' full fine-tuning lr): in pure
 bf16 almost every weight stays where it was (the update is far below half a bf16 ulp of the
 weight); with ``model.compute_dtype=bfloat16`` over float32 parameters every weight moves, as in
 float32, and the loss is float32's within bf16 rounding.

@@ -63,7 +63,7 @@ def test_no_retrieval_turn_rewards_the_empty_query_without_any_service_call() ->
     assert query["score"] == pytest.approx(-0.5 + 0.0 + 0.2)
     assert query["quality"] == 0.0
     assert query["abstained"] == 0.0
-    # with the seed's hybrid formula too
+    # with the users' hybrid formula too
     hybrid = _score(row, _answer(""), rag_url=down, mode="seed_hybrid")
     assert hybrid["score"] == pytest.approx(0.85 * 1.0)
 

@@ -1,4 +1,4 @@
-"""Reward modes: format, ConvSearch-R1 rank reward, the seed's hybrid, group judge, mixes, dedupe."""
+"""Reward modes: format, ConvSearch-R1 rank reward, the users' hybrid (seed_hybrid), group judge, mixes, dedupe."""
 
 from __future__ import annotations
 
