@@ -44,6 +44,10 @@ emulates it gets one warning line); with bfloat16, zero-shot is also evaluated i
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
 eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
 ``queryrl eval --processes``).
+With ``--restrict-vocab`` (off by default) the warm-up SFT (and ref_sft) and GRPO train with a vocabulary-restricted
+head (``model.vocab.restrict``: the data's and the knowledge base's tokens; GRPO keeps the warm-up's too) and the
+evals decode warmup, ref_sft and grpo with the same kept ids (``queryrl eval --vocab-ids``), zero-shot and the
+baselines with the full head; ``settings.eval_heads`` in the JSON says how each model system decoded.
 Output: ``benchmarks/results/real_model_<name>.json`` (atomic), and the run's LoRA adapters in
 ``<work>/adapters/warmup`` and ``<work>/adapters/grpo`` (bf16 safetensors + adapter_config.json, :func:`write_adapters`;
 their paths and sizes under ``adapters`` in the JSON; ``--write-adapters WORK`` writes those of an earlier run).
@@ -69,6 +73,7 @@ from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_name, prepare
 from queryrl.machine import auto_dtype, warn_if_emulated_bf16
+from queryrl.models.vocab import VOCAB_FILE
 
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -407,8 +412,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--restrict-vocab",
         action="store_true",
-        help="GRPO with model.vocab.restrict=true: the policy's head keeps the tokens of the data and the knowledge "
-        "base only (benchmarks/vocab_head.py measures it; eval still decodes with the exported full head)",
+        help="model.vocab.restrict=true in the warm-up SFT (and ref_sft) and GRPO: the head keeps the tokens of the "
+        "data and the knowledge base only (GRPO adds the warm-up's kept ids to its own); the evals decode the "
+        "trained systems with the same heads (queryrl eval --vocab-ids), zero-shot and the baselines with the full "
+        "one (benchmarks/vocab_head.py measures it)",
     )
     # eval
     parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")
@@ -443,6 +450,36 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("overrides", nargs="*", help="extra config overrides (key=value) for train")
     return parser.parse_args(argv)
+
+
+def sft_cmd(queryrl: str, args: argparse.Namespace, model: Path, files: str, work: Path, phase: str) -> list[str]:
+    """``queryrl sft`` of the warm-up (or ref_sft) phase `phase` on `files` into ``work/phase`` (LoRA on the config's
+    attention projections; with ``--restrict-vocab`` the restricted head, its kept ids in ``work/phase``)."""
+    cmd = [queryrl, "sft", "--config", str(CONFIG), f"model.path={model}", f"sft.train_files=[{files}]"]
+    cmd += ["sft.val_files=[]", f"sft.output_dir={work / phase}", "sft.max_steps=0", f"sft.epochs={args.sft_epochs}"]
+    cmd += [f"sft.lr={args.sft_lr}", "sft.batch_size=8", "sft.micro_batch_size=4", "sft.warmup_steps=4"]
+    cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
+    cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
+    cmd += [f"trainer.output_dir={work}", f"trainer.experiment_name={phase}_run", "data.val_files=[]"]
+    return cmd + (["model.vocab.restrict=true"] if args.restrict_vocab else [])
+
+
+def trained_vocab(restrict: bool, folders: dict[str, Path | None], run: Path) -> dict[str, Path]:
+    """With ``--restrict-vocab``: the kept-ids file each trained system decodes with in the evals (``warmup``,
+    ``ref_sft``: their SFT folder's; ``grpo``: its run's, the union with the warm-up's). A warm-up without one
+    (``--warmup-model`` from an unrestricted run) decodes with the GRPO run's."""
+    if not restrict:
+        return {}
+    files = {name: folder / VOCAB_FILE for name, folder in folders.items() if folder is not None}
+    files["grpo"] = run / VOCAB_FILE
+    return {name: file if file.is_file() else run / VOCAB_FILE for name, file in files.items()}
+
+
+def vocab_option(vocab: dict[str, Path], systems: str) -> list[str]:
+    """``--vocab-ids NAME=FILE,...`` for the systems of `systems` (``--systems``) that `vocab` names; [] if none."""
+    names = {item.split("=")[0] for item in systems.split(",")}
+    chosen = [f"{name}={file}" for name, file in vocab.items() if name in names]
+    return ["--vocab-ids", ",".join(chosen)] if chosen else []
 
 
 def choose_dtype(choice: str) -> str:
@@ -520,9 +557,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     phases: dict[str, Any] = {}
     evals: dict[str, Any] = {}
 
+    vocab: dict[str, Path] = {}  # --restrict-vocab: the trained systems' kept ids, once they are trained
+
     def evaluate(phase: str, data_file: str, systems: str, samples: int, eval_dtype: str, compare: str = "") -> Any:
         out = work / phase / "eval.json"
         cmd = [*_eval_cmd(queryrl, data_file, kb, args, eval_dtype, samples), "--systems", systems, "--out", str(out)]
+        cmd += vocab_option(vocab, systems)
         phases[phase] = run_measured(
             phase, cmd + (["--compare", compare] if compare else []), logs / f"{phase}.log", env
         )
@@ -543,15 +583,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return phases[phase]
 
     def sft(phase: str, files: str) -> Path:
-        folder = work / phase
-        cmd = [queryrl, "sft", "--config", str(CONFIG), f"model.path={model}", f"sft.train_files=[{files}]"]
-        cmd += ["sft.val_files=[]", f"sft.output_dir={folder}", "sft.max_steps=0", f"sft.epochs={args.sft_epochs}"]
-        cmd += [f"sft.lr={args.sft_lr}", "sft.batch_size=8", "sft.micro_batch_size=4", "sft.warmup_steps=4"]
-        cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
-        cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
-        cmd += [f"trainer.output_dir={work}", f"trainer.experiment_name={phase}_run", "data.val_files=[]"]
-        measure(phase, cmd)
-        return folder
+        measure(phase, sft_cmd(queryrl, args, model, files, work, phase))
+        return work / phase
 
     warmup_model, ref_model = (
         (reuse, None) if reuse is not None else warm_up(args, work, data, model, dtype, measure, sft)
@@ -580,6 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, adapter in adapters.items():
         print(f"[adapters] {key}: {adapter if key == 'error' else adapter['path']}", flush=True)
 
+    vocab.update(trained_vocab(args.restrict_vocab, {"warmup": warmup_model, "ref_sft": ref_model}, run))
     systems = f"{baselines},zero_shot={model},warmup={warmup_model},grpo={work / 'grpo'}"
     compare = COMPARE
     if not zero_shot:  # a lever run: the zero-shot model is not evaluated again
@@ -624,6 +658,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "train_overrides": train_settings,
             "eval_decoding": evals["final"]["settings"].get("decoding"),
+            "restrict_vocab": bool(args.restrict_vocab),  # the warm-up SFT, GRPO and the trained systems' evals
+            "eval_heads": {  # how each model system of the final eval decoded (queryrl eval's settings.systems)
+                s["name"]: {k: s[k] for k in ("head", "vocab_kept") if k in s}
+                for s in evals["final"]["settings"]["systems"]
+                if s["kind"] == "model"
+            },
         },
         "wall_time_s": round(time.perf_counter() - start, 1),
         "machine": machine(),

@@ -193,3 +193,31 @@ def test_evals_generate_their_models_one_process_a_thread_unless_told() -> None:
     assert processes(["--threads", "2"]) == "2"
     assert processes(["--threads", "1"]) == "1"
     assert processes(["--threads", "2", "--eval-processes", "1"]) == "1"
+
+
+def test_restrict_vocab_reaches_the_warm_up_sft_and_the_trained_systems_evals(tmp_path: Path) -> None:
+    """``--restrict-vocab``: the SFT command trains with the restricted head (a valid config), and the evals decode
+    warmup / ref_sft / grpo with their kept ids (a warm-up without its own: the GRPO run's), only where the eval
+    has that system; off, nothing changes."""
+    from queryrl.config import load_config
+    from queryrl.models.vocab import VOCAB_FILE
+
+    on, off = bench.parse_args(["--restrict-vocab"]), bench.parse_args([])
+    cmd = bench.sft_cmd("queryrl", on, tmp_path / "m", "w.parquet", tmp_path, "warmup")
+    assert cmd[-1] == "model.vocab.restrict=true"
+    overrides = [c for c in cmd[4:] if not c.startswith(("model.path=", "sft.train_files="))]
+    assert load_config(str(bench.CONFIG), overrides).model.vocab.restrict is True
+    assert not any("model.vocab" in c for c in bench.sft_cmd("queryrl", off, tmp_path / "m", "w", tmp_path, "warmup"))
+
+    run, warm, ref = tmp_path / "grpo_run", tmp_path / "warmup", tmp_path / "ref_sft"
+    for folder in (run, warm, ref):
+        folder.mkdir()
+    (run / VOCAB_FILE).write_text("{}")
+    (warm / VOCAB_FILE).write_text("{}")
+    assert bench.trained_vocab(False, {"warmup": warm}, run) == {}
+    vocab = bench.trained_vocab(True, {"warmup": warm, "ref_sft": ref}, run)
+    assert vocab == {"warmup": warm / VOCAB_FILE, "ref_sft": run / VOCAB_FILE, "grpo": run / VOCAB_FILE}
+    systems = f"raw_turn,zero_shot=/m,warmup={warm},grpo=/w/grpo"
+    assert bench.vocab_option(vocab, systems) == ["--vocab-ids", f"warmup={warm / VOCAB_FILE},grpo={run / VOCAB_FILE}"]
+    assert bench.vocab_option(vocab, "raw_turn,zero_shot=/m") == []
+    assert bench.vocab_option({}, systems) == []
