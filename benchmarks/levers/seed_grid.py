@@ -79,7 +79,24 @@ def _load(path: Path) -> dict[str, Any]:
         "final": result["final_eval"],
         "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", records),
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
+        "identical_groups": identical_logged_groups(Path(args["work"]) / "grpo_run" / "samples"),
     }
+
+
+def identical_logged_groups(samples: Path) -> float | None:
+    """The share of the run's logged GRPO groups (``samples/step_*.jsonl``: the trainer logs some groups of each
+    step, whole) whose responses are one text: flat under any reward. None without logged groups."""
+    groups: dict[tuple[str, int], set[str]] = defaultdict(set)
+    sizes: dict[tuple[str, int], int] = defaultdict(int)
+    for path in sorted(samples.glob("step_*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                key = (path.name, int(row["group"]))
+                groups[key].add(row["response"])
+                sizes[key] += 1
+    sized = [key for key, n in sizes.items() if n > 1]
+    return sum(len(groups[k]) == 1 for k in sized) / len(sized) if sized else None
 
 
 def _intent_kept_now(data: Path, records: list[dict[str, Any]]) -> float:
@@ -135,6 +152,7 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
         "intent_kept_recorded": round(final["grpo"]["intent_kept"], 4),
         "median_query_x_reference": round(length, 3),
         "flat_groups": None if flat is None else round(flat, 4),
+        "identical_logged_groups": None if run["identical_groups"] is None else round(run["identical_groups"], 4),
         "goals": {
             "above_warmup_turns": vs_warmup["low"] > 0,
             "above_warmup_conversations": vs_warmup["group_low"] > 0,
@@ -179,6 +197,7 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
     dep_groups = [x for x, keep in zip(groups, d, strict=True) if keep]
     mine = [r for r in runs if r["split"] in splits]
     flats = [r["flat_groups"] for r in mine if r["flat_groups"] is not None]
+    same = [r["identical_groups"] for r in mine if r["identical_groups"] is not None]
     return {
         "splits": splits,
         "runs": sum(r["split"] in splits for r in runs),
@@ -192,6 +211,7 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         "intent_kept_mean_of_runs": round(float(np.mean([r["intent_kept"] for r in mine])), 4),
         "median_query_x_reference_median_of_runs": round(float(np.median([_length_ratio(r["rows"]) for r in mine])), 3),
         "flat_groups_mean_of_runs": round(float(np.mean(flats)), 4) if flats else None,
+        "identical_logged_groups_mean_of_runs": round(float(np.mean(same)), 4) if same else None,
     }
 
 
@@ -244,26 +264,28 @@ def markdown(out: dict[str, Any]) -> str:
     head = (
         "| split, GRPO seed | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
         "| GRPO - reference: turns / conversations | ctx-dep x concat_last3 | intent kept | median query x reference "
-        "| flat groups |\n| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"
+        "| flat groups | of the logged groups, one response |\n"
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
     )
     rows = [
         f"| {r['split']}, {r['grpo_seed']} | {r['grpo_recall@5']:.3f} | {_iv(r['grpo_minus_warmup'])} "
         f"| {_iv(r['grpo_minus_reference'])} | {r['ctx_dep_x_concat_last3']:.2f}x | {100 * r['intent_kept']:.1f} % "
-        f"| {r['median_query_x_reference']:.2f}x | {_pct(r['flat_groups'])} |"
+        f"| {r['median_query_x_reference']:.2f}x | {_pct(r['flat_groups'])} | {_pct(r['identical_logged_groups'])} |"
         for r in out["runs"]
     ]
     pooled = [("split " + k, v) for k, v in out["pooled_by_split"].items()] + [("all splits", out["pooled"])]
     head2 = (
         "| GRPO seeds averaged per turn | runs | turns | GRPO Recall@5 | GRPO - warm-up: turns / conversations "
         "| GRPO - reference: turns / conversations | MRR, GRPO - reference | ctx-dep x concat_last3 "
-        "| intent kept (mean of runs) | median query x reference | flat groups |\n"
-        "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |"
+        "| intent kept (mean of runs) | median query x reference | flat groups | of the logged groups, one response |\n"
+        "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"
     )
     rows2 = [
         f"| {name} | {p['runs']} | {p['turns']} | {p['grpo_recall@5']:.3f} | {_iv(p['grpo_minus_warmup'])} "
         f"| {_iv(p['grpo_minus_reference'])} | {_iv(p['grpo_minus_reference_mrr'])} "
         f"| {p['ctx_dep_x_concat_last3']:.2f}x | {100 * p['intent_kept_mean_of_runs']:.1f} % "
-        f"| {p['median_query_x_reference_median_of_runs']:.2f}x | {_pct(p['flat_groups_mean_of_runs'])} |"
+        f"| {p['median_query_x_reference_median_of_runs']:.2f}x | {_pct(p['flat_groups_mean_of_runs'])} "
+        f"| {_pct(p['identical_logged_groups_mean_of_runs'])} |"
         for name, p in pooled
     ]
     met = ", ".join(f"{k} {v}" for k, v in out["goals_met"].items())

@@ -76,6 +76,7 @@ def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
         "final": final,
         "intent_kept": 0.98,
         "flat_groups": flat,
+        "identical_groups": 0.5,
     }
 
 
@@ -89,3 +90,21 @@ def test_run_goals_read_the_reference_mrr_the_query_length_and_the_flat_groups()
     short = grid._run_goals(_scored_run(None, "五个字查询"))
     assert short["goals"]["median_query_within_1.5x_reference"] is True
     assert short["goals"]["flat_groups_at_most_30"] is False  # a result without the per-step record meets nothing
+
+
+def test_identical_logged_groups_counts_groups_of_one_response(tmp_path: Path) -> None:
+    import json
+
+    rows = [
+        {"group": 0, "response": "故宫 门票"},
+        {"group": 0, "response": "故宫 门票"},
+        {"group": 1, "response": "故宫 地址"},
+        {"group": 1, "response": "故宫在哪"},
+        {"group": 2, "response": "一个人"},  # a group of one is not counted
+    ]
+    (tmp_path / "step_1.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    (tmp_path / "step_2.jsonl").write_text(
+        json.dumps({"group": 0, "response": "a"}) + "\n" + json.dumps({"group": 0, "response": "a"}) + "\n"
+    )
+    assert grid.identical_logged_groups(tmp_path) == 2 / 3  # step 1 group 0 and step 2 group 0, of three
+    assert grid.identical_logged_groups(tmp_path / "none") is None
