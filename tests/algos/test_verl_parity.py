@@ -1,8 +1,9 @@
 """Parity with verl 0.9.1 on reference cases produced by verl's own functions.
 
-Reads every ``*.json`` in ``$QUERYRL_GOLDEN_DIR`` (default: ``../shared/golden/verl-0.9.1``
-beside the repository). A case is ``{"name", "fn", "params", "inputs", "outputs"}``. Every
-case is checked; an unknown ``fn`` fails; only a missing folder skips.
+Reads every ``*.json`` in ``$QUERYRL_GOLDEN_DIR`` (default: the committed cases in ``tests/golden/verl-0.9.1``,
+whose README states their source, verl's version and licence; ``tools/verl_cases.py`` makes more). A case is
+``{"name", "fn", "params", "inputs", "outputs"}``. Every case is checked; an unknown ``fn`` fails, and so does a
+folder that is missing or holds no case: nothing here skips.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from queryrl.algos import (
 
 ATOL, RTOL = 1e-5, 1e-4  # the golden README's tolerances (float32 inputs)
 REPO = Path(__file__).resolve().parents[2]
-GOLDEN_DIR = Path(os.environ.get("QUERYRL_GOLDEN_DIR", REPO.parent / "shared" / "golden" / "verl-0.9.1"))
+GOLDEN_DIR = Path(os.environ.get("QUERYRL_GOLDEN_DIR") or REPO / "tests" / "golden" / "verl-0.9.1")
 ADVANTAGE_FNS = {
     "grpo",
     "grpo_passk",
@@ -202,12 +203,22 @@ def _check(case: Case) -> None:
     CHECKS[fn](case)
 
 
-@pytest.mark.skipif(not GOLDEN_DIR.is_dir(), reason=f"no golden folder at {GOLDEN_DIR} (set QUERYRL_GOLDEN_DIR)")
 def test_golden_folder_has_cases() -> None:
+    assert GOLDEN_DIR.is_dir(), f"no golden folder at {GOLDEN_DIR} (QUERYRL_GOLDEN_DIR names another one)"
     assert CASES, f"{GOLDEN_DIR} holds no cases"
 
 
-@pytest.mark.skipif(not GOLDEN_DIR.is_dir(), reason=f"no golden folder at {GOLDEN_DIR} (set QUERYRL_GOLDEN_DIR)")
 @pytest.mark.parametrize(("case_id", "case"), CASES, ids=[c[0] for c in CASES])
 def test_verl_parity(case_id: str, case: Case) -> None:
     _check(case)
+
+
+def test_the_committed_cases_say_where_they_come_from() -> None:
+    """The shipped cases are verl 0.9.1's outputs, and their README says so with verl's licence."""
+    shipped = REPO / "tests" / "golden" / "verl-0.9.1"
+    readme = (shipped / "README.md").read_text(encoding="utf-8")
+    for needed in ("verl", "0.9.1", "Apache License 2.0", "tools/verl_cases.py", "QUERYRL_GOLDEN_DIR"):
+        assert needed in readme, f"{shipped / 'README.md'} does not say {needed!r}"
+    sources = {json.loads(p.read_text())["source"] for p in shipped.glob("*.json")}
+    assert sources, f"{shipped} holds no case file"
+    assert all(s.startswith("verl==0.9.1 ") for s in sources), sources
