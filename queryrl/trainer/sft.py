@@ -26,6 +26,7 @@ model and the kept ids in ``vocab_ids.json``, which a GRPO run from it adds to i
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -467,7 +468,7 @@ def _run_steps(
         for step, epoch, indices in batch_schedule(
             len(train.examples), s.batch_size, total_steps, t.seed, cfg.data.shuffle
         ):
-            batch = [train.examples[i] for i in indices]
+            batch, start = [train.examples[i] for i in indices], time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
             loss, tokens = accumulate_gradients(
@@ -476,7 +477,7 @@ def _run_steps(
             metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
             metrics |= stats | clip_and_step(optimizer, params, s.grad_clip, "sft")  # as the RL update steps
             scheduler.step()
-            metrics |= {"sft/epoch": float(epoch)} | data_stats
+            metrics |= {"sft/epoch": float(epoch), "timing_s/step": time.perf_counter() - start} | data_stats
             result.losses.append(loss)
             last = step == total_steps
             if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):

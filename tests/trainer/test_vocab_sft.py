@@ -105,6 +105,7 @@ def test_a_restricted_sft_run_trains_and_writes_its_kept_ids(tmp_path: Path, mod
     assert {t for e in built for t in e.prompt_ids} <= set(kept)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["data/vocab_kept"] for r in rows] == [len(kept)] * 3
+    assert all(r["timing_s/step"] > 0 for r in rows)  # each step's time (benchmarks/vocab_head_stages.py)
     assert result.losses[-1] < result.losses[0]
     assert (out / "adapter" / "adapter_config.json").is_file()
 
