@@ -126,7 +126,8 @@ bench-scaling: $(STAMP)
 
 # judge calls per step of the query-rewrite reward on KdConv rollouts (a tiny policy after 150 SFT steps):
 # as made, deduplicated, cached: results/judge_calls.json
-KDCONV ?= ../shared/data/kdconv/travel
+# KdConv is not in the repository (github.com/thu-coai/KdConv, Apache-2.0): KDCONV_DIR names its travel folder
+KDCONV ?= $(or $(KDCONV_DIR),../shared/data/kdconv/travel)
 KD_DIR := runs/bench_judge_calls
 bench-judge-calls: $(STAMP)
 	$(BIN)/queryrl prepare kdconv --input $(KDCONV)/dev.json --kb $(KDCONV)/kb_travel.json --out $(KD_DIR)

@@ -18,6 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # this checkout's queryrl, whichever environment's python runs the benchmark
     sys.path.insert(1, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
+# KdConv's travel folder, not in the repository (queryrl.apps.query_rewrite.data.kdconv.kdconv_missing says where it
+# comes from): $KDCONV_DIR, else shared/data/kdconv/travel beside the checkout (kdconv_dir)
+DEFAULT_KDCONV_DIR = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 # Qwen2-0.5B's shape (494 M parameters, 136 M of them the tied embedding): random models built in code from it
 QWEN2_05B: dict[str, Any] = {
     "hidden_size": 896,
@@ -42,6 +45,11 @@ QUIET_OVERRIDES = [
     "trainer.save_samples=0",
     "trainer.resume=disable",
 ]
+
+
+def kdconv_dir() -> Path:
+    """The KdConv travel folder the benches read: ``$KDCONV_DIR``, else :data:`DEFAULT_KDCONV_DIR`."""
+    return Path(os.environ.get("KDCONV_DIR") or DEFAULT_KDCONV_DIR)
 
 
 def peak_rss_mb() -> float:

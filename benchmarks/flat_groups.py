@@ -1,6 +1,6 @@
 """How many GRPO groups are flat under today's reward, and with the graded retrieval component? An offline proxy.
 
-    python benchmarks/flat_groups.py                 # demo rows, and KdConv travel's where ../shared/data has it
+    python benchmarks/flat_groups.py                 # demo rows, and KdConv travel's where KDCONV_DIR has it
     python benchmarks/flat_groups.py --rows 16 --out /tmp/flat.json
 
 No model is trained or sampled: there are no recorded rollouts in the repository. For each retrieval turn (the
@@ -31,9 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, machine, one_thread, write_json
+from common import RESULTS, kdconv_dir, machine, one_thread, write_json
 
-KDCONV = Path(__file__).resolve().parents[2] / "shared" / "data" / "kdconv" / "travel"
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_missing
+
+KDCONV = kdconv_dir()
 WEIGHTS = {"judge": 0.5, "retrieval_rank": 1.0, "format": 0.2, "retrieval_graded": 1.0}  # graded split off below
 GRADED_WEIGHTS = (0.5, 1.0)
 DRAW = {"reference": 0.4, "no_punctuation": 0.15, "last_word_first": 0.15, "turn": 0.15, "concat_last3": 0.15}
@@ -130,6 +132,8 @@ def datasets(n: int) -> dict[str, tuple[list[dict[str, Any]], Any, dict[str, Any
 
         rows = kdconv_rows(KDCONV / "dev.json", require_gold=True)[:n]
         out["kdconv_travel"] = (rows, doc_entity, {"corpus": f"kdconv:{KDCONV / 'kb_travel.json'}"})
+    else:
+        print(f"KdConv travel left out: {kdconv_missing(KDCONV / 'dev.json')}", flush=True)
     return out
 
 

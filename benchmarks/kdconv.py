@@ -68,6 +68,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from common import DEFAULT_KDCONV_DIR
+from common import kdconv_dir as travel_dir
+
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_missing
 from queryrl.apps.query_rewrite.data.kdconv_prep import (  # the data step, in the app
     GOLD_TARGETS,
     SFT_ONLY,
@@ -79,7 +83,6 @@ from queryrl.apps.query_rewrite.data.kdconv_prep import (  # the data step, in t
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "query_rewrite_kdconv.yaml"
-DEFAULT_KDCONV_DIR = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 RESULTS = REPO / "benchmarks" / "results" / "kdconv.json"
 WORK = REPO / "runs" / "bench_kdconv"
 GOAL_FACTOR = 2.0
@@ -197,7 +200,9 @@ def _non_negative_int(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kdconv-dir", type=Path, default=Path(os.environ.get("KDCONV_DIR", DEFAULT_KDCONV_DIR)))
+    parser.add_argument(
+        "--kdconv-dir", type=Path, default=travel_dir(), help=f"default: $KDCONV_DIR, else {DEFAULT_KDCONV_DIR}"
+    )
     parser.add_argument("--work", type=Path, default=WORK, help="run folder (wiped first)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0, help="the split's seed")
@@ -246,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kdconv_dir: Path = args.kdconv_dir
     if not (kdconv_dir / "dev.json").exists():
-        print(f"SKIP: KdConv not found ({kdconv_dir / 'dev.json'} is absent); set KDCONV_DIR to the travel folder")
+        print(f"SKIP: {kdconv_missing(kdconv_dir / 'dev.json')}")
         return 0
     try:
         extra_sft_sources(Path(os.path.abspath(kdconv_dir)).parent, args.extra_sft)
@@ -256,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     test_env = os.environ.get("KDCONV_TEST")
     test_file = Path(test_env) if test_env else None
     if test_file is not None and not test_file.exists():
-        print(f"KDCONV_TEST={test_env}: file not found", file=sys.stderr)
+        print(kdconv_missing(test_file, "KDCONV_TEST"), file=sys.stderr)
         return 2
     kb = kdconv_dir / kb_name(kdconv_dir)
 

@@ -6,15 +6,33 @@ Test modules import from here, never from one another (``tests/test_layout.py`` 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from omegaconf import DictConfig
 
+from queryrl.apps.query_rewrite.data.kdconv import KDCONV_VARIABLE, kdconv_missing
 from queryrl.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
+# KdConv's travel folder (not in the repository): $KDCONV_DIR, else shared/data/kdconv/travel beside the checkout;
+# film/ and music/ are read beside it
+KDCONV = Path(os.environ.get(KDCONV_VARIABLE) or REPO.parent / "shared" / "data" / "kdconv" / "travel")
+
+
+def needs_kdconv(*files: str) -> pytest.MarkDecorator:
+    """Skip unless KdConv's `files` exist (paths under KdConv's root, default ``travel/dev.json`` and
+    ``travel/kb_travel.json``; travel is :data:`KDCONV`), the reason saying where KdConv comes from
+    (:func:`~queryrl.apps.query_rewrite.data.kdconv.kdconv_missing`)."""
+    paths = [KDCONV / name.removeprefix("travel/") if name.startswith("travel/") else KDCONV.parent / name
+             for name in files or ("travel/dev.json", "travel/kb_travel.json")]  # fmt: skip
+    missing = [p for p in paths if not p.is_file()]
+    return pytest.mark.skipif(bool(missing), reason=kdconv_missing(missing[0]) if missing else "KdConv is present")
+
+
 # the CPU stand-in for vLLM 0.32 (tests/rollout/fake_vllm/README.md), put on sys.path by the fake_vllm fixture
 FAKE_VLLM = REPO / "tests" / "rollout" / "fake_vllm"
 

@@ -9,8 +9,9 @@ from typing import Any
 import kdconv as bench  # benchmarks/kdconv.py (benchmarks/ is on the tests' path: pyproject.toml)
 import pytest
 
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_missing
+
 REPO = Path(__file__).resolve().parents[2]
-KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 
 
 def test_goal_ratio_and_verdict() -> None:
@@ -29,8 +30,24 @@ def test_goal_ratio_and_verdict() -> None:
 def test_main_skips_without_kdconv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "kdconv.json"
     assert bench.main(["--kdconv-dir", str(tmp_path / "absent"), "--out", str(out)]) == 0
-    assert "SKIP" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert printed == f"SKIP: {kdconv_missing(tmp_path / 'absent' / 'dev.json')}\n"
+    for said in ("github.com/thu-coai/KdConv", "Apache-2.0", "set KDCONV_DIR to its travel folder"):
+        assert said in printed
     assert not out.exists()
+
+
+def test_main_names_the_absent_kdconv_test_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "travel").mkdir()
+    (tmp_path / "travel" / "dev.json").write_text("[]", encoding="utf-8")
+    monkeypatch.setenv("KDCONV_TEST", str(tmp_path / "test.json"))
+    assert bench.main(["--kdconv-dir", str(tmp_path / "travel"), "--out", str(tmp_path / "k.json")]) == 2
+    printed = capsys.readouterr().err
+    assert printed == kdconv_missing(tmp_path / "test.json", "KDCONV_TEST") + "\n"
+    assert "github.com/thu-coai/KdConv" in printed
+    assert printed.strip().endswith("set KDCONV_TEST to the file")
 
 
 def test_main_passes_the_augmented_rows_to_sft_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,5 +183,5 @@ def test_main_passes_the_extra_rows_to_sft_only_and_the_tokenizer_flag_to_every_
     (root / "music" / "test.json").unlink()
     (root / "music").rmdir()
     assert bench.main([*argv, "--extra-sft", "film,music"]) == 2
-    assert f"missing {root / 'music'} (" in capsys.readouterr().err
+    assert f"--extra-sft: {kdconv_missing(root / 'music', None)} (" in capsys.readouterr().err
     assert len(prepared) == calls

@@ -2,7 +2,7 @@
 ``check.json`` lists, as ``queryrl eval --systems NAME=BASE+ADAPTER[+ADAPTER2]``, against the card's numbers.
 
 Needs the licensed base model (``make real-models``: ``runs/models/gemma3-270m``) and the KdConv travel folder
-(``../shared/data/kdconv/travel`` or ``KDCONV_DIR``); skips, saying which is missing, without them. The bench
+(``KDCONV_DIR``, else ``../shared/data/kdconv/travel``); skips, saying which is missing, without them. The bench
 evaluated merged float32 adapters and these are bf16, evaluated in other batches: a greedy reply may flip on a
 rounding tie, so the check allows one row in four to differ, and the mean Recall@5 to move by two rows' worth.
 """
@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_missing
 from queryrl.cli import app
+from tests.helpers import KDCONV
 
 REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = sorted((REPO / "benchmarks" / "published").glob("*/check.json"))
 BASE = REPO / "runs" / "models" / "gemma3-270m"
-KDCONV = Path(os.environ.get("KDCONV_DIR", REPO.parent / "shared" / "data" / "kdconv" / "travel"))
 
 
 def test_one_pair_is_published_with_its_card() -> None:
@@ -65,7 +65,7 @@ def test_the_published_pair_gives_the_cards_numbers(tmp_path: Path) -> None:
     if not (BASE / "config.json").is_file():
         pytest.skip(f"{BASE} is absent: make real-models installs and converts Gemma 3 270M")
     if not (KDCONV / "dev.json").is_file():
-        pytest.skip(f"KdConv travel is absent at {KDCONV} (thu-coai/KdConv, Apache-2.0; set KDCONV_DIR)")
+        pytest.skip(kdconv_missing(KDCONV / "dev.json"))
     folder = PUBLISHED[0].parent
     check = json.loads(PUBLISHED[0].read_text(encoding="utf-8"))
     data = _rows(check, tmp_path)

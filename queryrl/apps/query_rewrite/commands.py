@@ -161,12 +161,15 @@ def prepare_kdconv(
     import json
 
     from queryrl.apps.query_rewrite.data.conversations import write_parquet
-    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, kdconv_rows
+    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, kdconv_missing, kdconv_rows
     from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets
     from queryrl.apps.query_rewrite.prompts import check_answer_fields, check_answer_format
     from queryrl.atomic import atomic_write_text
     from queryrl.data import DataError
 
+    for path, option in ((input, "--input"), (kb, "--kb")):
+        if not path.is_file():
+            _fail(kdconv_missing(path, option))
     try:
         fields = check_answer_fields(answer_fields, "--answer-fields")
         fmt = check_answer_format(answer_format, fields, "--answer-format")

@@ -1,6 +1,6 @@
 """Shared by the query-rewrite tests: a two-turn conversation, a recording HTTP RAG service over the demo
-corpus, a demo retrieval turn and its gold title, a small conversation log, the KdConv folder, and the 16 demo
-rows the training tests use."""
+corpus, a demo retrieval turn and its gold title, a small conversation log and the 16 demo rows the training
+tests use (the KdConv folder and its skip mark: ``tests.helpers``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pytest
 
 from queryrl.apps.query_rewrite.data.conversations import Conversation, Message
 from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
-
-KDCONV = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "kdconv" / "travel"
-needs_kdconv = pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv travel data not at {KDCONV}")
 
 CONVERSATION = Conversation(
     "c1",

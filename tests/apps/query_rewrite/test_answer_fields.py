@@ -23,10 +23,11 @@ from queryrl.cli import app
 from queryrl.data.records import load_records
 from queryrl.rewards import RewardInput, make_reward_manager
 from queryrl.rewards.manager import summarize
-from tests.apps.query_rewrite.helpers import CONVERSATION, KDCONV, needs_kdconv
+from tests.apps.query_rewrite.helpers import CONVERSATION
 from tests.apps.query_rewrite.helpers import demo_row as _row
 from tests.apps.query_rewrite.helpers import gold_title as _query
 from tests.apps.query_rewrite.helpers import write_log as _log
+from tests.helpers import KDCONV, needs_kdconv
 
 runner = CliRunner()
 
@@ -83,7 +84,7 @@ def test_kdconv_domain_from_the_path() -> None:
     assert kdconv_domain("somewhere/dev.json") == "客服对话"  # nothing names a domain: the neutral default
 
 
-@needs_kdconv
+@needs_kdconv()
 def test_kdconv_rows_say_travel() -> None:
     rows = kdconv_rows(KDCONV / "dev.json")[:3]
     assert all("场景：旅游咨询（北京的景点）。" in r["prompt"][0]["content"] for r in rows)
@@ -231,7 +232,7 @@ def test_prepare_conversations_rejects_bad_answer_fields(tmp_path: Path, fields:
     assert not out.exists()  # nothing written
 
 
-@needs_kdconv
+@needs_kdconv()
 def test_prepare_kdconv_answer_fields_and_domain(tmp_path: Path) -> None:
     args = ["prepare", "kdconv", "--input", str(KDCONV / "dev.json"), "--kb", str(KDCONV / "kb_travel.json")]
     result = runner.invoke(

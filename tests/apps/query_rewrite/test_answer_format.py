@@ -26,14 +26,11 @@ from queryrl.apps.query_rewrite.reward.modes import parse_answer
 from queryrl.apps.query_rewrite.reward.score import compute_score
 from queryrl.cli import app
 from queryrl.data.records import load_records
-from tests.apps.query_rewrite.helpers import (
-    CONVERSATION,
-    KDCONV,
-    needs_kdconv,
-)
+from tests.apps.query_rewrite.helpers import CONVERSATION
 from tests.apps.query_rewrite.helpers import demo_row as _row
 from tests.apps.query_rewrite.helpers import gold_title as _query
 from tests.apps.query_rewrite.helpers import write_log as _log
+from tests.helpers import KDCONV, needs_kdconv
 
 runner = CliRunner()
 HISTORY = [
@@ -214,7 +211,7 @@ def test_prepare_conversations_text_format_and_a_bad_format(tmp_path: Path) -> N
     assert "answers the query only" in bad.output
 
 
-@needs_kdconv
+@needs_kdconv()
 def test_prepare_kdconv_text_format(tmp_path: Path) -> None:
     args = ["prepare", "kdconv", "--input", str(KDCONV / "dev.json"), "--kb", str(KDCONV / "kb_travel.json")]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "a"), "--answer-format", "text"])

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from queryrl.cli import app
 from queryrl.data import load_records
+from tests.helpers import KDCONV, needs_kdconv
 
-KDCONV = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "kdconv" / "travel"
 runner = CliRunner()
 
 
@@ -62,7 +62,7 @@ def test_prepare_conversations_reports_a_bad_column(tmp_path: Path) -> None:
     assert "text" in result.output
 
 
-@pytest.mark.skipif(not KDCONV.is_dir(), reason=f"KdConv data not found at {KDCONV} (../shared/data beside the repo)")
+@needs_kdconv()
 def test_prepare_kdconv(tmp_path: Path) -> None:
     result = runner.invoke(
         app,

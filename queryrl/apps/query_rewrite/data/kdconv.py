@@ -13,6 +13,9 @@ The corpus is one document per ``(entity, attribute)`` of the knowledge base.
 
 The prompt's domain line names KdConv's domain (:data:`KDCONV_DOMAINS`: travel is Beijing's
 attractions), found in the file's path (``travel/dev.json``, ``kb_travel.json``) by :func:`kdconv_domain`.
+
+KdConv is not shipped with queryrl: :func:`kdconv_missing` is the one message, for every command, bench and test
+that finds it absent, saying where it comes from (:data:`KDCONV_SOURCE`) and what points to it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,32 @@ from typing import Any
 from queryrl.apps.query_rewrite.data.conversations import Conversation, Message, conversations_to_rows
 from queryrl.apps.query_rewrite.prompts import DEFAULT_ANSWER_FIELDS, DEFAULT_DOMAINS
 from queryrl.data.records import DataError
+
+KDCONV_SOURCE = "https://github.com/thu-coai/KdConv (Zhou et al., ACL 2020; licence Apache-2.0)"
+KDCONV_VARIABLE = "KDCONV_DIR"  # the benches' and tests' variable: the travel folder (dev.json, kb_travel.json)
+
+
+def kdconv_missing(path: str | Path, pointer: str | None = KDCONV_VARIABLE) -> str:
+    """The one line saying KdConv data is absent at `path`: where it comes from and what names its place.
+
+    Args:
+        path: the file or folder looked for.
+        pointer: what gives that path: an environment variable (``KDCONV_DIR``, the travel folder, by default;
+            ``KDCONV_TEST``, a file), an option (``--input``, ``--kb``), or None where the caller's own argument
+            named it.
+    """
+    where = ""
+    if pointer == KDCONV_VARIABLE:
+        where = f"; set {pointer} to its travel folder"
+    elif pointer and pointer.isupper():
+        where = f"; set {pointer} to the file"
+    elif pointer:
+        where = f"; give its path as {pointer}"
+    return (
+        f"KdConv data not found at {path}: it is not part of queryrl; get it from {KDCONV_SOURCE}, "
+        f"whose travel folder holds dev.json and kb_travel.json{where}"
+    )
+
 
 # KdConv's three domains (its folders travel/, film/, music/) -> the prompt's domain line per language
 KDCONV_DOMAINS: dict[str, dict[str, str]] = {
@@ -59,7 +88,7 @@ def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
+        raise DataError(kdconv_missing(path, None)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not a JSON file: {exc}") from None
 

@@ -24,7 +24,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.data.kdconv import doc_entity
+from queryrl.apps.query_rewrite.data.kdconv import doc_entity, kdconv_missing
 
 # --- data -----------------------------------------------------------------------------------------
 
@@ -304,7 +304,7 @@ def extra_sft_sources(kdconv_root: Path, domains: Sequence[str]) -> list[tuple[s
     missing = sorted({str(p.parent) if not p.parent.is_dir() else str(p) for _, p in sources if not p.is_file()})
     if missing:
         raise FileNotFoundError(
-            f"--extra-sft: missing {', '.join(missing)} (each KdConv domain folder, with "
+            f"--extra-sft: {kdconv_missing(', '.join(missing), None)} (each KdConv domain folder, with "
             f"{' and '.join(EXTRA_SFT_FILES)}, sits beside the travel folder, in {kdconv_root})"
         )
     return sources

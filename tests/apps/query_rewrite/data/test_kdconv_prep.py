@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from queryrl.apps.query_rewrite.data import kdconv_prep as prep
+from tests.helpers import KDCONV, needs_kdconv
 
 REPO = Path(__file__).resolve().parents[4]
-KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 
 
 def test_split_ids_is_seeded_disjoint_and_complete() -> None:
@@ -47,7 +47,7 @@ def _travel_slice(folder: Path, dialogues: int) -> Path:
     return folder
 
 
-@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
+@needs_kdconv("travel/dev.json")
 def test_prepare_on_a_small_slice(tmp_path: Path) -> None:
     src = _travel_slice(tmp_path / "travel", 20)
     dialogues = json.loads((src / "dev.json").read_text(encoding="utf-8"))
@@ -120,7 +120,7 @@ def test_question_entity_query_leaves_out_what_the_turn_tells() -> None:
         assert prep.question_entity_query(plain, gold, "ref") == prep.gold_entity_query(plain, gold, "ref")
 
 
-@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent")
+@needs_kdconv("travel/dev.json")
 def test_prepare_with_gold_entity_targets(tmp_path: Path) -> None:
     src = _travel_slice(tmp_path / "travel", 20)
     kinds = {}
@@ -232,7 +232,7 @@ def test_augment_dialogues_is_seeded() -> None:
         prep.augment_dialogues(dialogues, TOY_KB, -1, seed=0)
 
 
-@pytest.mark.skipif(not (KDCONV / "dev.json").exists(), reason="KdConv travel is absent (../shared/data/kdconv)")
+@needs_kdconv("travel/dev.json")
 def test_prepare_augments_only_the_training_split(tmp_path: Path) -> None:
     from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
 
@@ -317,7 +317,8 @@ def test_extra_sft_sources_name_every_missing_folder_at_once(tmp_path: Path) -> 
     with pytest.raises(FileNotFoundError) as err:
         prep.extra_sft_sources(tmp_path, ["film", "music"])
     message = str(err.value)
-    assert f"missing {tmp_path / 'film' / 'test.json'}, {tmp_path / 'music'} (" in message
+    assert f"not found at {tmp_path / 'film' / 'test.json'}, {tmp_path / 'music'}: " in message
+    assert "github.com/thu-coai/KdConv" in message  # where the data comes from
     assert message.count(str(tmp_path / "music")) == 1  # the folder, not each of its files
     with pytest.raises(ValueError, match="unknown KdConv domain 'travel'"):
         prep.extra_sft_sources(tmp_path, ["travel"])
@@ -361,11 +362,7 @@ def _kdconv_root_slice(tmp_path: Path, travel: int = 10, other: int = 3) -> Path
     return root
 
 
-@pytest.mark.skipif(
-    not (KDCONV / "dev.json").exists()
-    or not all((KDCONV_ROOT / d / f).exists() for d in ("film", "music") for f in ("dev.json", "test.json")),
-    reason="KdConv travel, film or music is absent (../shared/data/kdconv/{travel,film,music})",
-)
+@needs_kdconv("travel/dev.json", *(f"{d}/{f}" for d in ("film", "music") for f in ("dev.json", "test.json")))
 def test_prepare_writes_extra_sft_rows_from_both_files_of_each_domain(tmp_path: Path) -> None:
     root = _kdconv_root_slice(tmp_path)
     plain = prep.prepare(root / "travel", tmp_path / "plain", None, seed=0, history_chars=120)
@@ -419,6 +416,6 @@ def test_prepare_writes_extra_sft_rows_from_both_files_of_each_domain(tmp_path: 
     with pytest.raises(ValueError, match="unknown KdConv domain 'travel'"):
         prep.prepare(root / "travel", tmp_path / "bad", None, seed=0, history_chars=120, extra_sft=["travel"])
     (root / "music" / "test.json").unlink()
-    with pytest.raises(FileNotFoundError, match=r"missing .*music/test\.json"):
+    with pytest.raises(FileNotFoundError, match=r"not found at .*music/test\.json"):
         prep.prepare(root / "travel", tmp_path / "bad", None, seed=0, history_chars=120, extra_sft=["music"])
     assert not (tmp_path / "bad").exists()  # refused before anything is written

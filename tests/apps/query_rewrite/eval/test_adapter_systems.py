@@ -23,10 +23,9 @@ from queryrl.cli import app
 from queryrl.config import load_config
 from queryrl.models.adapters import load_with_adapters
 from queryrl.models.loading import resolve_model_path
-from tests.helpers import REPO, make_cfg
+from tests.helpers import make_cfg
 
 DATA = "builtin://sales_demo/test"
-KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"
 runner = CliRunner()
 
 

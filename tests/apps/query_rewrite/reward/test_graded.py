@@ -18,7 +18,7 @@ from queryrl.apps.query_rewrite.demo.data import make_catalogue, sales_demo_rows
 from queryrl.apps.query_rewrite.reward.graded import length_budget
 from queryrl.apps.query_rewrite.reward.modes import length_factor, retrieval_graded_reward
 from queryrl.apps.query_rewrite.reward.score import RewardFailure, compute_score, score_reply
-from tests.apps.query_rewrite.helpers import KDCONV
+from tests.helpers import KDCONV, needs_kdconv
 
 WEIGHTS = {"judge": 0.0, "retrieval_rank": 1.0, "format": 0.2, "retrieval_graded": 1.0}
 ROWS = 32  # rows per data set in the stuffing test (at least 30)
@@ -115,7 +115,7 @@ def test_stuffed_rewrites_never_beat_the_plain_one_on_demo_rows() -> None:
     assert means["entity_x3"]["graded"] < means["entity_x1"]["graded"] / 2, means
 
 
-@pytest.mark.skipif(not (KDCONV / "dev.json").is_file(), reason=f"KdConv travel data not at {KDCONV}")
+@needs_kdconv()
 def test_stuffed_rewrites_never_beat_the_plain_one_on_kdconv_rows() -> None:
     rows = kdconv_rows(KDCONV / "dev.json", require_gold=True)[:ROWS]
     means = _stuffing_means(rows, doc_entity, corpus=f"kdconv:{KDCONV / 'kb_travel.json'}")
