@@ -19,7 +19,6 @@ from queryrl.rewards.functions import (
 )
 from queryrl.rewards.json_extract import extract_json, json_objects, validate
 from queryrl.rewards.judge import (
-    PAIRWISE_VERDICT_SCHEMA,
     JudgeClient,
     JudgeConfigError,
     JudgeResult,
@@ -47,7 +46,6 @@ from queryrl.rewards.trl_style import TrainerState, TRLRewardFunction, is_trl_st
 __all__ = [
     "BUILTIN_SCORERS",
     "MANAGER_OPTIONS",
-    "PAIRWISE_VERDICT_SCHEMA",
     "REWARD_MANAGERS",
     "AsyncRewardManager",
     "BatchRewardManager",

@@ -28,8 +28,8 @@ route but ``GET /health`` (FastAPI's ``/docs`` and ``/openapi.json`` too) wants 
 Built-in judges (:func:`load_judge_function`). ``constant`` and ``length`` answer the query-rewrite
 application's full rubric (``RUBRIC_VERDICT_SCHEMA``: every side has ``quality`` 0-16, ``relevance``,
 ``completeness``, ``retrieval`` 0-8 and their ``sum`` 0-40), so ``judge.backend=openai`` pointed at
-them accepts every verdict (and so does :data:`~queryrl.rewards.judge.PAIRWISE_VERDICT_SCHEMA`, which
-needs only the sums):
+them accepts every verdict (and so does the reward's
+:data:`~queryrl.apps.query_rewrite.reward.judging.PAIRWISE_VERDICT_SCHEMA`, which needs only the sums):
 
 - ``constant``: always a tie, 20 of 40 each (:data:`CONSTANT_VERDICT`);
 - ``echo``: the last user message's text (no schema: for tests of the transport);

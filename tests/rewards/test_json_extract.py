@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from queryrl.apps.query_rewrite.reward.judging import PAIRWISE_VERDICT_SCHEMA
 from queryrl.rewards.json_extract import MAX_STARTS, extract_json, json_objects, validate
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
 
 VERDICT = {"better": "8b", "score": {"8b": {"quality": 9, "sum": 31}, "32b": {"quality": 7, "sum": 25}}}
 
@@ -215,8 +215,8 @@ def test_schema_typos_fail_loudly() -> None:
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
 def test_a_non_finite_number_fails_the_schema_where_the_verdict_is_read(value: str) -> None:
     """NaN < 0 and NaN > 40 are both false: without the check a NaN sum passed the rubric's bounds."""
+    from queryrl.apps.query_rewrite.reward.judging import PAIRWISE_VERDICT_SCHEMA
     from queryrl.rewards.json_extract import parse_verdict
-    from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
 
     reply = f'{{"better": "8b", "score": {{"8b": {{"sum": {value}}}, "32b": {{"sum": 20}}}}}}'
     verdict, error = parse_verdict(reply, PAIRWISE_VERDICT_SCHEMA)

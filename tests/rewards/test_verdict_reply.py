@@ -9,9 +9,9 @@ import json
 import pytest
 
 from queryrl.apps.query_rewrite.intent.judge import INTENT_SCHEMA
-from queryrl.apps.query_rewrite.reward.judging import RUBRIC_VERDICT_SCHEMA
+from queryrl.apps.query_rewrite.reward.judging import PAIRWISE_VERDICT_SCHEMA, RUBRIC_VERDICT_SCHEMA
 from queryrl.rewards.json_extract import parse_verdict, reply_object
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, JudgeClient
+from queryrl.rewards.judge import JudgeClient
 from queryrl.testing.judge_server import CONSTANT_VERDICT, make_app, running_server
 
 EXAMPLE = json.dumps(CONSTANT_VERDICT)

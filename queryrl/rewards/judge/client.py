@@ -3,7 +3,7 @@ and per-step accounting. Used by the query-rewrite judge (docs/query-rewriter.md
 
     client = JudgeClient("https://api.openai.com/v1", "gpt-5", reasoning_effort="low", cache_dir="~/.cache/judge")
     print(client.check_sync())  # before a long job: the key, GET /models, one small request with these settings
-    result = await client.judge(messages, schema=PAIRWISE_VERDICT_SCHEMA)
+    result = await client.judge(messages, schema=VERDICT_SCHEMA)  # the caller's JSON schema of a verdict
     if result.verdict is None:
         ...  # failed: result.error says why. Never replace it with a neutral score (the users' code returns 0.5).
     metrics = collect_judge_metrics()  # the trainer, once per step: judge/* summed over every live client
@@ -89,22 +89,6 @@ log = logging.getLogger(__name__)
 
 NO_KEY_PLACEHOLDER = "EMPTY"
 CACHE_VERSION = 2  # 2: verdicts are whole replies (a verdict read from a refusal's prose is not reused)
-
-# The users' pairwise verdict, sums in [0, 40]:
-# {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}
-_SIDE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["sum"],
-    "properties": {"sum": {"type": "number", "minimum": 0, "maximum": 40}},
-}
-PAIRWISE_VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["better", "score"],
-    "properties": {
-        "better": {"enum": ["8b", "32b", "same"]},
-        "score": {"type": "object", "required": ["8b", "32b"], "properties": {"8b": _SIDE_SCHEMA, "32b": _SIDE_SCHEMA}},
-    },
-}
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from queryrl.apps.query_rewrite.reward.judging import PAIRWISE_VERDICT_SCHEMA
 from queryrl.rewards.judge import (
-    PAIRWISE_VERDICT_SCHEMA,
     JudgeClient,
     JudgeConfigError,
     JudgeResult,

@@ -53,7 +53,7 @@ from queryrl.apps.query_rewrite.intent.check import check_intent
 from queryrl.apps.query_rewrite.metrics import mrr, ndcg_at_k, recall_at_k
 from queryrl.rag.rewriters import last_user_turn
 from queryrl.rewards.json_extract import validate
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA, JudgeClient, JudgeResult
+from queryrl.rewards.judge import JudgeClient, JudgeResult
 
 SCORE_SCALE = 40.0
 DIMENSION_MAX = {"quality": 16.0, "relevance": 8.0, "completeness": 8.0, "retrieval": 8.0}  # 40/20/20/20 %
@@ -65,6 +65,21 @@ _SIDE: dict[str, Any] = {
     "properties": {
         **{name: {"type": "number", "minimum": 0, "maximum": top} for name, top in DIMENSION_MAX.items()},
         "sum": {"type": "number", "minimum": 0, "maximum": SCORE_SCALE},
+    },
+}
+# The users' pairwise verdict as the reward reads it (sums in [0, 40]):
+# {"better": "8b"|"32b"|"same", "score": {"8b": {..., "sum"}, "32b": {..., "sum"}}}
+_SIDE_SUM: dict[str, Any] = {
+    "type": "object",
+    "required": ["sum"],
+    "properties": {"sum": {"type": "number", "minimum": 0, "maximum": int(SCORE_SCALE)}},
+}
+PAIRWISE_VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["better", "score"],
+    "properties": {
+        "better": {"enum": [*LABELS, "same"]},
+        "score": {"type": "object", "required": list(LABELS), "properties": dict.fromkeys(LABELS, _SIDE_SUM)},
     },
 }
 # The full rubric schema, for asking an LLM (JudgeClient.judge(messages, schema=RUBRIC_VERDICT_SCHEMA)).

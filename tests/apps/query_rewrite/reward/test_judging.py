@@ -9,6 +9,7 @@ import pytest
 
 from queryrl.apps.query_rewrite.fencing import DATA_CLOSE, DATA_OPEN
 from queryrl.apps.query_rewrite.reward.judging import (
+    PAIRWISE_VERDICT_SCHEMA,
     RUBRIC_VERDICT_SCHEMA,
     OfflineJudge,
     build_judge_messages,
@@ -18,7 +19,6 @@ from queryrl.apps.query_rewrite.reward.judging import (
     swap_verdict,
 )
 from queryrl.rewards.json_extract import parse_verdict, validate
-from queryrl.rewards.judge import PAIRWISE_VERDICT_SCHEMA
 
 CONTEXTS = [
     {"role": "user", "content": "X1 手机多少钱"},
