@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: lock demo demo-toy demo-agent test test-quick lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-speed bench-logits bench-real real-models \
+	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-toy bench-demo-speed bench-logits bench-real real-models \
 	gpu-check gpu-wheels docs
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -44,7 +44,8 @@ demo-agent: $(STAMP)
 	$(BIN)/queryrl train --config configs/agent_calculator.yaml model.path=runs/agent_calculator/sft \
 		"rollout.multi_turn.prefix_key=''" actor.lr=1e-4 actor.use_kl_loss=true trainer.total_steps=8 trainer.resume=disable
 
-# The toy GRPO preset: a tiny model learns to say "hello" from reward alone (about a minute).
+# The toy GRPO preset: a tiny model learns to say "hello" from reward alone (about half a minute; make bench-demo-toy
+# times it: benchmarks/results/demo_toy.json).
 demo-toy: $(STAMP)
 	$(BIN)/queryrl train --config configs/toy_grpo.yaml
 
@@ -55,10 +56,14 @@ bench-step: $(STAMP)
 bench-demo-speed: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/demo_speed.py
 
-# make demo for seeds 1,2,3 x OMP_NUM_THREADS 1,2, two runs at a time (66 minutes here, sharing 2 cores with KdConv runs): GRPO's gain over SFT with paired
-# intervals in every run -> benchmarks/results/demo_seeds.json
+# make demo for seeds 1,2,3, one thread, one run at a time (20-22 min a run, about an hour in all): GRPO's gain over
+# SFT with paired intervals in every run -> benchmarks/results/demo_seeds.json (the numbers README cites)
 bench-demo-seeds: $(STAMP)
-	$(BIN)/python benchmarks/demo_seeds.py --jobs 2
+	$(BIN)/python benchmarks/demo_seeds.py --seeds 1,2,3 --threads 1 --jobs 1
+
+# make demo-toy timed, 3 runs one after another: wall time and the reward's rise -> benchmarks/results/demo_toy.json
+bench-demo-toy: $(STAMP)
+	$(BIN)/python benchmarks/demo_toy.py
 
 # KdConv travel (../shared/data/kdconv/travel; KDCONV_DIR to change): SFT + GRPO on dev.json's training
 # conversations, evaluation on the held-out ones (or on the KdConv file $KDCONV_TEST) against the
