@@ -6,11 +6,11 @@ failure (:class:`~queryrl.apps.query_rewrite.eval.samples.Answer` with ``query``
 an abstention. Where the reply carries no profile or summary, the row's own go to ``/rag/chat_8b``.
 
 A model may decode with a vocabulary-restricted head (``--vocab-ids``, :func:`vocab_files`; the head of
-``model.vocab.restrict``, :mod:`queryrl.models.vocab`): its greedy token is then the argmax over the kept ids,
-the full head's token wherever that one is kept. The option names its files explicitly rather than reading a
-``vocab_ids.json`` found in a model folder: the replies, and so the metrics, would otherwise change with a
-side file (a restricted SFT's folder evaluated beside other models), and a ``BASE+ADAPTER`` system has no one
-folder that would carry it.
+``model.vocab.restrict``, :mod:`queryrl.models.vocab`): its greedy token is then the argmax over the kept ids
+and the evaluated prompts' own tokens, the full head's token wherever that one is kept. The option names its
+files explicitly rather than reading a ``vocab_ids.json`` found in a model folder: the replies, and so the
+metrics, would otherwise change with a side file (a restricted SFT's folder evaluated beside other models), and
+a ``BASE+ADAPTER`` system has no one folder that would carry it.
 """
 
 from __future__ import annotations
@@ -123,8 +123,9 @@ def generate_replies(
 ) -> list[list[str]]:
     """The replies of the model in `path` to each chat prompt: ``params.n`` per prompt, decoded.
 
-    With `vocab` (sorted kept token ids) the model decodes with its head restricted to them
-    (:func:`~queryrl.models.vocab.restrict_head`).
+    With `vocab` (sorted kept token ids) the model decodes with its head restricted to them and to every token of
+    the evaluated prompts (:func:`~queryrl.models.vocab.restrict_head`): the run's kept set covers its training
+    prompts, and a rewrite of a held-out conversation copies from that conversation (its input, not its label).
 
     With `adapters` (LoRA adapter folders) the model is `path` with each merged into it in order, in float32
     (:func:`~queryrl.models.adapters.load_with_adapters`); the tokenizer is `path`'s.
@@ -157,10 +158,10 @@ def generate_replies(
     else:
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[model_dtype(path, dtype, dev.type)])
     model = loaded.to(dev)
-    if vocab is not None:
-        _restrict(model, vocab, path)
-    rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     encoded = [encode_prompt(tokenizer, list(p)) for p in prompts]
+    if vocab is not None:  # a rewrite copies from its conversation: the prompts' own tokens stay reachable
+        _restrict(model, sorted(set(vocab).union(*encoded)), path)
+    rollout = HFRollout(model, tokenizer, micro_batch_size=batch_size, device=dev)
     # shortest first, so that a micro-batch pads its prompts little (split 0's 167 held-out KdConv prompts, batches
     # of 8: 55,275 prompt slots instead of 72,273 in file order, 54,100 real tokens); replies go back in file order
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))

@@ -40,9 +40,14 @@ def _full_greedy_ids(folder: Path, prompts: list[list[dict[str, str]]]) -> tuple
 
 
 def test_greedy_gives_the_full_heads_tokens_where_they_are_kept(tiny_cfg: DictConfig, model_cache: Path) -> None:
-    """Kept: every greedy choice of the full head (and every 5th id): the same replies. One first choice left
-    out: that reply changes (the restricted head is what decoded)."""
-    from queryrl.models.loading import resolve_model_path
+    """Kept: every greedy choice of the full head (and every 5th id): the same replies. A kept-ids file without
+    any of the prompts' tokens: still the same replies, since the evaluated prompts' own tokens stay reachable
+    (the tiny model's greedy replies copy prompt tokens, as a rewrite copies from its conversation)."""
+    from omegaconf import OmegaConf
+
+    from queryrl.config import ModelConfig
+    from queryrl.data.prompts import encode_prompt
+    from queryrl.models.loading import load_tokenizer, resolve_model_path
 
     folder = resolve_model_path(tiny_cfg.model)
     prompts = [s.prompt for s in load_samples(DATA, 4, str(model_cache))]
@@ -54,10 +59,11 @@ def test_greedy_gives_the_full_heads_tokens_where_they_are_kept(tiny_cfg: DictCo
     assert len(kept) < vocab // 2
     assert generate_replies(folder, prompts, GREEDY, batch_size=4, device="cpu", vocab=kept) == full
 
-    first = int(ids[0, 0])
-    without = sorted(set(kept) - {first})
-    cut = generate_replies(folder, prompts, GREEDY, batch_size=4, device="cpu", vocab=without)
-    assert cut[0] != full[0]
+    tokenizer = load_tokenizer(OmegaConf.structured(ModelConfig(path=str(folder))))
+    prompt_tokens = set().union(*(encode_prompt(tokenizer, p) for p in prompts))
+    assert chosen <= prompt_tokens, "the tiny model's greedy replies no longer copy prompt tokens: pick other rows"
+    bare = sorted(set(range(0, vocab, 5)) - prompt_tokens)
+    assert generate_replies(folder, prompts, GREEDY, batch_size=4, device="cpu", vocab=bare) == full
 
 
 def test_the_eval_json_says_how_each_system_decoded(tmp_path: Path, tiny_cfg: DictConfig, model_cache: Path) -> None:
