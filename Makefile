@@ -170,14 +170,14 @@ test-quick: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=10
 
 lint: $(STAMP)
-	$(BIN)/ruff check queryrl tests tools benchmarks
-	$(BIN)/ruff format --check queryrl tests tools benchmarks
+	$(BIN)/ruff check queryrl tests tools benchmarks experiments
+	$(BIN)/ruff format --check queryrl tests tools benchmarks experiments
 	$(BIN)/mypy --strict queryrl/algos
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff format queryrl tests tools benchmarks
-	$(BIN)/ruff check --fix queryrl tests tools benchmarks
+	$(BIN)/ruff format queryrl tests tools benchmarks experiments
+	$(BIN)/ruff check --fix queryrl tests tools benchmarks experiments
 
 install: $(STAMP)
 

@@ -6,7 +6,7 @@
     python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
     KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-The defaults are the recipe measured in ``benchmarks/logs/real_model.md`` (levers 4, 8, 17, 18 and 24): 320 warm-up
+The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18 and 24): 320 warm-up
 turns whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves gold
 (``--warmup-samples 0``), 320 characters of history in the prompt, 2 SFT epochs, 40 GRPO steps of 4 prompts x 4 with
 LoRA on every linear layer of a block (``--grpo-lora-targets``; the warm-up's LoRA is on the attention projections),
@@ -367,7 +367,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
     parser.add_argument("--fp32-check", type=int, default=32, help="rows evaluated in float32 too (with bfloat16)")
     # warm-up
-    # defaults: the measured recipe of benchmarks/logs/real_model.md (levers 4 and 8); on Gemma 3 270M the model's own
+    # defaults: the measured recipe of experiments/logs/real_model.md (levers 4 and 8); on Gemma 3 270M the model's own
     # samples never won a turn, so the warm-up is the reference's answers that retrieve gold (--warmup-samples 0)
     parser.add_argument("--warmup-rows", type=int, default=320, help="training turns sampled for the warm-up")
     parser.add_argument(

@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 SEEDS = "benchmarks/results/demo_seeds.json"
 TOY = "benchmarks/results/demo_toy.json"
 GPU = "benchmarks/results/gpu_check.json"
-GRID = "benchmarks/results/levers/seed_grid.json"
-GRID24 = "benchmarks/results/levers/seed_grid_lever24.json"
+GRID = "benchmarks/results/seed_grid.json"
+GRID24 = "benchmarks/results/seed_grid_lever24.json"
 Hole = tuple[str, Callable[[Any], Any], str]  # file, value of its JSON, format
 
 
@@ -126,7 +126,7 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
     ("(peak {} GiB allocated)", [(GPU, at("memory_8b", "peak_allocated_gib"), ".1f")]),
     ("all {} checks pass", [(GPU, checks_passed, "words")]),
     # the pretrained model, today's defaults (seed_grid_lever24.json)
-    ("({} runs; `benchmarks/levers/seed_grid.py`", [(GRID24, at("pooled", "runs"), "d")]),
+    ("({} runs; `benchmarks/seed_grid.py`", [(GRID24, at("pooled", "runs"), "d")]),
     ("({}-{} held-out turns each)", [(GRID24, lambda d: min(v["turns"] for v in d["pooled_by_split"].values()), "d"),
                                      (GRID24, lambda d: max(v["turns"] for v in d["pooled_by_split"].values()), "d")]),
     ("above its warm-up by {} Recall@5 [{}, {}] (over conversations [{}, {}]), reaches {}x concat_last3", [
@@ -175,7 +175,7 @@ UNTIED: dict[str, str] = {
     "270": "Gemma 3 270M: the model's name",
     "320": "320 characters of history: the recipe's setting",
     "24": "lever 24: the lever's number",
-    # the real-model run's time: measured on runs whose JSON files are spread over benchmarks/results/levers/ (one
+    # the real-model run's time: measured on runs whose JSON files are spread over experiments/results/ (one
     # with KDCONV_TEST, float32 and AVX2 runs): not tied to one results file yet
     "65": "a run's minutes with KDCONV_TEST (bf16): a lever run's wall time, not tied yet",
     "29": "minutes of that run's KDCONV_TEST eval: not tied yet",

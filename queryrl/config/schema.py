@@ -285,7 +285,7 @@ class SFTConfig:
     min_lr_ratio: float = 0.0  # the schedule's floor, a fraction of lr
     grad_clip: float = 1.0  # the gradient norm's clip
     # > 0: also learn the prompt tokens (the conversation), weighted against the target's mean loss; a
-    # model trained from scratch gets ~14x more supervised tokens per step (see benchmarks/logs/rewriter_learning.md)
+    # model trained from scratch gets ~14x more supervised tokens per step (see experiments/logs/rewriter_learning.md)
     prompt_loss_weight: float = 0.0
     eval_every: int = 0  # validation loss every N steps; 0 = only at the end
     output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft

@@ -67,7 +67,7 @@ def store_frozen_in_compute_dtype(model: nn.Module, dtype: torch.dtype) -> None:
 
     A frozen ``lm_head`` tied to the frozen input embeddings gets a copy of its own in `dtype` (the embeddings
     keep theirs): autocast would otherwise cast the whole (vocabulary, hidden) matrix on every forward (282 ms a
-    call for Qwen2-0.5B's 151,936 x 896 on a 2-core EPYC in bf16, benchmarks/logs/trl_vs_queryrl_real.md). The
+    call for Qwen2-0.5B's 151,936 x 896 on a 2-core EPYC in bf16, experiments/logs/trl_vs_queryrl_real.md). The
     copy costs its size in `dtype`. A trained embedding stays tied: the head must follow its updates.
     """
     embed = getattr(model, "get_input_embeddings")() if hasattr(model, "get_input_embeddings") else None  # noqa: B009

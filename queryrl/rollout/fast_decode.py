@@ -77,7 +77,7 @@ __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "uns
 # wide (the fused gate/up of a 0.5B model, any large vocabulary's lm_head) times 2 to SKINNY_ROWS rows of a CPU
 # batch runs as ``(W h^T)^T``: MKL's sgemm is 1.1-1.6x faster in that orientation than in ``h W^T`` (F.linear's)
 # on this project's CPU, one thread (8 rows: 13.2 against 8.3 ms for 9,728 x 896, 3.0 against 2.3 ms for
-# 4,096 x 640, 235 against 159 ms for the 151,936 x 896 head; benchmarks/levers/skinny_matmul.py). Smaller
+# 4,096 x 640, 235 against 159 ms for the 151,936 x 896 head; experiments/skinny_matmul.py). Smaller
 # matrices are slower that way (3,072 x 576: 1.35 against 2.13 ms; the tiny model's 2-3x), as are square or
 # narrow ones, and one row gains nothing: they keep F.linear.
 WIDE_RATIO = 4

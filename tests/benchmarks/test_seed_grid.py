@@ -1,4 +1,4 @@
-"""benchmarks/levers/seed_grid.py's ``--against``: a lever's grid minus the recipe's, seeds averaged per turn."""
+"""benchmarks/seed_grid.py's ``--against``: a lever's grid minus the recipe's, seeds averaged per turn."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "seed_grid", Path(__file__).resolve().parents[2] / "benchmarks" / "levers" / "seed_grid.py"
+    "seed_grid", Path(__file__).resolve().parents[2] / "benchmarks" / "seed_grid.py"
 )
 assert _SPEC is not None
 assert _SPEC.loader is not None

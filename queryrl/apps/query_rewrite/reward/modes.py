@@ -208,7 +208,7 @@ def retrieval_graded_reward(
     (`intent_kept` false) or one at twice its length budget (`length` 0, :func:`length_factor`) scores 0.
     Sources: a rank incentive as in ConvSearch-R1 (arXiv:2505.15776, :func:`retrieval_rank_reward`), with
     nDCG's log discount instead of its linear one; the score margin is this project's (the replay
-    ``benchmarks/levers/replay_flat_groups.py`` measured it), not taken from a paper.
+    ``experiments/replay_flat_groups.py`` measured it), not taken from a paper.
 
     Returns:
         the reward, or None when there is no gold (not applicable).

@@ -2,10 +2,10 @@
 
 For pairs that the eval's ``--compare`` did not make:
 
-    python benchmarks/levers/pair_systems.py runs/levers/allrows100_s0/eval_samples.jsonl grpo_100 grpo_60
-    python benchmarks/levers/pair_systems.py --conversations runs/levers/allrows100_s0/eval_samples.jsonl \
+    python benchmarks/pair_systems.py runs/levers/allrows100_s0/eval_samples.jsonl grpo_100 grpo_60
+    python benchmarks/pair_systems.py --conversations runs/levers/allrows100_s0/eval_samples.jsonl \
       grpo_60 reference
-    python benchmarks/levers/pair_systems.py --conversations runs/levers/entropy_s0/eval/eval_samples.jsonl \
+    python benchmarks/pair_systems.py --conversations runs/levers/entropy_s0/eval/eval_samples.jsonl \
       grpo grpo --b-from runs/bench_real_bf16/eval/eval_samples.jsonl
 
 Reads the per-turn metrics of ``eval_samples.jsonl`` (the turns with gold documents) and prints, for

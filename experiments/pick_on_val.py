@@ -1,8 +1,8 @@
 """Choose a GRPO checkpoint on the validation rows, never on the held-out ones.
 
-    SPLIT=val WARMUP=0 benchmarks/levers/eval_all_rows.sh runs/bench_real_gemma_s0 runs/levers/val_s0 \
+    SPLIT=val WARMUP=0 experiments/eval_all_rows.sh runs/bench_real_gemma_s0 runs/levers/val_s0 \
       grpo_20=... grpo_40=... grpo_60=...
-    python benchmarks/levers/pick_on_val.py runs/levers/val_s0/eval.json
+    python experiments/pick_on_val.py runs/levers/val_s0/eval.json
 
 Reads a ``queryrl eval`` of saved checkpoints (systems named ``<prefix>_<step>``, ``--prefix``, default
 ``grpo``) on the bench's validation split and prints, as JSON, each checkpoint's Recall@5 and MRR there and

@@ -1,6 +1,6 @@
 """Which extra reward would split GRPO's flat groups? A replay of a run's logged groups (lever 21).
 
-    python benchmarks/levers/replay_flat_groups.py runs/levers/hist320_gold_s0 runs/levers/hist320_gold_s1
+    python experiments/replay_flat_groups.py runs/levers/hist320_gold_s0 runs/levers/hist320_gold_s1
 
 For each run folder, reads the groups its GRPO samples files hold (``grpo_run/samples/step_*.jsonl``) and counts,
 over the groups whose turn has gold documents: the groups with a reward spread, the flat ones, those of them whose
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_KB = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kdconv" / "travel" / "kb_travel.json"
+DEFAULT_KB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kdconv" / "travel" / "kb_travel.json"
 
 
 def groups_of(run: Path) -> list[list[dict[str, Any]]]:

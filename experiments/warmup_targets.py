@@ -1,7 +1,7 @@
 """How well candidate SFT targets retrieve on the bench's warm-up turns, before any training (lever 17).
 
-    python benchmarks/levers/warmup_targets.py --seed 0      # JSON on stdout
-    python benchmarks/levers/warmup_targets.py --seed 1 --rows 320 --history-chars 160
+    python experiments/warmup_targets.py --seed 0      # JSON on stdout
+    python experiments/warmup_targets.py --seed 1 --rows 320 --history-chars 160
 
 The turns are those ``make bench-real`` warms up on: the KdConv travel split of ``--seed`` prepared as the bench
 prepares it (:func:`~queryrl.apps.query_rewrite.data.kdconv_prep.prepare`, text answers), shuffled with the same
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_KDCONV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "kdconv" / "travel"
+DEFAULT_KDCONV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "kdconv" / "travel"
 
 
 def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference: str) -> dict[str, str]:

@@ -2,13 +2,13 @@
 # Continue a finished GRPO run of benchmarks/real_model.py to more steps, then evaluate every saved step
 # on the same held-out rows as the bench (one lever: "more GRPO steps", without paying the first steps again).
 #
-#   benchmarks/levers/continue_grpo.sh BENCH_WORK OUT STEPS [EVERY] [EVAL_ROWS]
+#   experiments/continue_grpo.sh BENCH_WORK OUT STEPS [EVERY] [EVAL_ROWS]
 #
 # BENCH_WORK: the --work folder of a finished bench run (its data/, warmup/, grpo_run/ and grpo/);
 # OUT: a new folder (grpo_run/ is copied there and resumed, so BENCH_WORK is left as it was);
 # STEPS: the new trainer.total_steps; EVERY: save (and evaluate) every EVERY steps (default 20);
-# EVAL_ROWS: the first N held-out rows (default 64, as the levers in benchmarks/logs/real_model.md); 0: export the
-# saved steps but evaluate nothing (then benchmarks/levers/eval_all_rows.sh evaluates the ones wanted).
+# EVAL_ROWS: the first N held-out rows (default 64, as the levers in experiments/logs/real_model.md); 0: export the
+# saved steps but evaluate nothing (then experiments/eval_all_rows.sh evaluates the ones wanted).
 # BASE_WORK (environment): where data/ and warmup/ are, when BENCH_WORK is itself a continuation (default BENCH_WORK).
 # DTYPE (environment): the eval's compute dtype, float32 (default, as the levers were measured) or bfloat16 (as the
 # bench chooses where the CPU has it: compare like with like).
@@ -17,7 +17,7 @@
 set -euo pipefail
 work=$(realpath "$1"); out=$(realpath -m "$2"); steps=$3; every=${4:-20}; rows=${5:-64}
 base=$(realpath "${BASE_WORK:-$1}")
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
 queryrl="$here/.venv/bin/queryrl"
 config="$here/configs/query_rewrite_kdconv.yaml"
 kb="${KDCONV_DIR:-$here/../shared/data/kdconv/travel}/kb_travel.json"

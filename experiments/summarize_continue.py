@@ -1,6 +1,6 @@
-"""The result JSON of one ``benchmarks/levers/continue_grpo.sh`` run (lever 8 of benchmarks/logs/real_model.md).
+"""The result JSON of one ``experiments/continue_grpo.sh`` run (lever 8 of experiments/logs/real_model.md).
 
-    python benchmarks/levers/summarize_continue.py OUT RESULT.json
+    python experiments/summarize_continue.py OUT RESULT.json
 
 Reads ``OUT/eval/eval.json`` (the systems and their paired comparisons), ``OUT/eval/eval_samples.jsonl``
 (paired differences between the saved steps) and ``OUT/grpo_run/metrics.jsonl`` (per 20-step window: the
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # common, real_model
 
 from common import write_json
 from compare_evals import paired, rows

@@ -1,6 +1,6 @@
 """CPU time of a wide float32 matrix times a few rows, in F.linear's orientation ``h W^T`` and as ``(W h^T)^T``.
 
-    python benchmarks/levers/skinny_matmul.py
+    python experiments/skinny_matmul.py
 
 One thread; the shapes of a decode step of the 0.5B bench model (Qwen2-0.5B: fused gate/up 9,728 x 896,
 one of them 4,864 x 896, a 2,048-row matrix, the 151,936 x 896 head), Gemma 3 270M's and SmolLM2's fused

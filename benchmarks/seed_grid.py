@@ -17,8 +17,8 @@ spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON
   splits a cluster is one conversation of one split: the split seeds draw their held-out conversations from one
   KdConv file, so a conversation can be held out in two splits, with a different model each time.
 
-    python benchmarks/levers/seed_grid.py benchmarks/results/levers/real_model_bf16_gold_entity_hist320_s0.json \\
-      benchmarks/results/levers/real_model_bf16_grposeed8_s0.json ... --out benchmarks/results/levers/seed_grid.json
+    python benchmarks/seed_grid.py experiments/results/real_model_bf16_gold_entity_hist320_s0.json \\
+      experiments/results/real_model_bf16_grposeed8_s0.json ... --out benchmarks/results/seed_grid.json
 
 A lever on the grid unit: ``--against BASELINE_JSONS...`` (the recipe's grid, from the same warm-ups) adds, per split
 and over the splits both grids hold, the lever's GRPO score minus the baseline's, each turn's score averaged over

@@ -1,6 +1,6 @@
 """Wall and CPU time of ``queryrl eval``'s greedy generation alone, for one model on the first rows of a data file.
 
-    python benchmarks/levers/eval_speed.py --model runs/levers/hist320_gold_s0/warmup \
+    python experiments/eval_speed.py --model runs/levers/hist320_gold_s0/warmup \
       --data runs/levers/mlp_g7_s0/data/test.parquet --rows 64 --threads 1 --out replies.json
 
 What it times is :func:`queryrl.apps.query_rewrite.eval.generation.generate_replies` (model load, prompt encoding,

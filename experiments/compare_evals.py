@@ -1,7 +1,7 @@
 """Paired Recall@5 difference of one system in two ``queryrl eval`` runs on the same rows (e.g. two GRPO
-models from the same warm-up: benchmarks/logs/real_model.md, levers 6 and 7).
+models from the same warm-up: experiments/logs/real_model.md, levers 6 and 7).
 
-    python benchmarks/compare_evals.py runs/levers/depth_s0/eval/eval_samples.jsonl grpo \\
+    python experiments/compare_evals.py runs/levers/depth_s0/eval/eval_samples.jsonl grpo \\
         runs/bench_real_gemma_s0/eval/eval_samples.jsonl grpo
 
 Prints the mean difference (A - B) with a 95 % percentile bootstrap interval over rows (5,000 resamples,

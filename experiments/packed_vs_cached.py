@@ -1,8 +1,8 @@
 """The two prompt-sharing forwards timed against each other: the cached one (`shared_prompt_response_logits`,
 without gradient checkpointing) and the packed one (`packed_prompt_response_logits`, what runs under it).
 
-    python benchmarks/levers/packed_vs_cached.py                      # the tiny model: 8 prompts x 8, 24 + 32 tokens
-    python benchmarks/levers/packed_vs_cached.py --prompt 200 --response 32 --prompts 2 --samples 4 --model DIR
+    python experiments/packed_vs_cached.py                      # the tiny model: 8 prompts x 8, 24 + 32 tokens
+    python experiments/packed_vs_cached.py --prompt 200 --response 32 --prompts 2 --samples 4 --model DIR
 
 One thread, the model in training mode, random prompts and responses; per path the median CPU time of a forward,
 the log-probs and a backward (8 calls, the first 2 left out), two rounds alternating the paths. JSON on stdout.

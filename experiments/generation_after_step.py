@@ -1,6 +1,6 @@
 """Generation CPU time of a LoRA policy right after an adapter change, with the queryrl of a given checkout.
 
-    python benchmarks/levers/generation_after_step.py REPO MODEL_FOLDER CALLS [--profile]
+    python experiments/generation_after_step.py REPO MODEL_FOLDER CALLS [--profile]
 
 Measures a generation lever across commits: REPO is a checkout (e.g. a worktree of an earlier commit)
 whose ``queryrl`` is imported instead of the installed one; MODEL_FOLDER a causal LM (e.g.

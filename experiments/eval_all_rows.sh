@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Evaluate saved lever models on every held-out row of a bench split (the levers in benchmarks/logs/real_model.md use
+# Evaluate saved lever models on every held-out row of a bench split (the levers in experiments/logs/real_model.md use
 # the first 64): the bench's baselines, the warm-up and each NAME=MODEL given, each GRPO model paired with
 # the warm-up, the reference and concat_last3.
 #
-#   benchmarks/levers/eval_all_rows.sh BENCH_WORK OUT NAME=MODEL [NAME=MODEL ...]
+#   experiments/eval_all_rows.sh BENCH_WORK OUT NAME=MODEL [NAME=MODEL ...]
 #
 # BENCH_WORK: the --work folder of a bench run (its data/test.parquet and warmup/); OUT: a new folder.
 # SPLIT (environment): the split to evaluate, test (default) or val (to choose a checkpoint on: pick_on_val.py);
@@ -12,7 +12,7 @@
 # bench chooses where the CPU has it: compare like with like).
 set -euo pipefail
 work=$(realpath "$1"); out=$(realpath -m "$2"); shift 2
-here=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")/.." && pwd)
 kb="${KDCONV_DIR:-$here/../shared/data/kdconv/travel}/kb_travel.json"
 split=${SPLIT:-test}; rows=${ROWS:-0}
 [ -f "$work/data/$split.parquet" ] || { echo "$work/data/$split.parquet: not a bench run"; exit 2; }
