@@ -210,6 +210,9 @@ class CriticConfig:
     weight_decay: float = 0.01  # AdamW's, as the actor's
     warmup_steps: int = 0  # steps before the actor starts updating (verl's critic_warmup)
     lr_warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's, as the actor's
+    lr_schedule: str = "constant"  # after the warm-up: constant | cosine | linear (verl's critic.optim too)
+    min_lr_ratio: float = 0.0  # the cosine/linear schedule's floor, a fraction of lr
     grad_clip: float = 1.0  # the gradient norm's clip
     ppo_epochs: int = 1  # passes over each batch
     ppo_micro_batch_size: int = 8
@@ -280,6 +283,7 @@ class SFTConfig:
     micro_batch_size: int = 8  # sequences per forward pass (gradients accumulate to batch_size)
     lr: float = 1e-4  # the peak learning rate
     weight_decay: float = 0.0  # AdamW's
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's
     warmup_steps: int = 0  # linear learning-rate warm-up, in optimizer steps
     lr_schedule: str = "cosine"  # constant | cosine | linear
     min_lr_ratio: float = 0.0  # the schedule's floor, a fraction of lr
@@ -308,6 +312,9 @@ class TrainerConfig:
     malloc_mmap_threshold_mb: int = 64
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     log_every: int = 1  # write metrics every N steps
+    # also log each phase's CPU time of this process (time.process_time) as timing_cpu_s/<phase>: a shared
+    # machine inflates wall time, not CPU time; work in Ray workers or reward pools is not counted
+    cpu_timing: bool = False
     eval_every: int = 0  # 0 = only at the end
     eval_before_train: bool = False
     save_every: int = 0  # 0 = only at the end

@@ -37,7 +37,8 @@ _RANGES: tuple[tuple[str, float | None, float | None, bool, bool], ...] = (
     *((f"{node}.weight_decay", 0.0, None, False, False) for node in ("actor", "critic", "sft")),
     *((f"{node}.grad_clip", 0.0, None, True, False) for node in ("actor", "critic", "sft")),
     *((f"{node}.warmup_steps", 0, None, False, False) for node in ("actor", "critic", "sft")),
-    *((f"{node}.min_lr_ratio", 0.0, 1.0, False, False) for node in ("actor", "sft")),
+    *((f"{node}.min_lr_ratio", 0.0, 1.0, False, False) for node in ("actor", "critic", "sft")),
+    ("critic.lr_warmup_steps", 0, None, False, False),
     ("actor.clip_ratio_low", 0.0, None, False, False),
     ("actor.clip_ratio_high", 0.0, None, False, False),
     ("actor.clip_ratio_c", 1.0, None, True, False),  # dual-clip's c > 1 (arXiv:1912.09729)
@@ -127,7 +128,11 @@ def _check_algorithm_choices(cfg: DictConfig) -> None:
     choice(cfg.actor.kl_loss_type, KL_PENALTIES, "actor.kl_loss_type")
     choice(cfg.algo.kl_penalty, KL_PENALTIES, "algo.kl_penalty")
     choice(cfg.algo.kl_ctrl.type, ["fixed", "adaptive"], "algo.kl_ctrl.type")
-    choice(cfg.actor.lr_schedule, ["constant", "cosine", "linear"], "actor.lr_schedule")
+    for node in ("actor", "critic", "sft"):  # the optimizer of each role (engine/optim.optimizer_from_config)
+        choice(cfg[node].lr_schedule, ["constant", "cosine", "linear"], f"{node}.lr_schedule")
+        betas = list(cfg[node].betas)
+        if len(betas) != 2 or not all(isinstance(b, float | int) and 0.0 <= b < 1.0 for b in betas):
+            raise ConfigError(f"{node}.betas must be two numbers in [0, 1) (AdamW's beta1, beta2), got {betas}")
     choice(cfg.model.dtype, ["float32", "bfloat16", "float16"], "model.dtype")
     check_precision(cfg.model.dtype, cfg.model.compute_dtype)
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
@@ -226,7 +231,6 @@ def _check_sizes(cfg: DictConfig) -> None:
             f"max_tool_response_length >= 0 (got {mt.max_turns}, {mt.max_tool_calls}, {mt.tool_timeout_s}, "
             f"{mt.max_tool_response_length})"
         )
-    choice(cfg.sft.lr_schedule, ["constant", "cosine", "linear"], "sft.lr_schedule")
 
 
 def _check_length(cfg: DictConfig) -> None:

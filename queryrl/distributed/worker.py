@@ -104,7 +104,7 @@ class PolicyWorker:
     """
 
     def __init__(self, cfg: dict[str, Any], rank: int, world_size: int, roles: tuple[str, ...] = ROLES) -> None:
-        from queryrl.engine.optim import make_optimizer
+        from queryrl.engine.optim import optimizer_from_config
         from queryrl.engine.seeding import seed_everything
         from queryrl.models import ValueModel, load_policy, resolve_model_path
 
@@ -133,15 +133,8 @@ class PolicyWorker:
         if "actor" in roles:
             self.policy = load_policy(self.cfg.model, self.device, self.device, need_ref=need_ref and "ref" in roles)
             self.modules["actor"] = self.policy.model
-            actor = self.cfg.actor
-            self.optimizers["actor"], _ = make_optimizer(
-                self.policy.model.parameters(),
-                lr=actor.lr,
-                weight_decay=actor.weight_decay,
-                betas=(actor.betas[0], actor.betas[1]),
-                warmup_steps=0,
-                total_steps=1,
-            )
+            # the driver's scheduler sets the learning rate of every step (optimizer_step): this one's is unused
+            self.optimizers["actor"], _ = optimizer_from_config(self.policy.model.parameters(), self.cfg, "actor", 1)
         elif "ref" in roles:  # the initial policy, frozen (with LoRA: the base model, no adapters)
             base = OmegaConf.merge(self.cfg.model, {"lora": {"rank": 0}, "gradient_checkpointing": False})
             ref = load_policy(base, self.device, self.device, need_ref=False).model
@@ -151,14 +144,8 @@ class PolicyWorker:
 
             critic_path = self.cfg.critic.path or str(resolve_model_path(self.cfg.model))
             self.modules["critic"] = ValueModel.from_pretrained(Path(critic_path), self.cfg.model, self.device)
-            self.optimizers["critic"], _ = make_optimizer(
-                self.modules["critic"].parameters(),
-                lr=self.cfg.critic.lr,
-                weight_decay=self.cfg.critic.weight_decay,
-                betas=(0.9, 0.999),
-                warmup_steps=0,
-                total_steps=1,
-            )
+            critic = self.modules["critic"]
+            self.optimizers["critic"], _ = optimizer_from_config(critic.parameters(), self.cfg, "critic", 1)
 
     # --- the process group ----------------------------------------------------------------------
 
@@ -213,7 +200,7 @@ class PolicyWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from queryrl.engine.optim import make_optimizer
+        from queryrl.engine.optim import optimizer_from_config
         from queryrl.models.loading import compute_dtype, set_compute_dtype
 
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -224,17 +211,8 @@ class PolicyWorker:
                 precision = MixedPrecisionPolicy(param_dtype=mixed, reduce_dtype=torch.float32)
                 set_compute_dtype(module, None)
             fully_shard(module, mesh=mesh, reshard_after_forward=True, mp_policy=precision)  # in place
-            if role in self.optimizers:
-                settings = role_settings(role, self.cfg)
-                betas = (settings.betas[0], settings.betas[1]) if role == "actor" else (0.9, 0.999)
-                self.optimizers[role], _ = make_optimizer(
-                    module.parameters(),
-                    lr=settings.lr,
-                    weight_decay=settings.weight_decay,
-                    betas=betas,
-                    warmup_steps=0,
-                    total_steps=1,
-                )
+            if role in self.optimizers:  # over the shards; the driver's scheduler sets the learning rate
+                self.optimizers[role], _ = optimizer_from_config(module.parameters(), self.cfg, role, 1)
         self.fsdp = True
 
     def process(self) -> dict[str, Any]:

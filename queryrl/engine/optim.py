@@ -1,4 +1,8 @@
-"""AdamW with linear warm-up and a constant, cosine or linear schedule.
+"""AdamW with linear warm-up and a constant, cosine or linear schedule, built from a role's config node.
+
+:func:`optimizer_from_config` is the one way the trainers build an optimizer: each role's node
+(``actor``, ``critic``, ``sft``) names its AdamW settings and schedule, as torchtune builds each
+component from its config node and verl gives actor and critic the same ``optim`` section.
 
 AdamW updates the parameters in their own dtype and keeps its moments in it: float32 parameters
 (``model.dtype=float32``, with ``model.compute_dtype=bfloat16`` for bf16 compute) are the float32
@@ -13,6 +17,7 @@ import warnings
 from collections.abc import Iterable
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 
@@ -74,3 +79,34 @@ def make_optimizer(
         optimizer, lambda step: lr_lambda(step, warmup_steps, total_steps, schedule, min_lr_ratio)
     )
     return optimizer, scheduler
+
+
+# the node of each role and its key for the learning-rate warm-up: the critic's ``warmup_steps`` is verl's
+# ``critic_warmup`` (steps before the actor starts updating), so its learning-rate warm-up is ``lr_warmup_steps``
+OPTIM_ROLES: dict[str, str] = {"actor": "warmup_steps", "critic": "lr_warmup_steps", "sft": "warmup_steps"}
+
+
+def optimizer_from_config(
+    params: Iterable[nn.Parameter], cfg: DictConfig, role: str, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `params` and its schedule, as the run config `cfg` sets them for `role` (actor, critic, sft).
+
+    The node ``cfg.<role>`` gives ``lr``, ``weight_decay``, ``betas``, the warm-up (:data:`OPTIM_ROLES`),
+    ``lr_schedule`` and ``min_lr_ratio``; `total_steps` is where a cosine or linear schedule ends.
+    """
+    if role not in OPTIM_ROLES:
+        raise ValueError(f"no optimizer for role {role!r}; valid: {', '.join(OPTIM_ROLES)}")
+    node = cfg[role]
+    betas = [float(b) for b in node.betas]
+    if len(betas) != 2:
+        raise ValueError(f"{role}.betas must be two numbers (AdamW's beta1, beta2), got {list(node.betas)}")
+    return make_optimizer(
+        params,
+        lr=float(node.lr),
+        weight_decay=float(node.weight_decay),
+        betas=(betas[0], betas[1]),
+        warmup_steps=int(node[OPTIM_ROLES[role]]),
+        total_steps=total_steps,
+        schedule=str(node.lr_schedule),
+        min_lr_ratio=float(node.min_lr_ratio),
+    )

@@ -16,7 +16,7 @@ from queryrl.allocator import keep_freed_memory
 from queryrl.application import enabled_app
 from queryrl.data import PromptDataset, PromptLoader, build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
-from queryrl.engine.optim import make_optimizer
+from queryrl.engine.optim import optimizer_from_config
 from queryrl.engine.workers import Workers, make_workers
 from queryrl.models import PolicyBundle, ValueModel, load_policy, resolve_model_path
 from queryrl.models.vocab import output_head, read_vocab_ids, restrict_head, vocab_ids
@@ -148,14 +148,7 @@ def _critic(
     """The value model (``critic.path``, default the policy's weights) and its optimizer and schedule."""
     path = Path(cfg.critic.path) if cfg.critic.path else resolve_model_path(cfg.model)
     critic = ValueModel.from_pretrained(path, cfg.model, device)
-    optimizer, scheduler = make_optimizer(
-        critic.parameters(),
-        lr=cfg.critic.lr,
-        weight_decay=cfg.critic.weight_decay,
-        betas=(0.9, 0.999),
-        warmup_steps=cfg.critic.lr_warmup_steps,
-        total_steps=total_steps,
-    )
+    optimizer, scheduler = optimizer_from_config(critic.parameters(), cfg, "critic", total_steps)
     return critic, optimizer, scheduler
 
 
@@ -205,16 +198,7 @@ def build_components(cfg: DictConfig, vocab_file: Path | None = None) -> Compone
     total_steps = cfg.trainer.total_steps or cfg.trainer.total_epochs * loader.steps_per_epoch
 
     trainable = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(
-        trainable,
-        lr=cfg.actor.lr,
-        weight_decay=cfg.actor.weight_decay,
-        betas=(cfg.actor.betas[0], cfg.actor.betas[1]),
-        warmup_steps=cfg.actor.warmup_steps,
-        total_steps=total_steps,
-        schedule=cfg.actor.lr_schedule,
-        min_lr_ratio=cfg.actor.min_lr_ratio,
-    )
+    optimizer, scheduler = optimizer_from_config(trainable, cfg, "actor", total_steps)
     rollout: Any = None  # ray.rollout=workers: built with the workers below
     if not (on_ray and cfg.ray.rollout == "workers"):
         rollout = make_rollout(

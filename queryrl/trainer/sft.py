@@ -45,7 +45,7 @@ from queryrl.config import ConfigError, redacted, save_config
 from queryrl.data import build_prompt_dataset
 from queryrl.data.builtin import resolve_data_path
 from queryrl.data.records import DataError
-from queryrl.engine.optim import make_optimizer
+from queryrl.engine.optim import optimizer_from_config
 from queryrl.engine.seeding import seed_everything
 from queryrl.engine.update import clip_and_step
 from queryrl.models import load_policy
@@ -412,16 +412,7 @@ def train_sft(cfg: DictConfig, echo: Callable[[str], None] = print) -> SFTResult
     if vocab is not None:  # model.vocab.restrict: a metric every step, as in RL
         data_stats["data/vocab_kept"] = float(len(vocab[0]))
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer, scheduler = make_optimizer(
-        params,
-        lr=s.lr,
-        weight_decay=s.weight_decay,
-        betas=(0.9, 0.999),
-        warmup_steps=s.warmup_steps,
-        total_steps=total_steps,
-        schedule=s.lr_schedule,
-        min_lr_ratio=s.min_lr_ratio,
-    )
+    optimizer, scheduler = optimizer_from_config(params, cfg, "sft", total_steps)
 
     out = default_output_dir(cfg)
     result = SFTResult(output_dir=out, steps=0)
