@@ -23,8 +23,9 @@ recorded for both).
 A pair runs queryrl and TRL one after the other in fresh processes, the order alternating; the ratio is
 taken within a pair and the reported ratio is the median of the pairs'. Per step: CPU time (the process's
 ``time.process_time``, which a shared machine does not inflate the way it does wall time) and wall time;
-per phase: generation and the update (queryrl's ``timing_s/<phase>`` timers, TRL's methods wrapped); the
-worker's peak RSS. The first ``--warmup`` steps are dropped.
+per phase: generation and the update (queryrl's own ``timing_cpu_s/<phase>`` and ``timing_s/<phase>``
+metrics, which ``trainer.cpu_timing=true`` turns on; TRL's methods wrapped); the worker's peak RSS. The
+first ``--warmup`` steps are dropped.
 
 The physical limit: the step's matmul work counted from the model's shape, at the machine's measured
 one-thread matmul peak (a 2048^2 matmul in the compute dtype), plus, for each decode step, the larger of
@@ -190,32 +191,17 @@ def wrap(obj: Any, name: str, clock: Clock, phase: str) -> None:
 
 
 def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
-    """`s['steps']` steps of queryrl's Trainer; per-step CPU/wall times, per-phase times, peak RSS."""
+    """`s['steps']` steps of queryrl's Trainer; per-step CPU/wall times, per-phase times, peak RSS.
+
+    The times are the trainer's own (``trainer.cpu_timing=true``: ``timing_cpu_s/<phase>`` beside
+    ``timing_s/<phase>`` in metrics.jsonl); a step is ``step`` less validation and checkpointing
+    (:func:`queryrl_steps`).
+    """
     one_thread()
     from queryrl.config import load_config
     from queryrl.trainer import loop
-    from queryrl.trainer.metrics import PhaseTimer
 
     folder, data = build_inputs(s["layers"], s["prompt_tokens"])
-    clock = Clock()
-
-    class Timer(PhaseTimer):  # the trainer's own phases, in CPU time as well
-        @contextmanager
-        def __call__(self, phase: str) -> Any:
-            with clock.phase(phase), PhaseTimer.__call__(self, phase):
-                yield
-
-    loop.PhaseTimer = Timer  # type: ignore[misc]
-    original_step = loop.Trainer.train_step
-
-    def train_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        clock.begin()
-        try:
-            return original_step(self, *args, **kwargs)
-        finally:
-            clock.end()
-
-    loop.Trainer.train_step = train_step  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
             *QUIET_OVERRIDES,
@@ -231,6 +217,7 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             f"trainer.output_dir={tmp}",
             *grpo_overrides(s),
             "model.gradient_checkpointing=false",
+            "trainer.cpu_timing=true",
             *s["queryrl_overrides"],
         ]
         cfg = load_config(TOY_CONFIG, overrides)
@@ -239,7 +226,7 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
             decode_path = str(getattr(trainer.c.rollout, "decode_path", "generate"))
         rows = [json.loads(x) for x in (Path(tmp) / "bench" / "metrics.jsonl").read_text().splitlines()]
     return {
-        "steps": clock.steps,
+        "steps": queryrl_steps(rows),
         "response_length_mean": [r.get("response_length/mean") for r in rows],
         "prompt_length_mean": [r.get("prompt_length/mean") for r in rows],
         "peak_rss_mb": peak_rss_mb(),
@@ -247,6 +234,25 @@ def worker_queryrl(s: dict[str, Any]) -> dict[str, Any]:
         "decode_path": decode_path,
         "overrides": s["queryrl_overrides"],
     }
+
+
+NOT_IN_STEP = ("step", "testing", "save_checkpoint")  # the step's total, and the phases around the update
+
+
+def queryrl_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step of metrics.jsonl `rows` (a run with ``trainer.cpu_timing=true``): CPU and wall seconds of the step
+    less validation and checkpointing, and each phase's, in :class:`Clock`'s layout (as TRL's side is measured)."""
+    steps = []
+    for row in rows:
+        out: dict[str, Any] = {}
+        for kind, prefix in (("cpu", "timing_cpu_s/"), ("wall", "timing_s/")):
+            if f"{prefix}step" not in row:
+                raise ValueError(f"metrics row of step {row.get('step')} has no {prefix}step (trainer.cpu_timing off?)")
+            phases = {k[len(prefix) :]: v for k, v in row.items() if k.startswith(prefix)}
+            out[f"{kind}_s"] = phases["step"] - phases.get("testing", 0.0) - phases.get("save_checkpoint", 0.0)
+            out[f"phases_{kind}_s"] = {k: v for k, v in phases.items() if k not in NOT_IN_STEP}
+        steps.append(out)
+    return steps
 
 
 def versions() -> dict[str, str | None]:
@@ -424,7 +430,7 @@ def lever_runs(args: argparse.Namespace, settings: dict[str, Any]) -> None:
         pair["ratio_on_over_off"] = round(pair["on"]["median_step_cpu_s"] / pair["off"]["median_step_cpu_s"], 4)
         pairs.append(pair)
     name = "_".join(x.replace("=", "-").rsplit(".", 1)[-1] for x in args.lever)
-    out = args.out or RESULTS / "levers" / f"trl_vs_queryrl_real_lever_{name}.json"
+    out = args.out or RESULTS / f"trl_vs_queryrl_real_lever_{name}.json"
     write_json(
         out,
         {

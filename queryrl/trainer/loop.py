@@ -174,7 +174,7 @@ class Trainer:
         """Train, validate, checkpoint and log step ``self.step + 1``; stop the run if it cannot learn."""
         cfg = self.cfg.trainer
         self.step += 1
-        timer = PhaseTimer()
+        timer = PhaseTimer(cpu=cfg.cpu_timing)
         pending: ckpt.Pending | None = None
         with timer("step"):
             metrics = self.train_step(self.c.loader.next_batch(), timer)

@@ -20,21 +20,30 @@ from queryrl.engine.batch import Batch
 
 
 class PhaseTimer:
-    """Wall time per named phase of a step: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
+    """Wall time per named phase of a step: ``with timer("gen"): ...`` -> ``timing_s/gen``.
 
-    def __init__(self) -> None:
+    Args:
+        cpu: also this process's CPU time per phase (:func:`time.process_time`) -> ``timing_cpu_s/gen``
+            (``trainer.cpu_timing``).
+    """
+
+    def __init__(self, cpu: bool = False) -> None:
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] | None = {} if cpu else None
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+            if self.cpu_seconds is not None:
+                self.cpu_seconds[phase] = self.cpu_seconds.get(phase, 0.0) + time.process_time() - cpu
 
     def metrics(self) -> dict[str, float]:
-        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+        out = {f"timing_s/{k}": v for k, v in self.seconds.items()}
+        return out | {f"timing_cpu_s/{k}": v for k, v in (self.cpu_seconds or {}).items()}
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:
