@@ -132,6 +132,21 @@ DryRun = Annotated[
 ]
 
 
+ConfigFile = Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")]
+
+
+def _run_config(ctx: typer.Context, config: Path | None, command: str, dry_run: bool) -> Any:
+    """``train`` and ``sft``: the preset `config` with the command line's ``key=value`` overrides, its plan checked
+    (printed and exit with --dry-run) and its secrets registered for redaction. Errors are left to
+    :func:`_one_line_errors`."""
+    from queryrl.config import load_config
+
+    cfg = load_config(config, list(ctx.args))
+    _check_plan(cfg, command, dry_run)
+    _secrets_of(cfg)
+    return cfg
+
+
 def _check_plan(cfg: Any, command: str, dry_run: bool) -> None:
     """The plan of the run (queryrl.trainer.plan): printed with --dry-run; its problems stop the run here."""
     from queryrl.trainer.plan import build_plan
@@ -147,33 +162,15 @@ def _check_plan(cfg: Any, command: str, dry_run: bool) -> None:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_one_line_errors
-def train(
-    ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
-    dry_run: DryRun = False,
-    debug: Debug = False,
-) -> None:
+def train(ctx: typer.Context, config: ConfigFile = None, dry_run: DryRun = False, debug: Debug = False) -> None:
     """Train with RL: queryrl train --config FILE key.sub=value ... (verl keys accepted)."""
-    from queryrl.config import ConfigError, load_config
-    from queryrl.data import DataError
-
-    try:
-        cfg = load_config(config, list(ctx.args))
-    except ConfigError as exc:
-        _fail(str(exc))
-        return
-    _check_plan(cfg, "train", dry_run)
-    _secrets_of(cfg)
+    cfg = _run_config(ctx, config, "train", dry_run)
     if cfg.trainer.preflight:
         _preflight(cfg)
     from queryrl.trainer.loop import Trainer
 
-    try:
-        with Trainer(cfg) as trainer:  # writes machine.json: the CPU, native bf16, matmul rates
-            metrics = trainer.fit()
-    except DataError as exc:
-        _fail(str(exc))
-        return
+    with Trainer(cfg) as trainer:  # writes machine.json: the CPU, native bf16, matmul rates
+        metrics = trainer.fit()
     score = metrics.get("critic/score/mean")
     typer.echo(
         f"done: {cfg.trainer.output_dir}/{cfg.trainer.experiment_name}"
@@ -183,44 +180,27 @@ def train(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_one_line_errors
-def sft(
-    ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="A YAML preset (configs/*.yaml).")] = None,
-    dry_run: DryRun = False,
-    debug: Debug = False,
-) -> None:
+def sft(ctx: typer.Context, config: ConfigFile = None, dry_run: DryRun = False, debug: Debug = False) -> None:
     """Supervised fine-tuning (a warm start before RL): queryrl sft --config FILE key.sub=value ..."""
-    from queryrl.config import ConfigError, load_config
-    from queryrl.data import DataError
+    cfg = _run_config(ctx, config, "sft", dry_run)
+    from queryrl.trainer.sft import train_sft
 
-    try:
-        cfg = load_config(config, list(ctx.args))
-        _check_plan(cfg, "sft", dry_run)
-        _secrets_of(cfg)
-        from queryrl.trainer.sft import train_sft
-
-        result = train_sft(cfg)
-    except (ConfigError, DataError) as exc:
-        _fail(str(exc))
-        return
+    result = train_sft(cfg)
     typer.echo(f"done: {result.output_dir} (final loss {result.final_loss:.3f})")
 
 
 @prepare_app.command("gsm8k")
+@_one_line_errors
 def prepare_gsm8k(
     input: Annotated[Path, typer.Option("--input", help="GSM8K JSONL ({question, answer} per line).")],
     out: Annotated[Path, typer.Option("--out", help="Output folder for <split>.parquet.")],
     split: Annotated[str | None, typer.Option(help="Split name; default: the input file's stem.")] = None,
+    debug: Debug = False,
 ) -> None:
     """GSM8K JSONL -> verl-format parquet."""
-    from queryrl.data import DataError
     from queryrl.data.gsm8k import prepare_gsm8k as run
 
-    try:
-        path = run(input, out, split)
-    except DataError as exc:
-        _fail(str(exc))
-        return
+    path = run(input, out, split)
     typer.echo(f"wrote {path}")
 
 

@@ -147,3 +147,26 @@ def test_a_reward_that_always_fails_stops_the_run_with_exit_3(
     line = assert_one_line(result, "3 steps in a row", "RuntimeError: the judge key is not set", code=3)
     assert line.startswith("error: stopped: the rewards failed")
     assert "done" not in result.output
+
+
+def test_debug_shows_the_traceback_of_config_and_data_errors_in_every_command(
+    tmp_path: Path, model_cache: Path
+) -> None:
+    # train, sft and prepare gsm8k leave their config and data errors to one guard (_one_line_errors): one line
+    # and exit 2, or with --debug the error itself (they once caught these first and ignored --debug)
+    from queryrl.config import ConfigError
+    from queryrl.data import DataError
+
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text('{"data_source": "to\n')
+    cases = [
+        (["train", "--config", TOY, f"model.cache_dir={model_cache}", "actor.lr=-1"], ConfigError, "actor.lr"),
+        (["sft", "--config", TOY, f"model.cache_dir={model_cache}", "sft.lr=-1"], ConfigError, "sft.lr"),
+        (["prepare", "gsm8k", "--input", str(torn), "--out", str(tmp_path / "o")], DataError, str(torn)),
+    ]
+    for args, error, named in cases:
+        assert_one_line(runner.invoke(app, args), named)
+        result = runner.invoke(app, [*args, "--debug"])
+        assert result.exit_code == 1, result.output
+        assert isinstance(result.exception, error), result.output
+    assert not (tmp_path / "o").exists()
