@@ -2,27 +2,26 @@
 request on each event loop, and the side counters the trainer logs each step.
 
 One :class:`~queryrl.rag.RAGClient` (and one :class:`~queryrl.rewards.JudgeClient`) per configuration is
-made lazily and kept in module dicts. Both clients keep their HTTP connections and in-flight tables per
-event loop, so one client is safe on the manager's background loop and on any other. The reference result
-is cached by the client per prompt. Identical rewrites of one prompt share one candidate call: a
-per-event-loop LRU (:data:`CANDIDATE_CACHE_SIZE` entries, plus an in-flight table so concurrent identical
-calls share one request) keyed by the RAG configuration, the message ids, the contexts and the sent
-``/rag/chat_8b`` fields (the whitespace-normalised rewrite plus the policy's profile and summary: a cached
-result is only reused for the very same request). Failures are not cached.
+made lazily and kept by the process's :data:`~.shared.SHARED`, with the caches and counters. Both clients
+keep their HTTP connections and in-flight tables per event loop, so one client is safe on the manager's
+background loop and on any other. The reference result is cached by the client per prompt. Identical
+rewrites of one prompt share one candidate call: a per-event-loop LRU (:data:`CANDIDATE_CACHE_SIZE`
+entries, plus an in-flight table so concurrent identical calls share one request) keyed by the RAG
+configuration, the message ids, the contexts and the sent ``/rag/chat_8b`` fields (the whitespace-normalised
+rewrite plus the policy's profile and summary: a cached result is only reused for the very same request).
+Failures are not cached.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from queryrl.apps.query_rewrite.reward.intent import pop_intent_metrics
 from queryrl.apps.query_rewrite.reward.rag import rag_clients
+from queryrl.apps.query_rewrite.reward.shared import SHARED, LoopCache, LoopCaches
 from queryrl.rag import RAGClient, RAGFailure
 
 CANDIDATE_CACHE_SIZE = 4096
@@ -34,31 +33,14 @@ class RewardFailure(RuntimeError):
     """The sample cannot be scored (RAG down, judge failed or inconsistent): the manager marks it failed."""
 
 
-LOCK = threading.Lock()  # guards the module's shared clients and counters
-
-
-class _CandidateCache:
-    """One event loop's LRU of finished (candidate, reference) pairs and its in-flight calls."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.done: OrderedDict[str, Any] = OrderedDict()
-        self.inflight: dict[str, asyncio.Task[Any]] = {}
-        self.calls = 0  # candidate calls actually sent (for tests and debugging)
-
-
-CANDIDATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
-JUDGED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache] = weakref.WeakKeyDictionary()
-
-
 def candidate_calls() -> int:
     """Candidate calls sent so far by the cache of the running event loop."""
-    cache = CANDIDATES.get(asyncio.get_running_loop())
+    cache = SHARED.candidates.get(asyncio.get_running_loop())
     return cache.calls if cache is not None else 0
 
 
 async def share(
-    caches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _CandidateCache],
+    caches: LoopCaches,
     key: str,
     make: Callable[[], Awaitable[Any]],
     counter: str,
@@ -68,14 +50,14 @@ async def share(
     loop = asyncio.get_running_loop()
     cache = caches.get(loop)
     if cache is None:
-        cache = caches[loop] = _CandidateCache(CANDIDATE_CACHE_SIZE)
+        cache = caches[loop] = LoopCache(CANDIDATE_CACHE_SIZE)
     if key in cache.done:
         cache.done.move_to_end(key)
         return cache.done[key]
     task = cache.inflight.get(key)
     if task is None:
         cache.calls += 1
-        count(counter)
+        SHARED.count(counter)
         task = cache.inflight[key] = asyncio.ensure_future(make())
         task.add_done_callback(lambda _: cache.inflight.pop(key, None))
     result = await asyncio.shield(task)
@@ -89,7 +71,7 @@ async def share(
 async def shared_both(client: RAGClient, scope: Any, fields: dict[str, Any]) -> Pair:
     """``client.both(**fields)``, shared with every identical request on this loop; raises on a failed side."""
     key = json.dumps([repr(scope), fields], sort_keys=True, ensure_ascii=False, default=str)
-    pair: Pair = await share(CANDIDATES, key, lambda: _both(client, fields), "rag/candidate_calls")
+    pair: Pair = await share(SHARED.candidates, key, lambda: _both(client, fields), "rag/candidate_calls")
     return pair
 
 
@@ -105,13 +87,6 @@ async def _both(client: RAGClient, fields: dict[str, Any]) -> Pair:
 
 # --- side metrics ------------------------------------------------------------------------------
 
-_COUNTS: dict[str, float] = {}
-
-
-def count(key: str, value: float = 1.0) -> None:
-    with LOCK:
-        _COUNTS[key] = _COUNTS.get(key, 0.0) + value
-
 
 def pop_reward_metrics() -> dict[str, float]:
     """Counters since the last call, for the trainer's step metrics (reset here): the RAG clients'
@@ -121,9 +96,8 @@ def pop_reward_metrics() -> dict[str, float]:
     rewrites that changed the customer's intent, :func:`~.intent.pop_intent_metrics`)."""
     metrics: dict[str, float] = {}
     clients = rag_clients()
-    with LOCK:
-        counts = dict(_COUNTS)
-        _COUNTS.clear()
+    intent = pop_intent_metrics()  # its counters first: the rest are this step's side counters
+    counts = SHARED.pop_counts()
     for client in clients:
         for key, value in client.pop_stats().items():
             metrics[key] = metrics.get(key, 0.0) + value
@@ -133,4 +107,4 @@ def pop_reward_metrics() -> dict[str, float]:
     inconsistent = counts.pop("judge/position_inconsistent", 0.0)
     if consistent + inconsistent:
         metrics["judge/position_consistency"] = consistent / (consistent + inconsistent)
-    return metrics | counts | pop_intent_metrics()
+    return metrics | counts | intent

@@ -24,15 +24,14 @@ rubric says the same; the penalty applies whichever judge is used.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from queryrl.apps.query_rewrite.intent.check import NO_QUERY, IntentVerdict, check_intent
+from queryrl.apps.query_rewrite.reward.shared import SHARED
 from queryrl.rag.rewriters import last_user_turn
 
-_LOCK = threading.Lock()
-_COUNTS = {"checked": 0, "changed": 0}
+_COUNTERS = ("reward/intent/checked", "reward/intent/changed")  # SHARED's counters, read by pop_intent_metrics
 
 
 def intent_sources(info: Mapping[str, Any]) -> list[str]:
@@ -51,9 +50,8 @@ def rewrite_intent(query: str | None, info: Mapping[str, Any], no_retrieval: boo
         verdict = NO_QUERY
     else:
         verdict = check_intent(contexts, query, intent_sources(info), small_talk=True if no_retrieval else None)
-    with _LOCK:
-        _COUNTS["checked"] += 1
-        _COUNTS["changed"] += int(not verdict.kept)
+    SHARED.count(_COUNTERS[0])
+    SHARED.count(_COUNTERS[1], float(not verdict.kept))
     return verdict
 
 
@@ -85,9 +83,8 @@ def with_intent(
 
 def pop_intent_metrics() -> dict[str, float]:
     """``reward/intent/changed`` (the share) and ``reward/intent/checked`` since the last call; {} when none."""
-    with _LOCK:
-        checked, changed = _COUNTS["checked"], _COUNTS["changed"]
-        _COUNTS.update(checked=0, changed=0)
+    counts = SHARED.pop_counts(_COUNTERS)
+    checked, changed = counts.get(_COUNTERS[0], 0.0), counts.get(_COUNTERS[1], 0.0)
     if not checked:
         return {}
-    return {"reward/intent/changed": changed / checked, "reward/intent/checked": float(checked)}
+    return {"reward/intent/changed": changed / checked, "reward/intent/checked": checked}

@@ -10,19 +10,17 @@ from dataclasses import asdict
 from typing import Any
 
 from queryrl.apps.query_rewrite.config import QueryRewriteJudgeConfig
-from queryrl.apps.query_rewrite.reward.calls import JUDGED, LOCK, RewardFailure, count, share
+from queryrl.apps.query_rewrite.reward.calls import RewardFailure, share
 from queryrl.apps.query_rewrite.reward.judging import (
     OfflineJudge,
     combine_swapped,
     judge_pair,
     quality_from_verdict,
 )
+from queryrl.apps.query_rewrite.reward.shared import SHARED
 from queryrl.rewards.judge import JudgeClient
 
 JUDGES = ("offline", "openai")
-
-_JUDGE_CLIENTS: dict[str, JudgeClient] = {}
-_OFFLINE_JUDGES: dict[int, OfflineJudge] = {}
 
 
 def judge_client(judge: QueryRewriteJudgeConfig) -> JudgeClient:
@@ -36,25 +34,26 @@ def judge_client(judge: QueryRewriteJudgeConfig) -> JudgeClient:
     if not judge.base_url or not judge.model:
         raise ValueError("judge backend 'openai' needs app.query_rewrite.judge.base_url and judge.model")
     key = json.dumps(asdict(judge), sort_keys=True, default=str)
-    with LOCK:
-        client = _JUDGE_CLIENTS.get(key)
-        if client is None:
-            client = _JUDGE_CLIENTS[key] = JudgeClient(
-                judge.base_url,
-                judge.model,
-                api_key_env=judge.api_key_env,
-                timeout_s=judge.timeout_s,
-                max_retries=judge.max_retries,
-                temperature=judge.temperature,
-                max_tokens=judge.max_tokens,
-                token_limit_param=judge.token_limit_param,
-                reasoning_effort=judge.reasoning_effort,
-                extra_body=dict(judge.extra_body) or None,
-                setting_prefix="app.query_rewrite.judge",
-                price_per_million_input=judge.price_per_million_input,
-                price_per_million_output=judge.price_per_million_output,
-            )
-        return client
+    base_url, model = judge.base_url, judge.model
+    return SHARED.client("judge", key, lambda: _make_judge_client(judge, base_url, model))
+
+
+def _make_judge_client(judge: QueryRewriteJudgeConfig, base_url: str, model: str) -> JudgeClient:
+    return JudgeClient(
+        base_url,
+        model,
+        api_key_env=judge.api_key_env,
+        timeout_s=judge.timeout_s,
+        max_retries=judge.max_retries,
+        temperature=judge.temperature,
+        max_tokens=judge.max_tokens,
+        token_limit_param=judge.token_limit_param,
+        reasoning_effort=judge.reasoning_effort,
+        extra_body=dict(judge.extra_body) or None,
+        setting_prefix="app.query_rewrite.judge",
+        price_per_million_input=judge.price_per_million_input,
+        price_per_million_output=judge.price_per_million_output,
+    )
 
 
 async def judge_quality(
@@ -70,8 +69,7 @@ async def judge_quality(
     the settings `judge`; raises :class:`RewardFailure` on a failed / inconsistent verdict. `sources`: the
     row's summary and profile, for the offline judge's intent check."""
     if judge.backend == "offline":
-        with LOCK:
-            offline = _OFFLINE_JUDGES.setdefault(top_k, OfflineJudge(top_k=top_k))
+        offline = SHARED.client("offline_judge", top_k, lambda: OfflineJudge(top_k=top_k))
         verdict = offline.judge(contexts, candidate, reference, gold, sources=sources)
         quality = quality_from_verdict(verdict)
         if quality is None:
@@ -92,7 +90,7 @@ async def judge_quality(
         if r.verdict is None:
             raise RewardFailure(f"judge failed: {r.error or 'invalid verdict'}")
     quality, consistent = combine_swapped(r_ab.verdict, r_ba.verdict)
-    count("judge/position_consistent" if quality is not None and consistent else "judge/position_inconsistent")
+    SHARED.count("judge/position_consistent" if quality is not None and consistent else "judge/position_inconsistent")
     if quality is None or not consistent:
         raise RewardFailure(
             f"judge position-inconsistent: {r_ab.verdict.get('better') if r_ab.verdict else None!r} "
@@ -134,7 +132,7 @@ async def shared_judge(
     scope = [asdict(judge), contexts, sides, list(gold), top_k, list(sources)]
     key = json.dumps(scope, sort_keys=True, ensure_ascii=False, default=str)
     verdict: tuple[float, dict[str, Any]] = await share(
-        JUDGED,
+        SHARED.verdicts,
         key,
         lambda: judge_quality(judge, contexts, candidate, reference, gold, top_k, sources),
         "judge/distinct_calls",

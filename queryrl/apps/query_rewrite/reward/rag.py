@@ -4,25 +4,21 @@ What a data row sends: :func:`rag_request_fields` makes the ``/rag/chat_8b`` fie
 those of :data:`~queryrl.rag.client.CHAT_FIELDS`) from the row's ``extra_info`` and a rewrite; the reward,
 the preflight and ``queryrl eval``'s service check all build their requests with it. One
 :class:`~queryrl.rag.RAGClient` per configuration (HTTP to a service, or an embedded
-:class:`~queryrl.rag.InProcessRAG`), made on first use and kept for the process (:func:`rag_client`); the
-reward's step metrics read every client's counters (:func:`rag_clients`).
+:class:`~queryrl.rag.InProcessRAG`), made on first use and kept for the process by :data:`~.shared.SHARED`
+(:func:`rag_client`); the reward's step metrics read every client's counters (:func:`rag_clients`).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 from queryrl.apps.query_rewrite.config import QueryRewriteRAGConfig
 from queryrl.apps.query_rewrite.corpora import find_corpus
+from queryrl.apps.query_rewrite.reward.shared import SHARED
 from queryrl.rag import BM25Index, Document, HeuristicRewriter, InProcessRAG, RAGClient, build_rewriter, load_corpus
 from queryrl.rag.index import title_entities
 from queryrl.rag.rewriters import missing_parameters
-
-_LOCK = threading.Lock()
-_RAG_CLIENTS: dict[tuple[Any, ...], RAGClient] = {}
-
 
 ID_FIELDS = ("tenant_id", "contact_id", "account_id", "message_id")
 
@@ -143,11 +139,7 @@ def rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClien
         rag.token_env if rag.url is not None else None,
         repr(sorted(fields.items())),
     )
-    with _LOCK:
-        client = _RAG_CLIENTS.get(key)
-        if client is None:
-            client = _RAG_CLIENTS[key] = make_rag_client(rag, top_k)
-        return client
+    return SHARED.client("rag", key, lambda: make_rag_client(rag, top_k))
 
 
 def make_rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAGClient:
@@ -169,5 +161,4 @@ def make_rag_client(rag: QueryRewriteRAGConfig, depth: int | None = None) -> RAG
 
 def rag_clients() -> list[RAGClient]:
     """Every client made so far (for their counters)."""
-    with _LOCK:
-        return list(_RAG_CLIENTS.values())
+    return [client for client in SHARED.clients("rag") if isinstance(client, RAGClient)]
