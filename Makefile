@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: lock demo demo-toy demo-agent test test-quick lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-toy bench-demo-speed bench-logits bench-real real-models \
+	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-toy bench-demo-speed bench-logits bench-real real-models seed-grid pair-systems \
 	gpu-check gpu-wheels docs
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -90,6 +90,28 @@ REAL_ARGS ?=
 bench-real: $(STAMP)
 	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory real-models; fi
 	$(BIN)/python benchmarks/real_model.py --model $(or $(MODEL),runs/models/gemma3-270m) $(REAL_ARGS)
+
+# bench-real's runs compared (docs/benchmarks.md, "Comparing bench-real runs"). The rewriter's goals over a grid of
+# bench-real results (GRPO seeds x split seeds; each result's run folder still holds its eval): per run, per goal, and
+# the recipe's effect with the GRPO seed averaged out per turn, as JSON (GRID_OUT: also written there); AGAINST adds
+# the grid minus a baseline grid. E.g. make seed-grid RESULTS="a_s0.json a_s1.json" AGAINST="b_s0.json b_s1.json"
+RESULTS ?=
+AGAINST ?=
+GRID_OUT ?=
+seed-grid: $(STAMP)
+	@test -n "$(RESULTS)" || { echo 'make seed-grid RESULTS="bench-real result JSONs" [AGAINST="..."] [GRID_OUT=file]'; exit 2; }
+	$(BIN)/python benchmarks/seed_grid.py $(RESULTS) $(if $(AGAINST),--against $(AGAINST)) $(if $(GRID_OUT),--out $(GRID_OUT))
+
+# System A against system B over an eval's turns with gold documents: Recall@5 and MRR, A - B with paired intervals
+# over turns and over conversations; B_FROM: B from another eval of the same turns. E.g.
+# make pair-systems SAMPLES=runs/bench_real/eval/eval_samples.jsonl A=grpo B=reference
+SAMPLES ?=
+A ?=
+B ?=
+B_FROM ?=
+pair-systems: $(STAMP)
+	@test -n "$(SAMPLES)" -a -n "$(A)" -a -n "$(B)" || { echo 'make pair-systems SAMPLES=eval_samples.jsonl A=system B=system [B_FROM=eval_samples.jsonl]'; exit 2; }
+	$(BIN)/python benchmarks/pair_systems.py --conversations $(SAMPLES) $(A) $(B) $(if $(B_FROM),--b-from $(B_FROM))
 
 # TRL is installed only for the benchmarks, in a venv of their own (torch first, pinned: the CPU wheel)
 BENCH_VENV  := .venv-bench

@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,10 @@ LENGTH_GOAL = 1.5  # the median GRPO query at most this many times the reference
 FLAT_GOAL = 0.30  # at most this share of a run's GRPO groups flat
 
 
+class GridError(ValueError):
+    """A result, or a run folder it names, that the grid cannot read: one line naming which (exit 2)."""
+
+
 def _grpo_seed(work: Path) -> int:
     """``trainer.seed`` of the GRPO run, from the config the run saved (``grpo_run/config.yaml``)."""
     import yaml
@@ -60,26 +66,31 @@ def _grpo_seed(work: Path) -> int:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    result = json.loads(path.read_text(encoding="utf-8"))
-    args = result["settings"]["args"]
-    samples = Path(args["work"]) / "eval" / "eval_samples.jsonl"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        args = result["settings"]["args"]
+        work, split, counted = Path(args["work"]), int(args["seed"]), result["final_eval"]["grpo"]["ctx_dep_n"]
+    except (OSError, ValueError) as exc:
+        raise GridError(f"{path}: not readable as JSON ({exc})") from None
+    except (KeyError, TypeError) as exc:
+        raise GridError(f"{path}: not a benchmarks/real_model.py result (no {exc} in it)") from None
+    samples = work / "eval" / "eval_samples.jsonl"
     if not samples.is_file():
-        raise SystemExit(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
+        raise GridError(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
     records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = [r for r in records if r.get("gold")]
     dependent = sum(r["turn"] > 0 for r in rows)
-    counted = result["final_eval"]["grpo"]["ctx_dep_n"]
     if dependent != counted:
-        raise SystemExit(f"{path}: {dependent} turns with history but the eval counted {counted} context-dependent")
+        raise GridError(f"{path}: {dependent} turns with history but the eval counted {counted} context-dependent")
     return {
         "path": str(path),
-        "split": int(args["seed"]),
-        "grpo_seed": _grpo_seed(Path(args["work"])),
+        "split": split,
+        "grpo_seed": _grpo_seed(work),
         "rows": rows,
         "final": result["final_eval"],
-        "intent_kept": _intent_kept_now(Path(args["work"]) / "data" / "test.parquet", records),
+        "intent_kept": _intent_kept_now(work / "data" / "test.parquet", records),
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
-        "identical_groups": identical_logged_groups(Path(args["work"]) / "grpo_run" / "samples"),
+        "identical_groups": identical_logged_groups(work / "grpo_run" / "samples"),
     }
 
 
@@ -107,7 +118,7 @@ def _intent_kept_now(data: Path, records: list[dict[str, Any]]) -> float:
 
     samples = load_samples(str(data), max_samples=len(records))
     if [s.contexts[-1]["content"] for s in samples] != [r["last_turn"] for r in records]:
-        raise SystemExit(f"{data} does not hold the evaluated turns in the same order")
+        raise GridError(f"{data} does not hold the evaluated turns in the same order")
     verdicts = offline_intents(samples, [r["systems"]["grpo"]["query"] for r in records])
     return sum(v.kept for v in verdicts) / len(verdicts)
 
@@ -181,10 +192,10 @@ def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
         base = mine[0]["rows"]
         for r in mine[1:]:
             if [x["last_turn"] for x in r["rows"]] != [x["last_turn"] for x in base]:
-                raise SystemExit(f"{r['path']} and {mine[0]['path']} (split {split}) do not hold the same turns")
+                raise GridError(f"{r['path']} and {mine[0]['path']} (split {split}) do not hold the same turns")
             for system in ("warmup", "reference", "concat_last3"):
                 if not np.array_equal(_scores(r["rows"], system), _scores(base, system)):
-                    raise SystemExit(f"{r['path']}: its {system} differs from {mine[0]['path']}'s on split {split}")
+                    raise GridError(f"{r['path']}: its {system} differs from {mine[0]['path']}'s on split {split}")
         grpo.append(_seed_mean(runs, split)[0])
         grpo_mrr.append(np.mean([_scores(r["rows"], "grpo", metric="mrr") for r in mine], axis=0))
         reference_mrr.append(_scores(base, "reference", metric="mrr"))
@@ -220,13 +231,13 @@ def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[
     GRPO minus GRPO with each grid's seeds averaged per turn; per GRPO seed both hold, run minus run."""
     splits = sorted({r["split"] for r in runs} & {r["split"] for r in baseline})
     if not splits:
-        raise SystemExit("--against: the two grids share no split seed")
+        raise GridError("--against: the two grids share no split seed")
     lever, base, groups, out = [], [], [], {}
     for split in splits:
         mine, rows = _seed_mean(runs, split)
         theirs, base_rows = _seed_mean(baseline, split)
         if [x["last_turn"] for x in rows] != [x["last_turn"] for x in base_rows]:
-            raise SystemExit(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
+            raise GridError(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
         split_groups = [f"{split}:{x['conversation_id']}" for x in rows]
         seeds = sorted({r["grpo_seed"] for r in runs if r["split"] == split})
         same_seed = {}
@@ -308,14 +319,29 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, nargs="+", help="benchmarks/real_model.py result JSONs")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the log's tables instead of the JSON")
     parser.add_argument("--against", type=Path, nargs="+", default=None, help="the baseline grid's result JSONs")
-    args = parser.parse_args()
-    runs = [_load(p) for p in args.results]
+    args = parser.parse_args(argv)
+    try:
+        out = grid_summary([_load(p) for p in args.results], [_load(p) for p in args.against or []])
+    except GridError as exc:
+        print(f"seed_grid: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(out, ensure_ascii=False, indent=1)
+    print(markdown(out) if args.markdown else text)
+    if args.out is not None:
+        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
+        tmp.write_text(text + "\n", encoding="utf-8")
+        tmp.replace(args.out)
+    return 0
+
+
+def grid_summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per run, per goal and pooled (see the module docstring); with `baseline` runs, the lever against them."""
     per_run = [_run_goals(r) for r in runs]
     goals = list(per_run[0]["goals"])
     splits = sorted({r["split"] for r in runs})
@@ -329,15 +355,10 @@ def main() -> None:
         "pooled_by_split": {str(s): _pooled(runs, [s]) for s in splits},
         "pooled": _pooled(runs, splits),
     }
-    if args.against:
-        out["against"] = against(runs, [_load(p) for p in args.against])
-    text = json.dumps(out, ensure_ascii=False, indent=1)
-    print(markdown(out) if args.markdown else text)
-    if args.out is not None:
-        tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-        tmp.write_text(text + "\n", encoding="utf-8")
-        tmp.replace(args.out)
+    if baseline:
+        out["against"] = against(runs, baseline)
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

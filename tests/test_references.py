@@ -1,10 +1,10 @@
 """Nothing in the repository points at a name or a document that is not in it.
 
 - Every Sphinx-role reference (``:func:``, ``:class:``, ``:mod:``, ``:meth:``, ``:attr:``, ``:data:``, ``:exc:``,
-  ``:obj:``, ``:const:``) in the Python files of ``queryrl/``, ``benchmarks/``, ``tools/`` and ``tests/`` names
-  something those files define. The names are read with ``ast`` (nothing is imported): modules, their classes,
-  functions and assignments, a class's members and the ``self.x`` its methods set, and every name a module
-  imports (a package's re-export, e.g. ``queryrl.rag.RAGClient``, has the members of what it re-exports).
+  ``:obj:``, ``:const:``) in the Python files of ``queryrl/``, ``benchmarks/``, ``experiments/``, ``tools/`` and
+  ``tests/`` names something those files define. The names are read with ``ast`` (nothing is imported): modules,
+  their classes, functions and assignments, a class's members and the ``self.x`` its methods set, and every name a
+  module imports (a package's re-export, e.g. ``queryrl.rag.RAGClient``, has the members of what it re-exports).
   A reference resolves as Sphinx resolves it: ``~`` only shortens what is shown; ``.name`` is any name ending in
   ``.name``; ``..x.y`` is relative to the module's package, as an import would be; a dotted name under
   ``queryrl``, ``benchmarks``, ``tools`` or ``tests`` must exist as written; a bare name is the module's own or
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROOTS = ("queryrl", "benchmarks", "tools", "tests")
+ROOTS = ("queryrl", "benchmarks", "experiments", "tools", "tests")
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):`([^`]+)`")
 DOTTED = re.compile(r"(?<![\w./-])queryrl(?:\.[A-Za-z_]\w*)+")

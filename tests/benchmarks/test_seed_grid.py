@@ -41,11 +41,11 @@ def test_against_averages_each_grids_seeds_per_turn_and_pairs_same_seeds() -> No
 
 
 def test_against_refuses_grids_without_a_shared_split_or_with_other_turns() -> None:
-    with pytest.raises(SystemExit, match="share no split"):
+    with pytest.raises(grid.GridError, match="share no split"):
         grid.against([_run(0, 7, [1, 0])], [_run(1, 7, [1, 0])])
     other = _run(0, 7, [1, 0])
     other["rows"][1]["last_turn"] = "another turn"
-    with pytest.raises(SystemExit, match="same turns"):
+    with pytest.raises(grid.GridError, match="same turns"):
         grid.against([_run(0, 7, [1, 0])], [other])
 
 
@@ -108,3 +108,32 @@ def test_identical_logged_groups_counts_groups_of_one_response(tmp_path: Path) -
     )
     assert grid.identical_logged_groups(tmp_path) == 2 / 3  # step 1 group 0 and step 2 group 0, of three
     assert grid.identical_logged_groups(tmp_path / "none") is None
+
+
+def test_a_result_the_grid_cannot_read_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    missing_run = tmp_path / "gone.json"
+    missing_run.write_text(
+        json.dumps(
+            {
+                "settings": {"args": {"work": str(tmp_path / "no_run"), "seed": 0}},
+                "final_eval": {"grpo": {"ctx_dep_n": 3}},
+            }
+        )
+    )
+    not_a_result = tmp_path / "other.json"
+    not_a_result.write_text(json.dumps({"pairs": []}))
+    for path, words in (
+        (missing_run, "its run folder has no"),
+        (not_a_result, "not a benchmarks/real_model.py result (no 'settings' in it)"),
+        (tmp_path / "absent.json", "not readable as JSON"),
+    ):
+        assert grid.main([str(path), "--out", str(tmp_path / "grid.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"seed_grid: {path}: "), err
+        assert words in err, err
+    assert not (tmp_path / "grid.json").exists()
