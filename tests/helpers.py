@@ -108,3 +108,36 @@ def cfg_with_reward_file(tmp_path: Path, model_cache: Path, source: str, name: s
     reward = tmp_path / "reward.py"
     reward.write_text(source)
     return make_cfg(tmp_path, model_cache, f"reward.function.path={reward}", f"reward.function.name={name}", *overrides)
+
+
+TARGET = "hello world"  # the SFT tests' fixed target and prompts
+PROMPTS = ["Say hello.", "Greet the world.", "What do you say?", "Reply please."]
+
+
+def write_sft_rows(path: Path, prompts: list[str] = PROMPTS, target: Any = TARGET, bad_row: int | None = None) -> Path:
+    """A JSON-lines file of verl rows whose ``extra_info.sft_target`` is `target` (absent at `bad_row`)."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        extra: dict[str, Any] = {"index": i} if i == bad_row else {"index": i, "sft_target": target}
+        rows.append({"data_source": "test/sft", "prompt": [{"role": "user", "content": prompt}], "extra_info": extra})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_sft_cfg(tmp_path: Path, model_cache: Path, data: Path, *overrides: str) -> DictConfig:
+    """A small SFT run on `data` into ``tmp_path/out``."""
+    return load_config(
+        None,
+        [
+            f"model.cache_dir={model_cache}",
+            f"sft.train_files=[{data}]",
+            f"sft.output_dir={tmp_path / 'out'}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.logger=[jsonl]",
+            "trainer.num_threads=1",
+            "sft.batch_size=4",
+            "sft.micro_batch_size=4",
+            "sft.lr_schedule=constant",
+            *overrides,
+        ],
+    )

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import DictConfig
 from typer.testing import CliRunner
 
 from queryrl.cli import app
@@ -17,38 +16,7 @@ from queryrl.data import DataError, encode_prompt
 from queryrl.trainer import sft as sft_module
 from queryrl.trainer.sft import accumulate_gradients, build_sft_data, run_sft, train_sft
 from queryrl.trainer.sft_batch import IGNORE_INDEX, collate
-
-TARGET = "hello world"
-PROMPTS = ["Say hello.", "Greet the world.", "What do you say?", "Reply please."]
-
-
-def write_rows(path: Path, prompts: list[str] = PROMPTS, target: Any = TARGET, bad_row: int | None = None) -> Path:
-    """A JSON-lines file of verl rows whose ``extra_info.sft_target`` is `target` (absent at `bad_row`)."""
-    rows = []
-    for i, prompt in enumerate(prompts):
-        extra: dict[str, Any] = {"index": i} if i == bad_row else {"index": i, "sft_target": target}
-        rows.append({"data_source": "test/sft", "prompt": [{"role": "user", "content": prompt}], "extra_info": extra})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-def make_cfg(tmp_path: Path, model_cache: Path, data: Path, *overrides: str) -> DictConfig:
-    """A small SFT run on `data` into ``tmp_path/out``."""
-    return load_config(
-        None,
-        [
-            f"model.cache_dir={model_cache}",
-            f"sft.train_files=[{data}]",
-            f"sft.output_dir={tmp_path / 'out'}",
-            f"trainer.output_dir={tmp_path}",
-            "trainer.logger=[jsonl]",
-            "trainer.num_threads=1",
-            "sft.batch_size=4",
-            "sft.micro_batch_size=4",
-            "sft.lr_schedule=constant",
-            *overrides,
-        ],
-    )
+from tests.helpers import PROMPTS, TARGET, make_sft_cfg, write_sft_rows
 
 
 def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -57,8 +25,8 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_the_tiny_model_learns_a_fixed_target(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl")
-    cfg = make_cfg(tmp_path, model_cache, data, "sft.lr=5e-3", "sft.max_steps=30", f"sft.val_files=[{data}]")
+    data = write_sft_rows(tmp_path / "train.jsonl")
+    cfg = make_sft_cfg(tmp_path, model_cache, data, "sft.lr=5e-3", "sft.max_steps=30", f"sft.val_files=[{data}]")
     result = train_sft(cfg)
     assert result.steps == 30
     assert result.losses[-1] < result.losses[0] / 10, result.losses
@@ -94,7 +62,7 @@ def encode_tokens(folder: Path, text: str) -> list[int]:
 
 def test_labels_mask_the_prompt_and_the_padding(tmp_path: Path, tiny_bundle: Any) -> None:
     tokenizer = tiny_bundle.tokenizer
-    data = write_rows(tmp_path / "train.jsonl", prompts=["Hi", "A much longer prompt than the other one."])
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=["Hi", "A much longer prompt than the other one."])
     built = build_sft_data([str(data)], tokenizer, "extra_info.sft_target", 64, 16)
     short, long_ = built.examples
     target_ids = [*tokenizer(TARGET, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
@@ -147,7 +115,7 @@ def test_labels_mask_the_prompt_and_the_padding(tmp_path: Path, tiny_bundle: Any
 
 def test_micro_batch_size_does_not_change_the_update(tmp_path: Path, model_cache: Path, tiny_bundle: Any) -> None:
     prompts = ["Hi", "Say hello to the whole world now.", "Greet me.", "What is 3 + 4?"]
-    data = write_rows(tmp_path / "train.jsonl", prompts=prompts)
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=prompts)
     built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 64, 16)
     grads = []
     for micro in (1, 4, 3):
@@ -167,7 +135,9 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path: Path, model_cache
     after = []
     for micro in (1, 4):
         out = tmp_path / f"out{micro}"
-        cfg = make_cfg(tmp_path, model_cache, data, f"sft.micro_batch_size={micro}", "sft.max_steps=1", "sft.lr=1e-4")
+        cfg = make_sft_cfg(
+            tmp_path, model_cache, data, f"sft.micro_batch_size={micro}", "sft.max_steps=1", "sft.lr=1e-4"
+        )
         cfg.sft.output_dir = str(out)
         train_sft(cfg)
         from transformers import AutoModelForCausalLM
@@ -181,7 +151,7 @@ def test_micro_batch_size_does_not_change_the_update(tmp_path: Path, model_cache
 def test_micro_batches_are_cut_from_length_sorted_examples(tmp_path: Path, tiny_bundle: Any) -> None:
     """Long and short sequences interleaved: each micro-batch of 2 pads to its own pair's length."""
     prompts = ["Say hello to the whole world now, please, all of it.", "Hi", "Greet everyone here today, now.", "Yo"]
-    data = write_rows(tmp_path / "train.jsonl", prompts=prompts)
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=prompts)
     built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 64, 16)
     lengths = [len(e.prompt_ids) + len(e.target_ids) for e in built.examples]
     widths: list[int] = []
@@ -201,11 +171,11 @@ def test_micro_batches_are_cut_from_length_sorted_examples(tmp_path: Path, tiny_
 
 
 def test_a_missing_target_names_the_row_and_the_key(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl", bad_row=2)
-    cfg = make_cfg(tmp_path, model_cache, data, "sft.max_steps=1")
+    data = write_sft_rows(tmp_path / "train.jsonl", bad_row=2)
+    cfg = make_sft_cfg(tmp_path, model_cache, data, "sft.max_steps=1")
     with pytest.raises(DataError, match=r"train\.jsonl: row 2: field 'extra_info\.sft_target': missing"):
         run_sft(cfg)
-    write_rows(data, target=7)
+    write_sft_rows(data, target=7)
     with pytest.raises(DataError, match=r"row 0: field 'extra_info\.sft_target'.*must be a string, got int"):
         run_sft(cfg)
     assert not (tmp_path / "out").exists()
@@ -213,7 +183,7 @@ def test_a_missing_target_names_the_row_and_the_key(tmp_path: Path, model_cache:
 
 
 def test_overlong_prompts_are_filtered_and_long_targets_truncated(tmp_path: Path, tiny_bundle: Any) -> None:
-    data = write_rows(tmp_path / "train.jsonl", prompts=["Hi", "word " * 40], target="hello world " * 10)
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=["Hi", "word " * 40], target="hello world " * 10)
     built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 24, 5)
     assert built.num_filtered == 1
     assert built.num_truncated == 1
@@ -222,8 +192,8 @@ def test_overlong_prompts_are_filtered_and_long_targets_truncated(tmp_path: Path
 
 
 def test_lora_run_saves_a_merged_folder(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl")
-    cfg = make_cfg(tmp_path, model_cache, data, "model.lora.rank=4", "sft.max_steps=2", "sft.lr=1e-2")
+    data = write_sft_rows(tmp_path / "train.jsonl")
+    cfg = make_sft_cfg(tmp_path, model_cache, data, "model.lora.rank=4", "sft.max_steps=2", "sft.lr=1e-2")
     out = run_sft(cfg)
     from transformers import AutoModelForCausalLM
 
@@ -240,7 +210,7 @@ def test_lora_run_saves_a_merged_folder(tmp_path: Path, model_cache: Path) -> No
 
 
 def test_cli_sft_end_to_end(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl")
+    data = write_sft_rows(tmp_path / "train.jsonl")
     args = [
         "sft",
         f"model.cache_dir={model_cache}",
@@ -269,7 +239,7 @@ def test_cli_sft_end_to_end(tmp_path: Path, model_cache: Path) -> None:
     bad = CliRunner().invoke(app, ["sft", "sft.batch_size=0", f"data.train_files=[{data}]"])
     assert bad.exit_code == 2
     assert "sft.batch_size" in bad.output
-    write_rows(data, bad_row=1)
+    write_sft_rows(data, bad_row=1)
     bad = CliRunner().invoke(app, args)
     assert bad.exit_code == 2
     assert "row 1" in bad.output
@@ -282,8 +252,8 @@ def test_output_is_replaced_only_when_complete(
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("previous run")
-    data = write_rows(tmp_path / "train.jsonl")
-    cfg = make_cfg(tmp_path, model_cache, data, "sft.max_steps=1")
+    data = write_sft_rows(tmp_path / "train.jsonl")
+    cfg = make_sft_cfg(tmp_path, model_cache, data, "sft.max_steps=1")
 
     def broken_save(*args: Any) -> None:
         raise RuntimeError("disk full")
@@ -303,7 +273,7 @@ def test_output_is_replaced_only_when_complete(
 
 def test_prompt_loss_weight_adds_the_prompt_tokens_mean_loss(tmp_path: Path, tiny_bundle: Any) -> None:
     prompts = ["Hi", "Say hello to the whole world now.", "Greet me.", "What is 3 + 4?"]
-    data = write_rows(tmp_path / "train.jsonl", prompts=prompts)
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=prompts)
     built = build_sft_data([str(data)], tiny_bundle.tokenizer, "extra_info.sft_target", 64, 16)
     model, pad, cpu = tiny_bundle.model, tiny_bundle.tokenizer.pad_token_id, torch.device("cpu")
 
@@ -335,9 +305,9 @@ def test_prompt_loss_weight_adds_the_prompt_tokens_mean_loss(tmp_path: Path, tin
 
 
 def test_negative_prompt_loss_weight_is_refused(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl")
+    data = write_sft_rows(tmp_path / "train.jsonl")
     with pytest.raises(sft_module.ConfigError, match=r"sft\.prompt_loss_weight"):
-        train_sft(make_cfg(tmp_path, model_cache, data, "sft.prompt_loss_weight=-1"))
+        train_sft(make_sft_cfg(tmp_path, model_cache, data, "sft.prompt_loss_weight=-1"))
 
 
 def test_batch_schedule_walks_each_epoch_in_slices_and_keeps_the_last_small_batch() -> None:

@@ -22,8 +22,8 @@ from queryrl.trainer.sft import build_sft_data, train_sft
 from queryrl.trainer.sft_batch import IGNORE_INDEX, collate, sum_prompt_and_target_loss, sum_target_loss
 from queryrl.trainer.vocab import model_folder_vocab, run_vocab_ids
 from tests.helpers import make_cfg as grpo_cfg
+from tests.helpers import make_sft_cfg, write_sft_rows
 from tests.rollout.helpers import with_lora
-from tests.trainer.test_sft import make_cfg, write_rows
 
 CPU = torch.device("cpu")
 # a target whose words appear in no prompt: its tokens are kept because it is a target
@@ -50,7 +50,7 @@ def test_the_restricted_sft_loss_is_the_renormalised_full_cross_entropy(tmp_path
     """The target loss (and the prompt loss of sft.prompt_loss_weight) with the restricted head, and their
     gradients in the LoRA adapters, equal those of the full logits restricted to the kept ids."""
     tok = tiny_bundle.tokenizer
-    data = write_rows(tmp_path / "train.jsonl", prompts=["Hi", "Say hello to the whole world now."], target=TARGET)
+    data = write_sft_rows(tmp_path / "train.jsonl", prompts=["Hi", "Say hello to the whole world now."], target=TARGET)
     examples = build_sft_data([str(data)], tok, "extra_info.sft_target", 64, 16).examples
     full = with_lora(tiny_bundle.model).train()
     restricted = copy.deepcopy(full)
@@ -83,8 +83,8 @@ def test_the_restricted_sft_loss_is_the_renormalised_full_cross_entropy(tmp_path
 def test_a_restricted_sft_run_trains_and_writes_its_kept_ids(tmp_path: Path, model_cache: Path) -> None:
     """LoRA SFT with the option: the adapters learn, the folder holds the full-vocabulary model and the kept ids
     (every prompt and target token, EOS included), the kept count is a metric."""
-    data = write_rows(tmp_path / "train.jsonl", target=TARGET)
-    cfg = make_cfg(
+    data = write_sft_rows(tmp_path / "train.jsonl", target=TARGET)
+    cfg = make_sft_cfg(
         tmp_path, model_cache, data, "model.lora.rank=4", "sft.max_steps=3", "sft.lr=1e-2", "model.vocab.restrict=true"
     )
     result = train_sft(cfg)
@@ -111,7 +111,7 @@ def test_a_restricted_sft_run_trains_and_writes_its_kept_ids(tmp_path: Path, mod
 
 
 def test_full_fine_tuning_with_a_restricted_head_is_refused(tmp_path: Path, model_cache: Path) -> None:
-    data = write_rows(tmp_path / "train.jsonl")
+    data = write_sft_rows(tmp_path / "train.jsonl")
     args = ["sft", f"model.cache_dir={model_cache}", f"sft.train_files=[{data}]", "model.vocab.restrict=true"]
     result = CliRunner().invoke(app, [*args, f"sft.output_dir={tmp_path / 'out'}", "model.lora.rank=0"])
     assert result.exit_code == 2
