@@ -26,7 +26,7 @@ from queryrl.apps.query_rewrite.data.sft_targets import add_sft_targets
 from queryrl.apps.query_rewrite.demo.dialogues import make_dialogue, products_of
 
 CATALOGUE_SEED = 0
-SPLITS = {"train": 2000, "val": 60, "test": 60}  # dialogues per split (train: see experiments/logs/rewriter_learning.md)
+SPLITS = {"train": 2000, "val": 60, "test": 60}  # dialogues per split (train: experiments/logs/rewriter_learning.md)
 DATA_SOURCE = "sales_demo"
 
 # line id -> (Chinese name, price range in yuan, battery unit, spec templates)
