@@ -16,6 +16,7 @@ from queryrl.config import load_config
 from queryrl.models.adapters import adapter_problem, extract_adapter, load_with_adapters
 from queryrl.models.loading import resolve_model_path
 from queryrl.trainer.loop import Trainer
+from queryrl.trainer.manifest import write_manifest
 from tests.helpers import make_cfg
 
 TARGET = "hello world"
@@ -100,6 +101,9 @@ def test_export_adapter_only_of_a_full_model_checkpoint_is_one_clear_line(tmp_pa
     (step / "actor").mkdir(parents=True)
     (step / "state.json").write_text(json.dumps({"step": 3, "config": {"model": {"path": None}}}))
     (step / "actor" / "model.safetensors").write_bytes(b"")
+    for name in ("optim.pt", "rng.pt"):  # an intact checkpoint otherwise: its manifest vouches for every file
+        (step / name).write_bytes(b"")
+    write_manifest(step)
     result = CliRunner().invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "a"), "--adapter-only"])
     assert result.exit_code == 2
     assert "holds no LoRA adapter" in result.output

@@ -16,8 +16,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from queryrl.apps.query_rewrite.reward.judging import PAIRWISE_VERDICT_SCHEMA
 from queryrl.rewards.judge import (
-    PAIRWISE_VERDICT_SCHEMA,
     JudgeClient,
     JudgeConfigError,
     JudgeResult,
