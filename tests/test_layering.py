@@ -121,6 +121,15 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` in `package` reads from (relative levels resolved)."""
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join([*up, base] if base else up)
+    return base
+
+
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the modules of package `root` it imports, at any depth (a lazy import inside a function is an
     edge too: it is the same dependency, paid later). ``from a import b`` is an edge to ``a.b`` where that is a
@@ -134,10 +143,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    base = ".".join([*up, base] if base else up)
+                base = _from_base(node, package)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
             for target in targets:
                 while target and target not in paths:
@@ -245,10 +251,7 @@ def app_imports(path: Path, app: Path = APP, name: str = APP_NAME) -> list[tuple
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*up, base] if base else up)
+            base = _from_base(node, package)
             targets = [f"{base}.{a.name}" for a in node.names] if base == name else [base]
         for target in targets:
             if target == name or target.startswith(name + "."):
