@@ -15,6 +15,14 @@ from queryrl.rag import make_app as make_rag_app
 from queryrl.testing.judge_server import make_app as make_judge_app
 from queryrl.testing.judge_server import running_server
 
+CHAT_8B_REQUEST: dict[str, Any] = {  # one /rag/chat_8b request of the users' contract, for the services' tests
+    "tenant_id": "t",
+    "contact_id": "c",
+    "account_id": "a",
+    "message_id": "m",
+    "contexts": [{"role": "user", "content": "退货政策是什么"}],
+    "rewritten_query": "退货政策",
+}
 SIDE = {"quality": 10, "relevance": 5, "completeness": 5, "retrieval": 5, "sum": 25}
 
 

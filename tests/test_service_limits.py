@@ -30,19 +30,11 @@ from queryrl import redaction
 from queryrl.cli import app as cli_app
 from queryrl.redaction import PLACEHOLDER, redact_record
 from queryrl.service_limits import RepeatFilter, ServiceLimits, ensure_descriptors
-from tests.loopback import serve_judge_process, wait_until_up
+from tests.loopback import CHAT_8B_REQUEST, serve_judge_process, wait_until_up
 
 TOKEN_ENV = "QUERYRL_TEST_LIMITS_TOKEN"
 MAX_CONNECTIONS, HEADER_TIMEOUT_S, MAX_BODY = 64, 1.0, 64 * 1024
 FILES_LIMIT = 256  # the server's RLIMIT_NOFILE: 300 connections are more than it may open
-CHAT_8B = {
-    "tenant_id": "t",
-    "contact_id": "c",
-    "account_id": "a",
-    "message_id": "m",
-    "contexts": [{"role": "user", "content": "退货政策是什么"}],
-    "rewritten_query": "退货政策",
-}
 
 
 @dataclass
@@ -165,7 +157,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_read(service: Service) -> N
     reply = raw_post(service.port, {**auth, "Transfer-Encoding": "chunked"}, body)
     assert reply.startswith(b"HTTP/1.1 413 "), reply[:200]
     # under the limit: answered as before
-    ok = httpx.post(f"{service.url}/rag/chat_8b", json=CHAT_8B, headers=auth, timeout=5)
+    ok = httpx.post(f"{service.url}/rag/chat_8b", json=CHAT_8B_REQUEST, headers=auth, timeout=5)
     assert ok.status_code == 200
     assert ok.json()["response"][0]["doc_id"] == "d1"
 

@@ -27,16 +27,9 @@ from queryrl.rag.client import RAGError
 from queryrl.service_auth import TokenError, bearer_matches, check_bind, resolve_token
 from queryrl.testing import judge_server
 from queryrl.testing.judge_server import constant_judge, running_server
+from tests.loopback import CHAT_8B_REQUEST
 
 TOKEN_ENV = "QUERYRL_TEST_SERVICE_TOKEN"
-FIELDS: dict[str, Any] = {
-    "tenant_id": "t",
-    "contact_id": "c",
-    "account_id": "a",
-    "message_id": "m",
-    "contexts": [{"role": "user", "content": "退货政策是什么"}],
-    "rewritten_query": "退货政策",
-}
 
 
 @pytest.fixture
@@ -149,12 +142,14 @@ def test_serve_rag_with_a_token_gets_as_far_as_binding(token: str, no_bind: None
 
 def test_the_rag_service_wants_the_bearer_token(rag_service: str, token: str) -> None:
     with httpx.Client(timeout=10) as http:
-        refused = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS)
-        wrong = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": "Bearer " + "x" * 32})
+        refused = http.post(f"{rag_service}/rag/chat_8b", json=CHAT_8B_REQUEST)
+        wrong = http.post(
+            f"{rag_service}/rag/chat_8b", json=CHAT_8B_REQUEST, headers={"Authorization": "Bearer " + "x" * 32}
+        )
         docs = http.get(f"{rag_service}/docs")
-        bare = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": token})
+        bare = http.post(f"{rag_service}/rag/chat_8b", json=CHAT_8B_REQUEST, headers={"Authorization": token})
         health = http.get(f"{rag_service}/health")
-        ok = http.post(f"{rag_service}/rag/chat_8b", json=FIELDS, headers={"Authorization": f"Bearer {token}"})
+        ok = http.post(f"{rag_service}/rag/chat_8b", json=CHAT_8B_REQUEST, headers={"Authorization": f"Bearer {token}"})
     assert (refused.status_code, wrong.status_code, docs.status_code, bare.status_code) == (401, 401, 401, 401)
     assert refused.headers["www-authenticate"] == "Bearer"
     assert "token_env" in refused.json()["detail"]
@@ -167,7 +162,7 @@ def test_the_rag_service_wants_the_bearer_token(rag_service: str, token: str) ->
 def test_the_rag_client_sends_the_token_from_its_variable(rag_service: str, token: str) -> None:
     async def call(client: RAGClient) -> dict[str, Any]:
         try:
-            return await client.chat_8b(**FIELDS)
+            return await client.chat_8b(**CHAT_8B_REQUEST)
         finally:
             await client.aclose()
 
@@ -198,7 +193,7 @@ def test_the_config_key_reaches_the_query_rewrite_reward_client(rag_service: str
     assert TOKEN_ENV in redaction.register_config_secrets(cfg)  # the run's logs redact its value
     assert redaction.redact(token) == redaction.PLACEHOLDER
     client = rag_client(settings.rag)
-    assert asyncio.run(client.chat_8b(**FIELDS))["status"] == "success"
+    assert asyncio.run(client.chat_8b(**CHAT_8B_REQUEST))["status"] == "success"
 
 
 def test_the_judge_server_compares_keys_and_keeps_health_open(token: str) -> None:
