@@ -48,6 +48,11 @@ With ``--restrict-vocab`` (off by default) the warm-up SFT (and ref_sft) and GRP
 head (``model.vocab.restrict``: the data's and the knowledge base's tokens; GRPO keeps the warm-up's too) and the
 evals decode warmup, ref_sft and grpo with the same kept ids (``queryrl eval --vocab-ids``), zero-shot and the
 baselines with the full head; ``settings.eval_heads`` in the JSON says how each model system decoded.
+With ``--pass-rate-rows N`` (off by default) GRPO trains only on the prompts that carry a signal at its start:
+``queryrl pass-rate`` samples N training rows ``rollout.n`` times with the warm-up and the GRPO run's own settings
+and reward, and keeps those whose samples scored differently (``data/train_signal.parquet``, its report under
+``phases.pass_rate``); ``--train-file`` gives GRPO such a file from an earlier run (GRPO seeds from one warm-up
+share it).
 Output: ``benchmarks/results/real_model_<name>.json`` (atomic), and the run's LoRA adapters in
 ``<work>/adapters/warmup`` and ``<work>/adapters/grpo`` (bf16 safetensors + adapter_config.json, :func:`write_adapters`;
 their paths and sizes under ``adapters`` in the JSON; ``--write-adapters WORK`` writes those of an earlier run).
@@ -397,6 +402,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="skip the zero-shot model's evals (a lever run that changes the warm-up: an earlier run has them)",
     )
     # GRPO
+    parser.add_argument(
+        "--pass-rate-rows",
+        type=int,
+        default=0,
+        help="train GRPO only on the prompts whose samples scored differently under the warm-up "
+        "(queryrl pass-rate over this many training rows; 0: off)",
+    )
+    parser.add_argument(
+        "--train-file",
+        type=Path,
+        default=None,
+        help="GRPO's training rows from this file (e.g. an earlier run's data/train_signal.parquet)",
+    )
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (rollout.n)")
@@ -524,6 +542,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2
+    if args.train_file is not None and (
+        not args.train_file.is_file() or args.train_file.resolve().is_relative_to(work)
+    ):
+        print(f"--train-file must be a parquet file outside --work {work} (the bench empties it): {args.train_file}")
+        return 2
     if args.warmup_model is not None and args.warmup_model.resolve().is_relative_to(work):
         print(f"--warmup-model {args.warmup_model} is inside --work {work}, which the bench empties first")
         return 2
@@ -593,14 +616,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
     train_settings = grpo_settings(args, dtype)
-    train = [queryrl, "train", "--config", str(CONFIG), f"model.path={warmup_model}", f"trainer.output_dir={work}"]
-    train += [f"trainer.experiment_name={run.name}", f"data.train_files=[{data['files']['train']}]"]
-    train += [
-        "data.val_files=[]",
-        "trainer.eval_every=0",
-        "trainer.resume=disable",
-        f"app.query_rewrite.rag.corpus=kdconv:{kb}",
-    ]
+    train_file = str(args.train_file.resolve()) if args.train_file is not None else data["files"]["train"]
+    common = [f"model.path={warmup_model}", f"trainer.output_dir={work}", "data.val_files=[]"]
+    common += [f"app.query_rewrite.rag.corpus=kdconv:{kb}", f"data.train_files=[{train_file}]"]
+    if args.pass_rate_rows:  # the prompts whose samples the warm-up scores differently (queryrl pass-rate)
+        signal = work / "data" / "train_signal.parquet"
+        rate = [queryrl, "pass-rate", "--config", str(CONFIG), "--out", str(signal)]
+        rate += ["--rows", str(args.pass_rate_rows), *common, *train_settings]
+        phases["pass_rate"] = run_measured("pass_rate", rate, logs / "pass_rate.log", env)
+        phases["pass_rate"]["report"] = json.loads(signal.with_suffix(".json").read_text(encoding="utf-8"))
+        train_file = str(signal)
+        common[-1] = f"data.train_files=[{train_file}]"
+    train = [queryrl, "train", "--config", str(CONFIG), *common, f"trainer.experiment_name={run.name}"]
+    train += ["trainer.eval_every=0", "trainer.resume=disable"]
     phases["grpo"] = run_measured("grpo", [*train, *train_settings], logs / "grpo.log", env)
     phases["grpo"]["per_step"] = step_timings(run / "metrics.jsonl")
     export = [queryrl, "export", str(last_checkpoint(run)), str(work / "grpo")]
@@ -658,6 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "train_overrides": train_settings,
             "eval_decoding": evals["final"]["settings"].get("decoding"),
+            "grpo_train_file": train_file,
             "restrict_vocab": bool(args.restrict_vocab),  # the warm-up SFT, GRPO and the trained systems' evals
             "eval_heads": {  # how each model system of the final eval decoded (queryrl eval's settings.systems)
                 s["name"]: {k: s[k] for k in ("head", "vocab_kept") if k in s}

@@ -1,4 +1,4 @@
-"""The command line: ``queryrl train | sft | prepare | export | convert-gguf | plot | serve-judge | serve-rag``.
+"""The command line: ``queryrl train | sft | pass-rate | prepare | export | convert-gguf | plot | serve-*``.
 
 A command's help is its docstring's text as written: plain text, no RST markup (``queryrl --help``
 shows it verbatim; a test runs ``--help`` of every command).
@@ -187,6 +187,35 @@ def sft(ctx: typer.Context, config: ConfigFile = None, dry_run: DryRun = False, 
 
     result = train_sft(cfg)
     typer.echo(f"done: {result.output_dir} (final loss {result.final_loss:.3f})")
+
+
+@app.command("pass-rate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@_one_line_errors
+def pass_rate(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", help="Parquet file for the kept rows (a JSON report beside it).")],
+    config: ConfigFile = None,
+    samples: Annotated[int | None, typer.Option(help="Samples per prompt (default: rollout.n).", min=2)] = None,
+    rows: Annotated[int | None, typer.Option(help="Only this many prompts, after a seeded shuffle.", min=1)] = None,
+    keep_flat: Annotated[float, typer.Option(help="Share of the flat prompts kept too (seeded).")] = 0.0,
+    debug: Debug = False,
+) -> None:
+    """Sample every training prompt with the run's starting policy and reward (the train config), and write the
+    prompts whose samples' rewards differ, for data.train_files: queryrl pass-rate --config FILE --out FILE ..."""
+    import json
+
+    from queryrl.atomic import atomic_write_text
+    from queryrl.machine import machine_info
+    from queryrl.trainer.pass_rate import kept_rows, rate_rows, report_of, write_rows
+
+    cfg = _run_config(ctx, config, "train", False)
+    items, rates, seconds = rate_rows(cfg, samples, rows, progress=typer.echo)
+    keep = kept_rows(rates, keep_flat, int(cfg.trainer.seed))
+    report = report_of(cfg, rates, keep, keep_flat, seconds)
+    write_rows(out, items, rates, keep)
+    record = {**report.__dict__, "machine": machine_info().as_dict()}
+    atomic_write_text(out.with_suffix(".json"), json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    typer.echo(f"{report.summary()} -> {out}")
 
 
 @prepare_app.command("gsm8k")

@@ -221,3 +221,21 @@ def test_restrict_vocab_reaches_the_warm_up_sft_and_the_trained_systems_evals(tm
     assert bench.vocab_option(vocab, systems) == ["--vocab-ids", f"warmup={warm / VOCAB_FILE},grpo={run / VOCAB_FILE}"]
     assert bench.vocab_option(vocab, "raw_turn,zero_shot=/m") == []
     assert bench.vocab_option({}, systems) == []
+
+
+def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    kdconv = tmp_path / "kdconv"
+    kdconv.mkdir()
+    (kdconv / "dev.json").write_text("[]")
+    (kdconv / "kb_travel.json").write_text("{}")
+    work = tmp_path / "work"
+    inside = work / "data" / "train_signal.parquet"
+    inside.parent.mkdir(parents=True)
+    inside.write_bytes(b"PAR1")
+    base = ["--model", str(tmp_path / "model"), "--kdconv-dir", str(kdconv), "--work", str(work)]
+    for train_file in (tmp_path / "absent.parquet", inside):  # missing, or in the folder the bench empties first
+        assert bench.main([*base, "--train-file", str(train_file), "--out", str(tmp_path / "r.json")]) == 2
+        assert "--train-file must be a parquet file outside --work" in capsys.readouterr().out
+    assert inside.exists()
