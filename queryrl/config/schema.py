@@ -138,6 +138,10 @@ class RolloutConfig:
     # hf backend: auto = queryrl's own decode loop for plain Qwen2/Qwen3 models (queryrl/rollout/fast_decode.py),
     # transformers' generate for anything else (peft/LoRA, other architectures); off = always generate
     fast_decode: str = "auto"
+    # hf fast path: on = its token steps as one static step, captured in a CUDA graph and replayed per token on a
+    # GPU (run eagerly on a CPU, where it is slower: for tests); auto = on where the rollout runs on CUDA; off = the
+    # dynamic step (queryrl/rollout/graph_decode.py; off by default until measured on a GPU)
+    decode_graph: str = "off"
     val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # the vllm backend's engine options

@@ -137,6 +137,7 @@ def _check_algorithm_choices(cfg: DictConfig) -> None:
     check_precision(cfg.model.dtype, cfg.model.compute_dtype)
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
+    choice(cfg.rollout.decode_graph, ["off", "on", "auto"], "rollout.decode_graph")
     try:  # the vllm engine's options (checked whatever the backend: a typo waits for no GPU run)
         engine_kwargs(OmegaConf.to_container(cfg.rollout.vllm, resolve=True))  # type: ignore[arg-type]
     except ValueError as exc:

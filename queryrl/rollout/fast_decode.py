@@ -415,8 +415,10 @@ class FastDecoder:
         return x + self._norm(out if w.down_lora is None else _add_lora(out, h, w.down_lora), w.post_mlp_norm)
 
 
-def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor, Tensor]:
-    """One step of ``generate``'s token choice on (B, V) float32 raw logits.
+def sample_step(
+    logits: Tensor, params: SamplingParams, uniforms: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One step of ``generate``'s token choice on (B, V) float32 raw logits (`uniforms`: :func:`draw`'s).
 
     Returns:
         ``(tokens (B,), scores (B, V), log_z (B, 1))``: the token picked, ``logits / temperature``
@@ -431,9 +433,9 @@ def sample_step(logits: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor,
         return torch.argmax(logits, dim=-1), scores, torch.logsumexp(scores, dim=-1, keepdim=True)
     if params.top_k == 0 and params.top_p == 1.0:  # nothing cut: the draw's total is the normaliser too
         top = scores.amax(dim=-1, keepdim=True)  # (B, 1)
-        tokens, total = draw((scores - top).exp_())
+        tokens, total = draw((scores - top).exp_(), uniforms)
         return tokens, scores, top + total.log().to(scores.dtype)
-    tokens, _ = draw(F.softmax(warp(scores, params), dim=-1))
+    tokens, _ = draw(F.softmax(warp(scores, params), dim=-1), uniforms)
     return tokens, scores, torch.logsumexp(scores, dim=-1, keepdim=True)
 
 
@@ -452,9 +454,10 @@ def warp(scores: Tensor, params: SamplingParams) -> Tensor:
     return scores
 
 
-def draw(weights: Tensor) -> tuple[Tensor, Tensor]:
+def draw(weights: Tensor, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One token per row of `weights` (B, V) >= 0, with probability proportional to its weight, by
-    inverting the CDF; returns ``(tokens (B,), total weight (B, 1) float64)``.
+    inverting the CDF; returns ``(tokens (B,), total weight (B, 1) float64)``. `uniforms` (B, 1) float64
+    in [0, 1): the draws to use (a CUDA graph's, drawn before it replays), default fresh ``torch.rand``.
 
     ``torch.multinomial(probs, 1)`` draws V exponentials per row (B V random numbers, most of a
     small model's decode step on a CPU); this draws one uniform per row. The CDF is summed in
@@ -465,5 +468,7 @@ def draw(weights: Tensor) -> tuple[Tensor, Tensor]:
     cdf = weights.double().cumsum(dim=-1)  # (B, V)
     total = cdf[:, -1:]  # (B, 1)
     # total (1 - 2^-52) is at least one ulp under the total, so rand * it stays under after rounding
-    u = torch.rand(total.shape, dtype=torch.float64, device=weights.device) * (total * (1 - 2.0**-52))
+    if uniforms is None:
+        uniforms = torch.rand(total.shape, dtype=torch.float64, device=weights.device)
+    u = uniforms * (total * (1 - 2.0**-52))
     return torch.searchsorted(cdf, u, right=True).squeeze(1), total

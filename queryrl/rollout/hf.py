@@ -13,14 +13,17 @@ only one step's (B, V) log-probs alive instead of all T steps' logits.
 Qwen2, Qwen3, Llama and Gemma 3 models that :mod:`queryrl.rollout.fast_decode` supports, LoRA
 policies included, skip ``generate`` by default (``fast_decode="auto"``): the same function, tokens
 and log-probs with a fraction of transformers' per-token overhead; ``fast_decode="off"``, or any
-other model, uses ``generate``. A model with a compute dtype (``model.compute_dtype``, mixed precision) generates in
-it: under ``torch.autocast`` on the ``generate`` path, from weights cast to it on the fast path.
+other model, uses ``generate``. ``decode_graph`` runs the fast path's token steps as one static step
+(:mod:`queryrl.rollout.graph_decode`), captured in a CUDA graph on a GPU: ``on`` everywhere (eagerly on a
+CPU), ``auto`` on a GPU only, ``off`` (the default until it is measured on a GPU) never. A model with a
+compute dtype (``model.compute_dtype``, mixed precision) generates in it: under ``torch.autocast`` on the
+``generate`` path, from weights cast to it on the fast path.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -30,6 +33,7 @@ from queryrl.models.loading import compute_autocast, compute_dtype
 from queryrl.models.vocab import full_vocab_processors
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
+from queryrl.rollout.graph_decode import GraphDecoder, graph_on
 
 FAST_DECODE_MODES = ("auto", "off")
 
@@ -130,6 +134,8 @@ class HFRollout:
         fast_decode: ``auto`` = :class:`~queryrl.rollout.fast_decode.FastDecoder` when it supports
             the model (checked again before every micro-batch), else ``generate``; ``off`` =
             always ``generate``.
+        decode_graph: ``on``, ``auto`` or ``off``: the fast path's token steps as one static step, a CUDA
+            graph on a GPU (see :func:`~queryrl.rollout.graph_decode.graph_on`).
 
     Attributes:
         decode_path: ``fast`` or ``generate``, what the next micro-batch will use.
@@ -143,6 +149,7 @@ class HFRollout:
         micro_batch_size: int = 64,
         device: torch.device | None = None,
         fast_decode: str = "auto",
+        decode_graph: str = "off",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (got {micro_batch_size})")
@@ -157,6 +164,7 @@ class HFRollout:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.fast_decode = fast_decode
+        self.decode_graph = graph_on(decode_graph, self.device)  # also checks the mode
         self._fast: FastDecoder | None = None
 
     @property
@@ -174,7 +182,8 @@ class HFRollout:
         if self.fallback_reason is not None:
             return None
         if self._fast is None:
-            self._fast = FastDecoder(self.model, dtype=compute_dtype(self.model))
+            decoder = GraphDecoder if self.decode_graph else FastDecoder
+            self._fast = decoder(self.model, dtype=compute_dtype(self.model))
         return self._fast
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
@@ -253,6 +262,11 @@ def make_hf_rollout(
     device: torch.device | None,
     fast_decode: str,
     dtype: torch.dtype | None,
+    engine: Mapping[str, Any] | None = None,
 ) -> HFRollout:
-    """``rollout.backend=hf`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`)."""
-    return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode)
+    """``rollout.backend=hf`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`); `engine`: ``{"decode_graph": mode}``
+    (``rollout.decode_graph``, from :func:`~queryrl.rollout.vllm.config_engine`), default off."""
+    graph = str((engine or {}).get("decode_graph", "off"))
+    return HFRollout(
+        model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode, decode_graph=graph
+    )

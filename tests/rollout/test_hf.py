@@ -1,7 +1,8 @@
 """The ``hf`` rollout backend on the tiny model: padding, EOS masking, ordering, log-probs, determinism.
 
-Every test runs twice: on the fast decode path (``fast_decode="auto"``, which the tiny Qwen2 takes)
-and on transformers' ``generate`` (``"off"``).
+Every test runs three times: on the fast decode path (``fast_decode="auto"``, which the tiny Qwen2 takes),
+on its static step (``"graph"``: ``decode_graph="on"``, run eagerly on a CPU) and on transformers'
+``generate`` (``"off"``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams
+from queryrl.rollout.graph_decode import GraphDecoder
 from tests.rollout.helpers import with_lm_head_bias
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=8)
 FAST_DECODE = "auto"
 
 
-@pytest.fixture(autouse=True, params=["auto", "off"])
+@pytest.fixture(autouse=True, params=["auto", "graph", "off"])
 def fast_decode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The decode path every ``rollout(...)`` of the test takes."""
     monkeypatch.setattr(sys.modules[__name__], "FAST_DECODE", request.param)
@@ -29,6 +31,8 @@ def fast_decode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 
 def rollout(model: nn.Module, tokenizer: Any, micro_batch_size: int = 64) -> HFRollout:
+    if FAST_DECODE == "graph":
+        return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, decode_graph="on")
     return HFRollout(model, tokenizer, micro_batch_size=micro_batch_size, fast_decode=FAST_DECODE)
 
 
@@ -52,8 +56,10 @@ def first_eos(row: list[int], eos: int) -> int | None:
 
 
 def test_both_decode_paths_are_tested(fast_decode: str, tiny_bundle: Any) -> None:
-    expected = {"auto": "fast", "off": "generate"}[fast_decode]
-    assert rollout(tiny_bundle.model, tiny_bundle.tokenizer).decode_path == expected
+    expected = {"auto": "fast", "graph": "fast", "off": "generate"}[fast_decode]
+    backend = rollout(tiny_bundle.model, tiny_bundle.tokenizer)
+    assert backend.decode_path == expected
+    assert isinstance(backend._fast_decoder(), GraphDecoder) == (fast_decode == "graph")
 
 
 def test_shapes_dtypes_and_padding(eos_model: nn.Module, tiny_bundle: Any, prompts: list[list[int]]) -> None:
