@@ -166,10 +166,14 @@ bench-judge-calls: $(STAMP)
 		--policy-note "tiny Qwen2 (query_rewrite_demo.yaml, split_cjk) after 150 SFT steps on the KdConv dev rows"
 
 # The first thing to run on a lent GPU (one H100, at most 8 minutes, nothing downloaded): fast decode against
-# generate at Qwen2-0.5B's shape, the FSDP2 weight-sync checks over NCCL, GRPO steps with LoRA in bf16 mixed
-# precision, the peak memory of a Qwen3-8B-shaped LoRA GRPO step -> benchmarks/results/gpu_check.json.
+# generate at Qwen2-0.5B's shape, and with its token step in a CUDA graph (rollout.decode_graph) at 8/64/256 rows,
+# the FSDP2 weight-sync checks over NCCL, GRPO steps with LoRA in bf16 mixed precision, the GPU's bf16 matmul rate,
+# the peak memory, time and matmul share of a Qwen3-8B-shaped LoRA GRPO step, and the same step in TRL's
+# GRPOTrainer beside it -> benchmarks/results/gpu_check.json (written after each check). The graph, matmul and
+# TRL checks have not run on a GPU yet (added 2026-12-06, smoke-tested on CPU).
 # It uses the machine's own python and torch (PYTHON=...; no .venv): queryrl from this checkout, and the
-# pure-Python packages such a machine lacks from .whl/, made beforehand here with `make gpu-wheels`.
+# pure-Python packages such a machine lacks (TRL and datasets included) from .whl/, made beforehand here with
+# `make gpu-wheels`.
 gpu-check:
 	bash tools/gpu_check.sh
 
