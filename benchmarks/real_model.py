@@ -44,10 +44,11 @@ emulates it gets one warning line); with bfloat16, zero-shot is also evaluated i
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
 eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
 ``queryrl eval --processes``).
-With ``--restrict-vocab`` (off by default) the warm-up SFT (and ref_sft) and GRPO train with a vocabulary-restricted
-head (``model.vocab.restrict``: the data's and the knowledge base's tokens; GRPO keeps the warm-up's too) and the
-evals decode warmup, ref_sft and grpo with the same kept ids (``queryrl eval --vocab-ids``), zero-shot and the
-baselines with the full head; ``settings.eval_heads`` in the JSON says how each model system decoded.
+With ``--restrict-vocab`` (the default; ``--no-restrict-vocab`` for the full head) the warm-up SFT (and ref_sft) and
+GRPO train with a vocabulary-restricted head (``model.vocab.restrict``: the data's and the knowledge base's tokens;
+GRPO keeps the warm-up's too) and the evals decode warmup, ref_sft and grpo with the same kept ids (``queryrl eval
+--vocab-ids``), zero-shot and the baselines with the full head; ``settings.eval_heads`` in the JSON says how each
+model system decoded.
 With ``--pass-rate-rows N`` (off by default) GRPO trains only on the prompts that carry a signal at its start:
 ``queryrl pass-rate`` samples N training rows ``rollout.n`` times with the warm-up and the GRPO run's own settings
 and reward, and keeps those whose samples scored differently (``data/train_signal.parquet``, its report under
@@ -429,11 +430,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-4, help="the GRPO LoRA learning rate (actor.lr)")
     parser.add_argument(
         "--restrict-vocab",
-        action="store_true",
-        help="model.vocab.restrict=true in the warm-up SFT (and ref_sft) and GRPO: the head keeps the tokens of the "
-        "data and the knowledge base only (GRPO adds the warm-up's kept ids to its own); the evals decode the "
-        "trained systems with the same heads (queryrl eval --vocab-ids), zero-shot and the baselines with the full "
-        "one (benchmarks/vocab_head.py measures it)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="model.vocab.restrict=true in the warm-up SFT (and ref_sft) and GRPO (the default since 2026-12-06; "
+        "--no-restrict-vocab: the full head): the head keeps the tokens of the data and the knowledge base only (GRPO "
+        "adds the warm-up's kept ids to its own); the evals decode the trained systems with the same heads (queryrl "
+        "eval --vocab-ids), zero-shot and the baselines with the full one (benchmarks/vocab_head.py measures it)",
     )
     # eval
     parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")

@@ -196,13 +196,14 @@ def test_evals_generate_their_models_one_process_a_thread_unless_told() -> None:
 
 
 def test_restrict_vocab_reaches_the_warm_up_sft_and_the_trained_systems_evals(tmp_path: Path) -> None:
-    """``--restrict-vocab``: the SFT command trains with the restricted head (a valid config), and the evals decode
-    warmup / ref_sft / grpo with their kept ids (a warm-up without its own: the GRPO run's), only where the eval
-    has that system; off, nothing changes."""
+    """``--restrict-vocab`` (the default): the SFT command trains with the restricted head (a valid config), and the
+    evals decode warmup / ref_sft / grpo with their kept ids (a warm-up without its own: the GRPO run's), only where
+    the eval has that system; off, nothing changes."""
     from queryrl.config import load_config
     from queryrl.models.vocab import VOCAB_FILE
 
-    on, off = bench.parse_args(["--restrict-vocab"]), bench.parse_args([])
+    on, off = bench.parse_args(["--restrict-vocab"]), bench.parse_args(["--no-restrict-vocab"])
+    assert bench.parse_args([]).restrict_vocab is True  # the default since the three-split grid (2026-12-06)
     cmd = bench.sft_cmd("queryrl", on, tmp_path / "m", "w.parquet", tmp_path, "warmup")
     assert cmd[-1] == "model.vocab.restrict=true"
     overrides = [c for c in cmd[4:] if not c.startswith(("model.path=", "sft.train_files="))]
