@@ -691,7 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "grpo_train_file": train_file,
             "restrict_vocab": bool(args.restrict_vocab),  # the warm-up SFT, GRPO and the trained systems' evals
             "eval_heads": {  # how each model system of the final eval decoded (queryrl eval's settings.systems)
-                s["name"]: {k: s[k] for k in ("head", "vocab_kept") if k in s}
+                s["name"]: {k: s[k] for k in ("head", "vocab_kept", "vocab_ids") if k in s}
                 for s in evals["final"]["settings"]["systems"]
                 if s["kind"] == "model"
             },
