@@ -47,7 +47,13 @@ from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 from queryrl.trainer.metrics import PhaseTimer, data_metrics, rollout_probs_diff
 from queryrl.trainer.run_folder import plan_resume, read_config_yaml, train_data_paths
 from queryrl.trainer.samples import sample_records, write_samples
-from queryrl.trainer.scoring import apply_scores, batch_advantages, generate_and_score, reward_side_metrics
+from queryrl.trainer.scoring import (
+    apply_scores,
+    batch_advantages,
+    generate_and_score,
+    reward_side_metrics,
+    train_sampling,
+)
 from queryrl.trainer.skips import (
     NoSignalWatch,
     NothingToLearn,
@@ -97,14 +103,7 @@ class Trainer:
         self._data_prints: dict[str, Any] | None = None  # the training files' fingerprints, for checkpoints
         self._set_aside: list[Batch] = []  # this step's rows not trained on (failed; a skipped step's), for samples
         self._resume(resume_from)
-        self.train_sampling = SamplingParams(
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            n=cfg.rollout.n,
-            do_sample=True,
-            max_new_tokens=cfg.data.max_response_length,
-        )
+        self.train_sampling = train_sampling(cfg)
         val = cfg.rollout.val
         self.val_sampling = SamplingParams(
             temperature=val.temperature if val.do_sample else 1.0,

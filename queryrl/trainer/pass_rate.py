@@ -37,7 +37,6 @@ from queryrl.data import DataError
 from queryrl.data.prompts import PromptItem
 from queryrl.engine.seeding import seed_everything
 from queryrl.rewards import RewardError
-from queryrl.rollout import SamplingParams
 from queryrl.trainer.metrics import PhaseTimer
 
 PASS_RATE_KEY = "pass_rate"  # in extra_info of every written row
@@ -98,22 +97,14 @@ def rate_rows(
     (default ``rollout.n``) with the run's starting policy and score them with its reward. Returns the
     prompts, their measurements and the seconds it took. No reference model is loaded and nothing is trained."""
     from queryrl.trainer.components import build_components
-    from queryrl.trainer.scoring import generate_and_score
+    from queryrl.trainer.scoring import generate_and_score, train_sampling
 
     cfg = cfg.copy()
     cfg.actor.use_kl_loss = False  # nothing is updated: the reference model is not needed
     cfg.algo.use_kl_in_reward = False
     seed_everything(cfg.trainer.seed)
     c = build_components(cfg)
-    n = int(samples or cfg.rollout.n)
-    sampling = SamplingParams(
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        n=n,
-        do_sample=True,
-        max_new_tokens=cfg.data.max_response_length,
-    )
+    sampling = train_sampling(cfg, samples)
     items = [item for ds in c.loader.datasets for item in ds.items]
     random.Random(cfg.trainer.seed).shuffle(items)
     items = items[: rows or len(items)]

@@ -74,6 +74,19 @@ def reward_inputs(
     return inputs
 
 
+def train_sampling(cfg: Any, n: int | None = None) -> SamplingParams:
+    """How a training step samples (``rollout.*``, ``data.max_response_length``), `n` samples a prompt (default
+    ``rollout.n``): the trainer's and ``queryrl pass-rate``'s, so a measured pass rate is the run's own."""
+    return SamplingParams(
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        n=int(n or cfg.rollout.n),
+        do_sample=True,
+        max_new_tokens=cfg.data.max_response_length,
+    )
+
+
 Selector = Callable[[RolloutOutput], tuple[Tensor, list[dict[str, Any]]]]
 
 
