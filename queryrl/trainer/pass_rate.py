@@ -102,6 +102,7 @@ def rate_rows(
     cfg = cfg.copy()
     cfg.actor.use_kl_loss = False  # nothing is updated: the reference model is not needed
     cfg.algo.use_kl_in_reward = False
+    cfg.trainer.backend = "local"  # sampling and scoring only: this process's model, no Ray workers
     seed_everything(cfg.trainer.seed)
     c = build_components(cfg)
     sampling = train_sampling(cfg, samples)
