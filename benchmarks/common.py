@@ -147,3 +147,22 @@ def version_of(package: str) -> str | None:
 def python_exe() -> str:
     """The interpreter running this benchmark."""
     return sys.executable
+
+
+def random_batch(n: int, prompt: int, response: int, vocab: int, group: int, seed: int) -> Any:
+    """A scored GRPO batch of `n` random sequences (`prompt` + `response` tokens of ids below `vocab`, every token
+    real, `group` sequences a prompt, random advantages) for the benches that time an update on a random model."""
+    import torch
+
+    from queryrl.engine.batch import Batch
+
+    gen = torch.Generator().manual_seed(seed)
+    return Batch(
+        prompt_ids=torch.randint(0, vocab, (n, prompt), generator=gen),
+        prompt_mask=torch.ones(n, prompt, dtype=torch.long),
+        response_ids=torch.randint(0, vocab, (n, response), generator=gen),
+        response_attention_mask=torch.ones(n, response, dtype=torch.long),
+        response_mask=torch.ones(n, response),
+        group_ids=torch.arange(n) // group,
+        advantages=torch.randn(n, response, generator=gen),
+    )

@@ -19,10 +19,8 @@ import statistics
 import time
 from typing import Any
 
-from common import REPO
+from common import QWEN2_05B, REPO, random_batch
 
-QWEN2_05B = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864, "vocab_size": 151936,
-             "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True}  # fmt: skip
 QWEN3_8B = {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288, "vocab_size": 151936,
             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False,
             "attention_bias": False}  # fmt: skip
@@ -219,7 +217,6 @@ def check_memory_8b(smoke: bool) -> dict[str, Any]:
 
     from queryrl.algos import LossNormalizer
     from queryrl.config import load_config
-    from queryrl.engine.batch import Batch
     from queryrl.engine.policy import compute_logprobs
     from queryrl.engine.update import actor_micro_step
     from queryrl.trainer.plan import ModelShape, count_lora_parameters, count_parameters, estimate_memory
@@ -235,17 +232,7 @@ def check_memory_8b(smoke: bool) -> dict[str, Any]:
         base, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, task_type="CAUSAL_LM")
     )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    gen = torch.Generator().manual_seed(0)
-    vocab = shape["vocab_size"]
-    batch = Batch(
-        prompt_ids=torch.randint(0, vocab, (n, p_len), generator=gen),
-        prompt_mask=torch.ones(n, p_len, dtype=torch.long),
-        response_ids=torch.randint(0, vocab, (n, t_len), generator=gen),
-        response_attention_mask=torch.ones(n, t_len, dtype=torch.long),
-        response_mask=torch.ones(n, t_len),
-        group_ids=torch.arange(n) // s["group"],
-        advantages=torch.randn(n, t_len, generator=gen),
-    ).to(on)
+    batch = random_batch(n, p_len, t_len, shape["vocab_size"], s["group"], seed=0).to(on)
     cfg = load_config(None, ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.001"])
     norm = LossNormalizer.from_mask(batch.response_mask)
     if on.type == "cuda":

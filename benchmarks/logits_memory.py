@@ -32,7 +32,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import QWEN2_05B, RESULTS, machine, median, peak_rss_mb, run_worker, table, version_of, write_json
+from common import (
+    QWEN2_05B,
+    RESULTS,
+    machine,
+    median,
+    peak_rss_mb,
+    random_batch,
+    run_worker,
+    table,
+    version_of,
+    write_json,
+)
 
 SCRIPT = Path(__file__).resolve()
 
@@ -56,7 +67,6 @@ def worker(s: dict[str, Any]) -> dict[str, Any]:
     import queryrl.engine.policy as policy
     from queryrl.algos import LossNormalizer
     from queryrl.config import load_config
-    from queryrl.engine.batch import Batch
     from queryrl.engine.update import actor_micro_step
 
     if s["mode"] == "before":  # the old path: every position through the LM head, sliced after
@@ -64,16 +74,7 @@ def worker(s: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**{**QWEN2_05B, "num_hidden_layers": s["layers"]})).train()
     n, p, t, vocab = s["batch"], s["prompt"], s["response"], QWEN2_05B["vocab_size"]
-    gen = torch.Generator().manual_seed(1)
-    batch = Batch(
-        prompt_ids=torch.randint(0, vocab, (n, p), generator=gen),
-        prompt_mask=torch.ones(n, p, dtype=torch.long),
-        response_ids=torch.randint(0, vocab, (n, t), generator=gen),
-        response_attention_mask=torch.ones(n, t, dtype=torch.long),
-        response_mask=torch.ones(n, t),
-        group_ids=torch.arange(n) // 2,
-        advantages=torch.randn(n, t, generator=gen),
-    )
+    batch = random_batch(n, p, t, vocab, 2, seed=1)
     cfg = load_config(None, ["actor.use_kl_loss=false", "actor.entropy_coeff=0.001"])
     norm = LossNormalizer.from_mask(batch.response_mask)
     before_rss = rss_mb()
