@@ -142,6 +142,10 @@ class RolloutConfig:
     # GPU (run eagerly on a CPU, where it is slower: for tests); auto = on where the rollout runs on CUDA; off = the
     # dynamic step (queryrl/rollout/graph_decode.py; off by default until measured on a GPU)
     decode_graph: str = "off"
+    # hf backend on a CPU: int8 = the base model's linear layers (not the output head, embeddings or LoRA adapters)
+    # from int8 copies, made once under LoRA (again whenever base weights change), for the rollouts only: the update,
+    # reference and eval keep full precision; the gap shows as training/rollout_probs_diff_* (queryrl/rollout/int8.py)
+    quantize: str = "none"
     val: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, do_sample=False))
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     vllm: VLLMEngineConfig = field(default_factory=VLLMEngineConfig)  # the vllm backend's engine options

@@ -138,10 +138,25 @@ def _check_algorithm_choices(cfg: DictConfig) -> None:
     choice(cfg.rollout.backend, ROLLOUT_BACKENDS.names(), "rollout.backend")
     choice(cfg.rollout.fast_decode, ["auto", "off"], "rollout.fast_decode")
     choice(cfg.rollout.decode_graph, ["off", "on", "auto"], "rollout.decode_graph")
+    choice(cfg.rollout.quantize, ["none", "int8"], "rollout.quantize")
+    if cfg.rollout.quantize == "int8":
+        _check_int8_rollout(cfg)
     try:  # the vllm engine's options (checked whatever the backend: a typo waits for no GPU run)
         engine_kwargs(OmegaConf.to_container(cfg.rollout.vllm, resolve=True))  # type: ignore[arg-type]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check_int8_rollout(cfg: DictConfig) -> None:
+    """``rollout.quantize=int8``: the hf backend's rollouts on a CPU (PyTorch's int8 GEMM is a CPU one), the dynamic
+    decode step. Full fine-tuning is allowed: its int8 copies are made again after every step (LoRA: once)."""
+    where = str(cfg.trainer.device)
+    if cfg.rollout.backend != "hf" or where.startswith("cuda") or cfg.rollout.decode_graph == "on":
+        raise ConfigError(
+            "rollout.quantize=int8 needs rollout.backend=hf on a CPU (trainer.device=cpu or auto without a GPU) and "
+            f"rollout.decode_graph=off (got backend={cfg.rollout.backend}, device={where}, "
+            f"decode_graph={cfg.rollout.decode_graph})"
+        )
 
 
 def _check_reward_functions(cfg: DictConfig) -> None:

@@ -37,6 +37,7 @@ from queryrl.distributed.worker_group import (
     import_ray,
 )
 from queryrl.engine.batch import Batch
+from queryrl.engine.update import add_metrics
 from queryrl.engine.workers import WORKERS
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.rollout.base import check_prompts
@@ -201,8 +202,7 @@ class RayWorkers:
         )
         summed: dict[str, float] = {}
         for part, _ in results:
-            for k, v in part.items():
-                summed[k] = summed.get(k, 0.0) + v
+            summed = add_metrics(summed, part)  # a ``_max`` key: the largest rank's
         return summed, results[0][1]
 
     def sync_policy(self, model: nn.Module) -> None:

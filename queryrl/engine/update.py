@@ -25,11 +25,27 @@ MicroStep = Callable[[Batch, LossNormalizer], dict[str, float]]
 
 
 def add_metrics(into: dict[str, float], new: dict[str, float]) -> dict[str, float]:
-    """Key-wise sum of two metric dicts."""
+    """Key-wise sum of two metric dicts (micro-batches' shares of a mean add up), but the maximum for a key ending in
+    ``_max`` (``training/rollout_probs_diff_max``: the largest over the micro-batches and ranks)."""
     out = dict(into)
     for k, v in new.items():
-        out[k] = out.get(k, 0.0) + v
+        out[k] = max(out[k], v) if k.endswith("_max") and k in out else out.get(k, 0.0) + v
     return out
+
+
+def on_policy_probs_diff(rollout: Tensor, logprobs: Tensor, mask: Tensor, norm: LossNormalizer) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_*`` (|p_rollout - p_train| over the counted tokens) from a single on-policy
+    pass's own log-probs (`logprobs`, detached): there the loop skips ``old_log_prob`` because those equal these, so
+    the gap between the rollout's numbers (int8 copies, another kernel) and the trainer's costs no extra forward. The
+    mean is this micro-batch's share of the mini-batch's (summed by :func:`add_metrics`), the max its own."""
+    keep = mask > 0
+    if not bool(keep.any()):
+        return {}
+    diff = (rollout.to(logprobs.device).exp() - logprobs.exp()).abs()
+    return {
+        "training/rollout_probs_diff_mean": float(diff[keep].sum()) / max(norm.num_tokens, 1.0),
+        "training/rollout_probs_diff_max": float(diff[keep].max()),
+    }
 
 
 def optimizer_step(
@@ -117,6 +133,9 @@ def actor_micro_step(
     )
     old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
     assert micro.advantages is not None
+    gap: dict[str, float] = {}
+    if micro.old_logprobs is None and micro.rollout_logprobs is not None:  # old_log_prob skipped: the gap from here
+        gap = on_policy_probs_diff(micro.rollout_logprobs, old, micro.response_mask, norm)
     out = loss_fn(
         old,
         logprobs,
@@ -132,7 +151,7 @@ def actor_micro_step(
     )
     loss = out.loss
     share = float(micro.response_mask.sum()) / max(norm.num_tokens, 1.0)  # token share, for mean metrics
-    metrics = {"actor/pg_loss": out.loss.item()}
+    metrics = {"actor/pg_loss": out.loss.item()} | gap
     metrics |= {f"actor/{k}": v.item() * share for k, v in out.metrics.items()}
     assert entropy is not None
     metrics["actor/entropy"] = float((entropy.detach() * micro.response_mask).sum() / max(norm.num_tokens, 1.0))

@@ -36,8 +36,9 @@ than the adapters' changed (the key is those parameters' storage and torch's in-
 counter, which an optimizer step, ``load_state_dict`` or any ``copy_`` bumps), so an adapter-only
 step costs no copy of the model; the adapters themselves are read afresh by every call (enabled,
 active, scaling). A compute dtype other than the parameters' (mixed precision: float32 master
-weights, bfloat16 decoding) casts the base once per change and the adapters per call. The trained
-module is never modified (no ``merge_adapter``).
+weights, bfloat16 decoding) casts the base once per change and the adapters per call; ``quantize`` makes
+the decoder projections' copies int8 (:mod:`queryrl.rollout.int8`), the adapters staying as they are. The
+trained module is never modified (no ``merge_adapter``).
 
 Sampling is ``generate``'s as :mod:`queryrl.rollout.hf` calls it: ``log_softmax(raw logits /
 temperature)`` is recorded at the chosen token; greedy = ``argmax``; sampling = temperature,
@@ -63,11 +64,13 @@ from queryrl.rollout.fast_decode_arch import (
     Lora,
     Plan,
     Weights,
+    quantized,
     read_weights,
     rope_tables,
     unsupported_reason,
     with_lora,
 )
+from queryrl.rollout.int8 import Int8Linear
 from queryrl.rollout.peft_weights import base_model, lora_parameters
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "unsupported_reason", "warp"]
@@ -107,8 +110,11 @@ def shared_prefix(ids: Tensor, mask: Tensor) -> int:
     return c if c >= MIN_SHARED_PREFIX else 0
 
 
-def _linear(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(h, weight, bias)`` for (N, in) `h`, in the faster orientation for a wide matrix (see WIDE_RATIO)."""
+def _linear(h: Tensor, weight: Tensor | Int8Linear, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(h, weight, bias)`` for (N, in) `h`, in the faster orientation for a wide matrix (see WIDE_RATIO);
+    an int8 `weight` (``rollout.quantize=int8``) by its own GEMM."""
+    if isinstance(weight, Int8Linear):
+        return weight(h) if bias is None else weight(h) + bias
     if (
         h.dim() == 2
         and h.device.type == "cpu"
@@ -122,7 +128,7 @@ def _linear(h: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return F.linear(h, weight, bias)
 
 
-def _project(h: Tensor, projection: list[tuple[Tensor, Tensor | None]], lora: Lora | None) -> Tensor:
+def _project(h: Tensor, projection: list[tuple[Tensor | Int8Linear, Tensor | None]], lora: Lora | None) -> Tensor:
     """(N, E) -> (N, sum of the out features), the LoRA adapters' ``(h A^T) B^T`` added."""
     if len(projection) == 1:
         out = _linear(h, *projection[0])
@@ -144,9 +150,10 @@ class FastDecoder:
             afresh by every :meth:`generate` (derived copies: refreshed when a parameter changed).
         dtype: the compute dtype (mixed precision: bfloat16 over float32 parameters); default: the
             embeddings' dtype.
+        quantize: the decoder projections as int8 copies, kept with the derived base copies (``rollout.quantize``).
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None, quantize: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastDecoder does not support this model: {reason}")
@@ -154,6 +161,7 @@ class FastDecoder:
         self.source = model
         self.model = hf
         self.dtype = dtype if dtype is not None else hf.model.embed_tokens.weight.dtype
+        self.quantize = quantize
         self._cached: tuple[tuple[Any, ...], Weights] | None = None
         plan = self.plan = Plan.of(hf)
         self.num_heads, self.num_kv_heads, self.head_dim = plan.num_heads, plan.num_kv_heads, plan.head_dim
@@ -163,12 +171,13 @@ class FastDecoder:
         than the LoRA adapters' changed; the adapters are read afresh."""
         adapters = lora_parameters(self.model)  # one pass over the LoRA layers: their A and B
         casts = any(p.dtype != self.dtype for p in self.model.parameters() if p.is_floating_point())
-        if not (adapters or casts):
+        if not (adapters or casts or self.quantize):
             return read_weights(self.model, self.plan, self.dtype)
         key = (tuple((p.data_ptr(), p._version) for p in self.source.parameters() if id(p) not in adapters), self.dtype)
         if self._cached is None or self._cached[0] != key:
             self._cached = None  # free the old copies before making the new ones
-            self._cached = (key, read_weights(self.model, self.plan, self.dtype, lora=False))
+            base = read_weights(self.model, self.plan, self.dtype, lora=False)
+            self._cached = (key, quantized(base) if self.quantize else base)
         return with_lora(self._cached[1], self.model, self.dtype) if adapters else self._cached[1]
 
     def _norm(self, x: Tensor, weight: Tensor) -> Tensor:
@@ -395,24 +404,33 @@ class FastDecoder:
         """The rest of a layer for (N, E) hidden states `x` and (N, Hq D) attention outputs: o_proj
         and the residual, then the gated MLP ``down(act(gate(h)) * up(h))`` and its residual (Gemma 3:
         each output normed before its residual)."""
-        if w.post_attn_norm is None:
-            x = torch.addmm(x, attn, w.o_proj_t)
-            if w.o_lora is not None:
-                x = _add_lora(x, attn, w.o_lora)
-            if w.o_bias is not None:
-                x = x + w.o_bias
-        else:
-            out = attn @ w.o_proj_t if w.o_bias is None else torch.addmm(w.o_bias, attn, w.o_proj_t)
-            x = x + self._norm(out if w.o_lora is None else _add_lora(out, attn, w.o_lora), w.post_attn_norm)
+        x = self._add_projected(x, attn, w.o_proj_t, w.o_bias, w.o_lora, w.post_attn_norm)
         gate, up = _project(self._norm(x, w.pre_mlp_norm), w.gate_up, w.gate_up_lora).chunk(2, dim=-1)
         h = self.plan.act(gate) * up  # (N, I)
-        if w.post_mlp_norm is None:
-            x = torch.addmm(x, h, w.down_t)
-            if w.down_lora is not None:
-                x = _add_lora(x, h, w.down_lora)
-            return x if w.down_bias is None else x + w.down_bias
-        out = h @ w.down_t if w.down_bias is None else torch.addmm(w.down_bias, h, w.down_t)
-        return x + self._norm(out if w.down_lora is None else _add_lora(out, h, w.down_lora), w.post_mlp_norm)
+        return self._add_projected(x, h, w.down_t, w.down_bias, w.down_lora, w.post_mlp_norm)
+
+    def _add_projected(
+        self,
+        x: Tensor,
+        h: Tensor,
+        weight_t: Tensor | Int8Linear,
+        bias: Tensor | None,
+        lora: Lora | None,
+        post_norm: Tensor | None,
+    ) -> Tensor:
+        """``x + h W^T`` (+ bias, + LoRA; the sum normed by `post_norm` first where given): one ``addmm`` on the
+        transposed view `weight_t`, or an int8 copy's GEMM."""
+        if isinstance(weight_t, Int8Linear):
+            out = _linear(h, weight_t, bias)
+            out = out if lora is None else _add_lora(out, h, lora)
+            return x + (out if post_norm is None else self._norm(out, post_norm))
+        if post_norm is None:
+            x = torch.addmm(x, h, weight_t)
+            if lora is not None:
+                x = _add_lora(x, h, lora)
+            return x if bias is None else x + bias
+        out = h @ weight_t if bias is None else torch.addmm(bias, h, weight_t)
+        return x + self._norm(out if lora is None else _add_lora(out, h, lora), post_norm)
 
 
 def sample_step(

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from queryrl.rollout.int8 import Int8Linear
 from queryrl.rollout.peft_weights import (
     base_model,
     is_lora_linear,
@@ -203,8 +204,9 @@ def rope_tables(model: Any) -> dict[str, tuple[Tensor, float]]:
     return {"": (rotary.inv_freq, float(rotary.attention_scaling))}
 
 
-# (weight, bias) pairs applied to one input, their outputs end to end: q/k/v, gate/up
-Projection = list[tuple[Tensor, Tensor | None]]
+# (weight, bias) pairs applied to one input, their outputs end to end: q/k/v, gate/up (an int8 weight: its bias
+# packed with it, None here)
+Projection = list[tuple[Tensor | Int8Linear, Tensor | None]]
 # LoRA adapters of a projection (or of a fused group, on its concatenated outputs): (A (R, in), B (out, R)),
 # B scaled; they add (x A^T) B^T (see queryrl.rollout.peft_weights.lora_factors)
 Lora = tuple[Tensor, Tensor]
@@ -223,12 +225,12 @@ class Layer:
     input_norm: Tensor  # (E,)
     qkv: Projection  # to ((Hq + 2 Hkv) D) outputs
     qk_norm: Tensor | None  # (Hq + Hkv, D), per-head q_norm / k_norm weights (Qwen3, Gemma 3)
-    o_proj_t: Tensor  # (Hq D, E), a transposed view: x + a @ o_proj_t is one addmm
+    o_proj_t: Tensor | Int8Linear  # (Hq D, E), a transposed view: x + a @ o_proj_t is one addmm (or int8, biased)
     o_bias: Tensor | None  # (E,)
     post_attn_norm: Tensor | None  # (E,), Gemma 3: on the attention output, before the residual
     pre_mlp_norm: Tensor  # (E,), post_attention_layernorm (Qwen, Llama), pre_feedforward_layernorm (Gemma)
     gate_up: Projection  # to (2 I) outputs
-    down_t: Tensor  # (I, E), a transposed view
+    down_t: Tensor | Int8Linear  # (I, E), a transposed view (or an int8 copy, its bias packed with it)
     down_bias: Tensor | None  # (E,), Llama's mlp_bias
     post_mlp_norm: Tensor | None  # (E,), Gemma 3: on the MLP output, before the residual
     window: int | None  # sliding window W (None = full attention)
@@ -258,7 +260,7 @@ def _projection(linears: list[nn.Module], fuse: bool, dtype: torch.dtype) -> Pro
     one each (no copy unless the dtype needs one)."""
     pairs = [linear_weights(x, dtype) for x in linears]
     if not fuse:
-        return pairs
+        return list(pairs)
     bias = None
     if any(b is not None for _, b in pairs):
         bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
@@ -337,6 +339,32 @@ def with_lora(weights: Weights, model: Any, dtype: torch.dtype) -> Weights:
                 o_lora=lora_factors([layer.self_attn.o_proj], dtype),
                 gate_up_lora=lora_factors([m.gate_proj, m.up_proj], dtype),
                 down_lora=lora_factors([m.down_proj], dtype),
+            )
+        )
+    return replace(weights, layers=layers)
+
+
+def quantized(weights: Weights) -> Weights:
+    """`weights` (read without adapters) with every decoder projection as an :class:`~queryrl.rollout.int8.Int8Linear`
+    copy, its bias packed with it (``rollout.quantize=int8``); embeddings, norms and the output head as they are.
+    Per-row scales make a fused QKV or gate/up copy the same as its parts quantized one by one."""
+
+    def int8(pairs: Projection) -> Projection:
+        return [(Int8Linear(m, b) if isinstance(m, Tensor) else m, None) for m, b in pairs]
+
+    layers = []
+    for w in weights.layers:
+        assert isinstance(w.o_proj_t, Tensor), "quantized twice"
+        assert isinstance(w.down_t, Tensor), "quantized twice"
+        layers.append(
+            replace(
+                w,
+                qkv=int8(w.qkv),
+                o_proj_t=Int8Linear(w.o_proj_t.t(), w.o_bias),
+                o_bias=None,
+                gate_up=int8(w.gate_up),
+                down_t=Int8Linear(w.down_t.t(), w.down_bias),
+                down_bias=None,
             )
         )
     return replace(weights, layers=layers)

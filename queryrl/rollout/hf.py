@@ -17,7 +17,10 @@ other model, uses ``generate``. ``decode_graph`` runs the fast path's token step
 (:mod:`queryrl.rollout.graph_decode`), captured in a CUDA graph on a GPU: ``on`` everywhere (eagerly on a
 CPU), ``auto`` on a GPU only, ``off`` (the default until it is measured on a GPU) never. A model with a
 compute dtype (``model.compute_dtype``, mixed precision) generates in it: under ``torch.autocast`` on the
-``generate`` path, from weights cast to it on the fast path.
+``generate`` path, from weights cast to it on the fast path. ``quantize="int8"`` (a CPU only) computes the
+base model's linear layers from int8 copies (:mod:`queryrl.rollout.int8`) on both paths: the fast path keeps
+them with its other derived base copies, ``generate`` runs with them swapped in for the call; both make a
+layer's copy again only when its weights changed (under LoRA: once per run).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from queryrl.models.loading import compute_autocast, compute_dtype
-from queryrl.models.vocab import full_vocab_processors
+from queryrl.models.vocab import full_vocab_processors, output_head
 from queryrl.rollout.base import RolloutOutput, SamplingParams, check_prompts, left_pad
 from queryrl.rollout.fast_decode import FastDecoder, unsupported_reason
 from queryrl.rollout.graph_decode import GraphDecoder, graph_on
+from queryrl.rollout.int8 import Int8Copies, available_reason, check_mode
 
 FAST_DECODE_MODES = ("auto", "off")
 
@@ -136,6 +140,8 @@ class HFRollout:
             always ``generate``.
         decode_graph: ``on``, ``auto`` or ``off``: the fast path's token steps as one static step, a CUDA
             graph on a GPU (see :func:`~queryrl.rollout.graph_decode.graph_on`).
+        quantize: ``none`` or ``int8``: the base model's linear layers (not the output head, not the LoRA
+            adapters) from int8 copies (:mod:`queryrl.rollout.int8`); a CPU only, not with the static step.
 
     Attributes:
         decode_path: ``fast`` or ``generate``, what the next micro-batch will use.
@@ -150,6 +156,7 @@ class HFRollout:
         device: torch.device | None = None,
         fast_decode: str = "auto",
         decode_graph: str = "off",
+        quantize: str = "none",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (got {micro_batch_size})")
@@ -165,6 +172,13 @@ class HFRollout:
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.fast_decode = fast_decode
         self.decode_graph = graph_on(decode_graph, self.device)  # also checks the mode
+        self.quantize = check_mode(quantize)
+        reason = available_reason(self.device) if self.quantize else None
+        if self.quantize and self.decode_graph:
+            reason = "rollout.quantize=int8 runs the dynamic decode step: set rollout.decode_graph=off"
+        if reason is not None:
+            raise ValueError(reason)
+        self._int8 = Int8Copies()  # generate's copies (the fast path keeps its own)
         self._fast: FastDecoder | None = None
 
     @property
@@ -182,8 +196,10 @@ class HFRollout:
         if self.fallback_reason is not None:
             return None
         if self._fast is None:
-            decoder = GraphDecoder if self.decode_graph else FastDecoder
-            self._fast = decoder(self.model, dtype=compute_dtype(self.model))
+            dtype = compute_dtype(self.model)
+            self._fast = (
+                GraphDecoder(self.model, dtype) if self.decode_graph else FastDecoder(self.model, dtype, self.quantize)
+            )
         return self._fast
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutOutput:
@@ -224,7 +240,8 @@ class HFRollout:
     def _hf_generate(self, prompt_ids: Tensor, prompt_mask: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         """``model.generate`` on (B, P) left-padded prompts: ``(response_ids (B, T), logprobs (B, T))``."""
         recorder = _LogprobRecorder(prompt_ids.shape[1], params.logprob_temperature)
-        with _eval_mode(self.model), compute_autocast(self.model):
+        int8 = self._int8.swapped_in(self.model, output_head(self.model)) if self.quantize else contextlib.nullcontext()
+        with _eval_mode(self.model), compute_autocast(self.model), int8:
             out = self.model.generate(  # type: ignore[operator]
                 input_ids=prompt_ids.to(self.device),
                 attention_mask=prompt_mask.to(self.device),
@@ -264,9 +281,11 @@ def make_hf_rollout(
     dtype: torch.dtype | None,
     engine: Mapping[str, Any] | None = None,
 ) -> HFRollout:
-    """``rollout.backend=hf`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`); `engine`: ``{"decode_graph": mode}``
-    (``rollout.decode_graph``, from :func:`~queryrl.rollout.vllm.config_engine`), default off."""
+    """``rollout.backend=hf`` (:data:`queryrl.rollout.base.ROLLOUT_BACKENDS`); `engine`: ``{"decode_graph": mode,
+    "quantize": mode}`` (``rollout.decode_graph``, ``rollout.quantize``, from
+    :func:`~queryrl.rollout.vllm.config_engine`), default off and none."""
     graph = str((engine or {}).get("decode_graph", "off"))
+    quantize = str((engine or {}).get("quantize", "none"))
     return HFRollout(
-        model, tokenizer, micro_batch_size=micro_batch_size, device=device, fast_decode=fast_decode, decode_graph=graph
+        model, tokenizer, micro_batch_size, device, fast_decode=fast_decode, decode_graph=graph, quantize=quantize
     )

@@ -138,10 +138,14 @@ def engine_kwargs(options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def config_engine(rollout: Any) -> dict[str, Any] | None:
     """The ``rollout`` config node's engine options for :func:`~queryrl.rollout.base.make_rollout`: its
-    ``vllm`` node as plain data with ``backend=vllm``; ``{"decode_graph": ...}`` with ``backend=hf`` (the hf
-    fast path's CUDA graph, ``rollout.decode_graph``); else None."""
+    ``vllm`` node as plain data with ``backend=vllm``; ``{"decode_graph": ..., "quantize": ...}`` with
+    ``backend=hf`` (the hf fast path's CUDA graph, ``rollout.decode_graph``; int8 base layers,
+    ``rollout.quantize``); else None."""
     if rollout.backend == "hf":
-        return {"decode_graph": str(rollout.get("decode_graph", "off"))}
+        return {
+            "decode_graph": str(rollout.get("decode_graph", "off")),
+            "quantize": str(rollout.get("quantize", "none")),
+        }
     if rollout.backend != "vllm":
         return None
     from omegaconf import OmegaConf

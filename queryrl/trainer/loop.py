@@ -394,7 +394,7 @@ class Trainer:
                 summed, after = c.workers.optimizer_step(role, mini, norm, optimizer.param_groups[0]["lr"])
                 totals = add_metrics(totals, summed | after)
                 updates += 1
-        out = {k: v / updates for k, v in totals.items()}
+        out = {k: v if k.endswith("_max") else v / updates for k, v in totals.items()}  # a max is not averaged
         out[f"{role}/lr"] = optimizer.param_groups[0]["lr"]
         return out
 

@@ -38,8 +38,8 @@ def test_verls_keys_reach_the_engines_keyword_arguments() -> None:
 def test_the_defaults_send_only_the_memory_share() -> None:
     cfg = load_config(None, ["rollout.backend=vllm"])
     assert engine_kwargs(config_engine(cfg.rollout)) == {"gpu_memory_utilization": 0.4}  # the rest: vLLM's own
-    # the hf backend's only option: its fast path's CUDA graph (rollout.decode_graph)
-    assert config_engine(load_config(None, []).rollout) == {"decode_graph": "off"}
+    # the hf backend's options: its fast path's CUDA graph (rollout.decode_graph), int8 base layers (rollout.quantize)
+    assert config_engine(load_config(None, []).rollout) == {"decode_graph": "off", "quantize": "none"}
 
 
 @pytest.mark.parametrize(
