@@ -17,7 +17,7 @@ Pipeline (the ``make demo`` pipeline on KdConv, config ``configs/query_rewrite_k
    (``--sft-target``) is by default ``reference``: the entity-aware reference rewriter's answer on the
    prompt's history (KB entity names as a jieba dictionary, :class:`~queryrl.rag.HeuristicRewriter`
    with ``latin_entities=False``); ``gold`` builds it from the training row's gold documents
-   (:func:`~.kdconv_prep.gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
+   (:func:`~.kdconv_targets.gold_query`: the gold entity when the prompt shows it, the turn, the gold attributes).
    Test rows never carry gold-derived text.
 
    ``--augment K`` (default 0: off) adds K entity-swapped copies of each *training* dialogue

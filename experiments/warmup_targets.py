@@ -10,14 +10,16 @@ knowledge base (top 5, the bench's RAG) and checked by the intent check the warm
 (:func:`~queryrl.apps.query_rewrite.intent.check.check_intent`):
 
 - ``reference``: the reference rewriter's answer on the prompt's window (the bench's default target);
-- ``gold_entity``: :func:`~queryrl.apps.query_rewrite.data.kdconv_prep.gold_entity_query` (the turn, then the
+- ``gold_entity``: :func:`~queryrl.apps.query_rewrite.data.kdconv_targets.gold_entity_query` (the turn, then the
   gold entity where the window shows it and the turn does not name it; else the reference's);
-- ``gold``: :func:`~queryrl.apps.query_rewrite.data.kdconv_prep.gold_query` (the gold entity, the turn, the gold
+- ``gold``: :func:`~queryrl.apps.query_rewrite.data.kdconv_targets.gold_query` (the gold entity, the turn, the gold
   attribute words);
 - ``turn_entity_always``: the turn and the gold entity even where the window does not show it (an oracle the
   policy cannot copy: the entity is not in its prompt).
-- ``question_entity``: :func:`~queryrl.apps.query_rewrite.data.kdconv_prep.question_entity_query` (``gold_entity``
+- ``question_entity``: :func:`~queryrl.apps.query_rewrite.data.kdconv_targets.question_entity_query` (``gold_entity``
   of the turn without the clauses that tell a value beside its question, lever 22);
+- ``question_attribute``: :func:`~queryrl.apps.query_rewrite.data.kdconv_targets.question_attribute_query`
+  (``question_entity`` and the knowledge base's field names of the gold attributes the turn asks for);
 - ``best_of``: per turn the better-ranked of ``gold_entity`` and ``question_entity`` among those the intent check
   keeps (ties to ``gold_entity``): ConvSearch-R1's rank selection over the two rule-built candidates.
 
@@ -41,7 +43,12 @@ DEFAULT_KDCONV = Path(__file__).resolve().parents[1].parent / "shared" / "data" 
 def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference: str) -> dict[str, str]:
     """Each candidate's query for one turn (see the module doc)."""
     from queryrl.apps.query_rewrite.data.kdconv import doc_entity
-    from queryrl.apps.query_rewrite.data.kdconv_prep import gold_entity_query, gold_query, question_entity_query
+    from queryrl.apps.query_rewrite.data.kdconv_targets import (
+        gold_entity_query,
+        gold_query,
+        question_attribute_query,
+        question_entity_query,
+    )
 
     entity = doc_entity(gold[0])
     current = str(window[-1]["content"]).strip()
@@ -50,6 +57,7 @@ def candidates(window: Sequence[dict[str, Any]], gold: Sequence[str], reference:
         "gold_entity": gold_entity_query(window, gold, reference),
         "gold": gold_query(window, gold, reference),
         "question_entity": question_entity_query(window, gold, reference),
+        "question_attribute": question_attribute_query(window, gold, reference),
         "turn_entity_always": current if entity in current else f"{current} {entity}",
     }
 
@@ -98,7 +106,8 @@ def measure(rows: Any, search: Callable[[str], list[str]], history_chars: int) -
         counts["best_of/chose_question_entity"] += best == "question_entity" and ranks[best] != ranks["gold_entity"]
     out: dict[str, Any] = {"turns": turns, "entity_in_window": counts["entity_in_window"]}
     out["best_of_chose_question_entity"] = counts["best_of/chose_question_entity"]
-    for name in ("reference", "gold_entity", "gold", "question_entity", "turn_entity_always", "best_of"):
+    names = ("reference", "gold_entity", "gold", "question_entity", "question_attribute", "turn_entity_always")
+    for name in (*names, "best_of"):
         out[name] = {
             key: counts[f"{name}/{key}"] for key in ("hit", "intent_kept", "kept_and_hit", "names_gold_entity")
         }

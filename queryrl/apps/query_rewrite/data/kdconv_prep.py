@@ -24,7 +24,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from queryrl.apps.query_rewrite.data.kdconv import doc_entity, kdconv_missing
+from queryrl.apps.query_rewrite.data.kdconv import kdconv_missing
+from queryrl.apps.query_rewrite.data.kdconv_targets import (  # re-exported: the targets prepare() builds
+    GOLD_TARGETS,
+)
 
 # --- data -----------------------------------------------------------------------------------------
 
@@ -54,54 +57,6 @@ def history_window(contexts: Sequence[dict[str, Any]], max_chars: int) -> list[d
             break
         window.insert(0, dict(message))
     return window
-
-
-def gold_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
-    """A training row's query built with its gold documents (``entity::attribute`` ids): the entity of
-    the first gold document when the window shows it (else `reference`'s query), the current turn,
-    then that entity's gold attributes that the query does not contain yet."""
-    entity = doc_entity(gold_doc_ids[0])
-    current = str(window[-1]["content"]).strip()
-    if entity in current:
-        query = current
-    elif any(entity in str(m["content"]) for m in window):
-        query = f"{entity} {current}"
-    else:
-        query = reference
-    for doc in gold_doc_ids:
-        name, _, attribute = doc.partition("::")
-        if name == entity and attribute and attribute not in query:
-            query = f"{query} {attribute}"
-    return query
-
-
-def gold_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
-    """A training row's query that names its gold entity the way the reference rewriter names one: the
-    current turn, then the entity of the first gold document when the turn leaves it out and the window
-    shows it (else `reference`'s query). No attribute words: the intent check refuses words the
-    conversation never had, and the policy cannot see which attribute the label holds."""
-    entity = doc_entity(gold_doc_ids[0])
-    current = str(window[-1]["content"]).strip()
-    if entity in current:
-        return current
-    if any(entity in str(m["content"]) for m in window):
-        return f"{current} {entity}"
-    return reference
-
-
-def question_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
-    """:func:`gold_entity_query` of the turn without the clauses that tell a value beside the question
-    (:func:`~queryrl.apps.query_rewrite.intent.reading.without_told_clauses`: "电话是010-…，开放时间呢？" asks the
-    hours, and the told phone number pulls the phone document to the top)."""
-    from queryrl.apps.query_rewrite.intent.reading import without_told_clauses
-
-    current = str(window[-1]["content"]).strip()
-    asked = [*window[:-1], {**window[-1], "content": without_told_clauses(current)}]
-    return gold_entity_query(asked, gold_doc_ids, reference)
-
-
-# sft_target -> the query it builds
-GOLD_TARGETS = {"gold": gold_query, "gold_entity": gold_entity_query, "question_entity": question_entity_query}
 
 
 def windowed_rows(

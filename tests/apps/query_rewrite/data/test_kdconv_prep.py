@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from queryrl.apps.query_rewrite.data import kdconv_prep as prep
+from queryrl.apps.query_rewrite.data import kdconv_targets as targets
 from tests.helpers import KDCONV, needs_kdconv
 
 REPO = Path(__file__).resolve().parents[4]
@@ -82,10 +83,10 @@ def test_gold_query_uses_a_visible_gold_entity_and_its_attributes() -> None:
         {"role": "user", "content": "那多少钱？"},
     ]
     gold = ["古北水镇::门票", "古北水镇::地址", "故宫::门票"]
-    assert prep.gold_query(window, gold, "ref") == "古北水镇 那多少钱？ 门票 地址"
+    assert targets.gold_query(window, gold, "ref") == "古北水镇 那多少钱？ 门票 地址"
     # an entity the window does not show is not invented: the reference's query is the base
-    assert prep.gold_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？ 门票 地址"
-    assert prep.gold_query(window, ["古北水镇::Information"], "ref") == "古北水镇 那多少钱？ Information"
+    assert targets.gold_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？ 门票 地址"
+    assert targets.gold_query(window, ["古北水镇::Information"], "ref") == "古北水镇 那多少钱？ Information"
 
 
 def test_gold_entity_query_names_a_visible_gold_entity_after_the_turn() -> None:
@@ -96,12 +97,12 @@ def test_gold_entity_query_names_a_visible_gold_entity_after_the_turn() -> None:
     ]
     gold = ["古北水镇::门票", "古北水镇::地址"]
     # the turn as the customer wrote it, then the entity: no attribute words the conversation never had
-    assert prep.gold_entity_query(window, gold, "ref") == "那多少钱？ 古北水镇"
+    assert targets.gold_entity_query(window, gold, "ref") == "那多少钱？ 古北水镇"
     # a turn that names the entity stays as it is
     named = [*window[:2], {"role": "user", "content": "古北水镇多少钱？"}]
-    assert prep.gold_entity_query(named, gold, "ref") == "古北水镇多少钱？"
+    assert targets.gold_entity_query(named, gold, "ref") == "古北水镇多少钱？"
     # an entity outside the window is not invented: the reference's query
-    assert prep.gold_entity_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？"
+    assert targets.gold_entity_query(window[1:], gold, "ref 那多少钱？") == "ref 那多少钱？"
 
 
 def test_question_entity_query_leaves_out_what_the_turn_tells() -> None:
@@ -112,15 +113,34 @@ def test_question_entity_query_leaves_out_what_the_turn_tells() -> None:
     ]
     gold = ["古北水镇::开放时间"]
     # the told phone number goes (it pulls the phone document up), the question stays, the entity follows
-    assert prep.question_entity_query(window, gold, "ref") == "那它几点开门？ 古北水镇"
-    assert prep.gold_entity_query(window, gold, "ref") == "电话是010-81009999，那它几点开门？ 古北水镇"
+    assert targets.question_entity_query(window, gold, "ref") == "那它几点开门？ 古北水镇"
+    assert targets.gold_entity_query(window, gold, "ref") == "电话是010-81009999，那它几点开门？ 古北水镇"
     # a turn that only asks, or only tells, is the gold-entity target as it was
     for turn in ("那它几点开门？", "电话是010-81009999"):
         plain = [*window[:2], {"role": "user", "content": turn}]
-        assert prep.question_entity_query(plain, gold, "ref") == prep.gold_entity_query(plain, gold, "ref")
+        assert targets.question_entity_query(plain, gold, "ref") == targets.gold_entity_query(plain, gold, "ref")
 
 
 @needs_kdconv("travel/dev.json")
+def test_question_attribute_query_adds_the_field_name_the_turn_asks_for() -> None:
+    window = [
+        {"role": "user", "content": "古北水镇的门票多少钱？"},
+        {"role": "assistant", "content": "150元。"},
+        {"role": "user", "content": "电话是010-81009999，这里能玩多久呀？"},
+    ]
+    # the turn asks the visiting time in its own words: the knowledge base's field name follows the entity
+    asked = ["古北水镇::建议游玩时间"]
+    assert targets.question_attribute_query(window, asked, "ref") == "这里能玩多久呀？ 古北水镇 建议游玩时间"
+    # a field the turn does not ask (the nearby sights) would add a question: the target stays without it
+    other = ["古北水镇::周边景点"]
+    assert targets.question_attribute_query(window, other, "ref") == targets.question_entity_query(window, other, "ref")
+    # a field name the turn already has is not repeated
+    named = [*window[:2], {"role": "user", "content": "那它的门票呢？"}]
+    ticket = ["古北水镇::门票"]
+    assert targets.question_attribute_query(named, ticket, "ref") == "那它的门票呢？ 古北水镇"
+    assert "question_attribute" in targets.GOLD_TARGETS
+
+
 def test_prepare_with_gold_entity_targets(tmp_path: Path) -> None:
     src = _travel_slice(tmp_path / "travel", 20)
     kinds = {}

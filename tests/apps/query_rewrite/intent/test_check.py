@@ -293,3 +293,28 @@ def test_a_clause_that_tells_a_value_beside_a_question_is_not_asked(last: str, r
     assert verdict.code == code, verdict.reason
     assert read_text("电话是010-68411475，你知道这里的开放时间吗？").types == {"hours"}
     assert read_text("电话是多少，开放时间呢？").types == {"phone", "hours"}
+
+
+YUANMINGYUAN = ["圆明园的门票多少钱？", "10元，学生半价。"]
+
+
+@pytest.mark.parametrize(
+    ("last", "rewrite", "code"),
+    [
+        # KdConv travel's visiting time and nearby sights, asked in the speaker's words and rewritten with
+        # the knowledge base's field names: the same question, no invented words
+        ("这里能玩多久呀？", "圆明园 建议游玩时间", "kept"),
+        ("这个景点可以玩几个小时呢？", "圆明园 游玩时间", "kept"),
+        ("它的周边还有什么景点啊？", "圆明园 周边景点", "kept"),
+        ("它附近有啥值得推荐的景点吗？", "圆明园 周边景点", "kept"),
+        ("可以帮我查一下它在什么地方吗？", "圆明园 地址", "kept"),
+        # and what the check now sees that it could not
+        ("这里能玩多久呀？", "圆明园 开放时间", "question_changed"),
+        ("这里能玩多久呀？", "圆明园", "question_dropped"),
+        ("这里能玩多久呀？", "圆明园 建议游玩时间 周边景点", "question_added"),
+        ("它的周边还有什么景点啊？", "圆明园 游玩时间是2小时", "answered"),
+    ],
+)
+def test_visiting_time_and_nearby_sights_are_question_types(last: str, rewrite: str, code: str) -> None:
+    verdict = check_intent(_contexts(YUANMINGYUAN, last), rewrite)
+    assert verdict.code == code, verdict.reason
