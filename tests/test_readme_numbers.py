@@ -149,7 +149,8 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
         (GRIDR, at("pooled", "grpo_minus_warmup", "group_high"), "+.3f"),
         (GRIDR, at("pooled", "ctx_dep_x_concat_last3"), ".2f")]),
     ("is level with the reference pipeline ({} [{}, {}] over all turns; above it on split 2 only) and keeps the "
-     "customer's question on {} % of turns; on split 1 it is not above its warm-up ({} [{}, {}])", [
+     "customer's question on {} % of turns (today's intent check); on split 1 it is not above its warm-up "
+     "({} [{}, {}])", [
         *diff_ci(GRIDR, "pooled", "grpo_minus_reference"),
         (GRIDR, lambda d: 100 * d["pooled"]["intent_kept_mean_of_runs"], ".1f"),
         *diff_ci(GRIDR, "pooled_by_split", "1", "grpo_minus_warmup")]),
