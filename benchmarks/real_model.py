@@ -153,6 +153,8 @@ def step_timings(metrics_file: Path) -> dict[str, Any]:
             ("identical_group_frac_per_step", "rollout/identical_group_frac"),  # one response drawn for the group
         )
     }
+    gap_means = [r["training/rollout_probs_diff_mean"] for r in steps if "training/rollout_probs_diff_mean" in r]
+    gap_maxes = [r["training/rollout_probs_diff_max"] for r in steps if "training/rollout_probs_diff_max" in r]
     flat = per_step["zero_std_group_frac_per_step"]  # the run's share of groups with no reward spread
     same = per_step["identical_group_frac_per_step"]  # ... of which no reward could split (one response)
     return {
@@ -161,6 +163,9 @@ def step_timings(metrics_file: Path) -> dict[str, Any]:
         **per_step,
         "zero_std_group_frac_mean": round(statistics.mean(flat), 4) if flat else None,
         "identical_group_frac_mean": round(statistics.mean(same), 4) if same else None,
+        # |p_rollout - p_train| over the trained tokens (rollout.quantize=int8's gap): the steps' mean and largest
+        "rollout_probs_diff_mean": round(statistics.mean(gap_means), 6) if gap_means else None,
+        "rollout_probs_diff_max": round(max(gap_maxes), 6) if gap_maxes else None,
     }
 
 
@@ -253,6 +258,7 @@ def grpo_settings(args: argparse.Namespace, dtype: str) -> list[str]:
         f"trainer.num_threads={args.threads}",
         *([f"model.compute_dtype={dtype}"] if dtype != "float32" else []),
         *(["model.vocab.restrict=true"] if getattr(args, "restrict_vocab", False) else []),
+        *([f"rollout.quantize={args.rollout_quantize}"] if getattr(args, "rollout_quantize", "none") != "none" else []),
         *args.overrides,
     ]
 
@@ -436,6 +442,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--no-restrict-vocab: the full head): the head keeps the tokens of the data and the knowledge base only (GRPO "
         "adds the warm-up's kept ids to its own); the evals decode the trained systems with the same heads (queryrl "
         "eval --vocab-ids), zero-shot and the baselines with the full one (benchmarks/vocab_head.py measures it)",
+    )
+    parser.add_argument(
+        "--rollout-quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="GRPO's rollouts with int8 copies of the frozen base's linear layers (rollout.quantize; the update, "
+        "reference and evals stay in full precision); the JSON's grpo per_step holds the run's rollout_probs_diff",
     )
     # eval
     parser.add_argument("--eval-samples", type=int, default=0, help="first N held-out rows (0 = all)")

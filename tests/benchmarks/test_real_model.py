@@ -34,12 +34,24 @@ def test_step_timings_are_means_over_steps(tmp_path: Path) -> None:
         {"step": 2, "timing_s/gen": 4.0, "timing_s/update_actor": 6.0, "critic/score/mean": 0.25},
         {"step": 3, "timing_s/gen": 3.0, "reward/format/mean": 0.5, "reward/zero_std_group_frac": 1.0},
         {"step": 4, "timing_s/gen": 3.0, "reward/zero_std_group_frac": 0.5, "rollout/identical_group_frac": 0.25},
+        {
+            "step": 5,
+            "timing_s/gen": 3.0,
+            "training/rollout_probs_diff_mean": 0.01,
+            "training/rollout_probs_diff_max": 0.2,
+        },
+        {
+            "step": 6,
+            "timing_s/gen": 3.0,
+            "training/rollout_probs_diff_mean": 0.03,
+            "training/rollout_probs_diff_max": 0.1,
+        },
         {"step": 2, "val/score/mean": 0.1},  # a validation row: no timings
     ]
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert bench.step_timings(metrics) == {
-        "steps": 4,
+        "steps": 6,
         "mean_s": {"gen": 3.0, "update_actor": 5.0},
         "score_mean_per_step": [-0.5, 0.25],
         "format_mean_per_step": [0.5],
@@ -47,9 +59,12 @@ def test_step_timings_are_means_over_steps(tmp_path: Path) -> None:
         "identical_group_frac_per_step": [0.25],
         "zero_std_group_frac_mean": 0.75,
         "identical_group_frac_mean": 0.25,
+        "rollout_probs_diff_mean": 0.02,  # the steps' mean of the gap, and its largest (rollout.quantize=int8)
+        "rollout_probs_diff_max": 0.2,
     }
-    metrics.write_text(json.dumps(rows[0]) + "\n")  # no step logged the flat groups: no mean
+    metrics.write_text(json.dumps(rows[0]) + "\n")  # no step logged the flat groups or the gap: no means
     assert bench.step_timings(metrics)["zero_std_group_frac_mean"] is None
+    assert bench.step_timings(metrics)["rollout_probs_diff_max"] is None
 
 
 def test_max_weight_change_compares_same_named_tensors(tmp_path: Path) -> None:
@@ -181,6 +196,10 @@ def test_grpo_adapts_every_linear_layer_by_default_and_overrides_come_last() -> 
     assert "model.lora.target_modules=[q_proj,v_proj]" in settings
     assert settings[-1] == "actor.lr=3e-4"
     assert not any(s.startswith("model.compute_dtype") for s in settings)
+    assert not any(s.startswith("rollout.quantize") for s in settings)  # --rollout-quantize none: the config's
+    settings = bench.grpo_settings(bench.parse_args(["--rollout-quantize", "int8", "--threads", "1"]), "float32")
+    assert "rollout.quantize=int8" in settings
+    assert load_config(str(bench.CONFIG), settings).rollout.quantize == "int8"
 
 
 def test_evals_generate_their_models_one_process_a_thread_unless_told() -> None:
