@@ -5,8 +5,8 @@ augmentation and the other domains' SFT-only rows (the data step of ``make bench
   ``queryrl sft`` reads) from a KdConv folder: conversations split by id (seeded), both speakers asking, only
   turns whose reply uses the knowledge base; the policy's prompt shows the most recent history
   (:func:`history_window`), ``extra_info.contexts`` the whole conversation; the SFT target is the reference
-  rewriter's answer or one built from the gold documents (:func:`gold_query`, :func:`gold_entity_query`);
-  test rows never carry gold-derived text.
+  rewriter's answer or one built from the gold documents (:mod:`~.kdconv_targets`); test rows never carry
+  gold-derived text.
 - :func:`augment_dialogues`: entity-swapped copies of the training dialogues (every knowledge-base entity a
   dialogue mentions replaced everywhere, longest first, by another with the attributes it uses).
 - :func:`extra_sft_rows`: the turns of KdConv's film and music files, with their own entity names.
@@ -65,9 +65,8 @@ def windowed_rows(
     """`rows` with the prompt built from :func:`history_window` of the contexts and the SFT target on
     that same window (what the policy can see); rows are changed in place.
 
-    `sft_target`: ``reference`` (`rewriter`'s answer), ``gold`` (:func:`gold_query`, from the row's gold
-    documents; fine for training rows, whose labels the GRPO reward uses anyway) or ``gold_entity``
-    (:func:`gold_entity_query`: the turn and the gold entity the window shows).
+    `sft_target`: ``reference`` (`rewriter`'s answer) or a target built from the row's gold documents
+    (:data:`~.kdconv_targets.GOLD_TARGETS`; fine for training rows, whose labels the GRPO reward uses anyway).
     """
     from queryrl.apps.query_rewrite.data.sft_targets import (
         SFT_SOURCE_KEY,
