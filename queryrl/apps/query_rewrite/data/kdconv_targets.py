@@ -58,23 +58,27 @@ def question_entity_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequen
 
 def question_attribute_query(window: Sequence[dict[str, Any]], gold_doc_ids: Sequence[str], reference: str) -> str:
     """:func:`question_entity_query` with the knowledge base's names of the gold entity's attributes it lacks
-    ("这里能玩多久呀？ 圆明园 建议游玩时间"), where the offline intent check reads that as the turn's own
-    question; else :func:`question_entity_query` as it is.
+    ("这里能玩多久呀？ 圆明园 建议游玩时间"), for the attributes whose question type the turn itself asks
+    (the offline intent check's reading of both), and only where the check keeps the result; else
+    :func:`question_entity_query` as it is.
 
     The customer asks in their own words ("能玩多久"); the documents are filed under the catalogue's field
-    names ("建议游玩时间"), which BM25 matches and the turn's words do not. A name the turn does not ask
-    ("周边景点" for a question about the hours) is a question added, refused by the check, so the target
-    never teaches the rewriter to ask what the customer did not (the check knows KdConv's visiting time and
-    nearby sights as question types: :mod:`~queryrl.apps.query_rewrite.intent.words`).
+    names ("建议游玩时间"), which BM25 matches and the turn's words do not. A field the turn does not ask is
+    never added: not one its history asked ("周边景点" on a turn that only tells a price), which would teach
+    the rewriter to add fields to turns that ask nothing, and not the entity's description (``Information``,
+    no question type), which BM25 does not reach with a short query anyway. The check knows KdConv's visiting
+    time and nearby sights as question types (:mod:`~queryrl.apps.query_rewrite.intent.words`).
     """
     from queryrl.apps.query_rewrite.intent.check import check_intent
+    from queryrl.apps.query_rewrite.intent.reading import read_text
 
     query = question_entity_query(window, gold_doc_ids, reference)
     entity = doc_entity(gold_doc_ids[0])
+    asked = read_text(str(window[-1]["content"])).types
     named = query
     for doc in gold_doc_ids:
         name, _, attribute = doc.partition("::")
-        if name == entity and attribute and attribute not in named:
+        if name == entity and attribute and attribute not in named and read_text(attribute).types & asked:
             named = f"{named} {attribute}"
     if named == query or not check_intent(list(window), named).kept:
         return query

@@ -134,6 +134,11 @@ def test_question_attribute_query_adds_the_field_name_the_turn_asks_for() -> Non
     # a field the turn does not ask (the nearby sights) would add a question: the target stays without it
     other = ["古北水镇::周边景点"]
     assert targets.question_attribute_query(window, other, "ref") == targets.question_entity_query(window, other, "ref")
+    # nor one only the history asked, nor the description (no question type, out of BM25's reach)
+    told = [*window[:2], {"role": "user", "content": "好的，我下次去看看。"}]
+    assert targets.question_attribute_query(told, ["古北水镇::门票"], "ref") == "好的，我下次去看看。 古北水镇"
+    described = [*window[:2], {"role": "user", "content": "你知道古北水镇吗？"}]
+    assert targets.question_attribute_query(described, ["古北水镇::Information"], "ref") == "你知道古北水镇吗？"
     # a field name the turn already has is not repeated
     named = [*window[:2], {"role": "user", "content": "那它的门票呢？"}]
     ticket = ["古北水镇::门票"]
