@@ -39,6 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from common import kdconv_dir  # noqa: E402
 from real_model import CONFIG, grpo_settings  # noqa: E402
 from real_model import parse_args as bench_args  # noqa: E402
 from vocab_head import cpu_summary  # noqa: E402
@@ -193,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=REPO / "runs" / "models" / "gemma3-270m")
     parser.add_argument("--data", type=Path, default=REPO / "runs" / "bench_real_defaults" / "data" / "train.parquet")
-    parser.add_argument(
-        "--kb", type=Path, default=REPO.parent / "shared" / "data" / "kdconv" / "travel" / "kb_travel.json"
-    )
+    parser.add_argument("--kb", type=Path, default=kdconv_dir() / "kb_travel.json")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=1, help="none/int8 pairs per dtype, alternating")

@@ -7,9 +7,11 @@ import copy
 from typing import Any
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams
+from queryrl.rollout.int8 import Int8Linear, _rotate, weight_levels
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=8, n=2)
 # the rollout prompts' questions: five lengths, English and Chinese
@@ -187,3 +189,15 @@ def with_lora(model: nn.Module, seed: int = 0, scale: float = B_SCALE, **extra: 
                 if "lora_B" in name:
                     param.normal_(0.0, scale)
     return peft_model.eval()
+
+
+def within_rounding_bound(q: Int8Linear, x: Tensor, w: Tensor, bias: Tensor) -> bool:
+    """Rotated (``h = x R``, ``v = W R``: ``h v^T = x W^T``), per output j of each row: ``|y_j - y'_j| <= sum_i |h_i|
+    dv_j + |v_ji| dh + dh dv_j``, with dv_j half of row j's weight step (its max over the levels) and dh half of the
+    row's activation step (its max over 127)."""
+    h, v = _rotate(x, q.block), _rotate(w, q.block)
+    dv = v.abs().amax(1) / weight_levels() / 2  # (out,)
+    dh = h.abs().amax(1, keepdim=True) / 127 / 2  # (N, 1)
+    bound = h.abs().sum(1, keepdim=True) * dv + dh * v.abs().sum(1) + dh * dv * w.shape[1]
+    err = (q(x) - F.linear(x, w, bias)).abs()
+    return bool((err <= bound * 1.0001 + 1e-4).all())

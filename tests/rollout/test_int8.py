@@ -22,9 +22,9 @@ from queryrl.engine.batch import Batch
 from queryrl.engine.policy import compute_logprobs
 from queryrl.models.vocab import restrict_head
 from queryrl.rollout import HFRollout, RolloutOutput, SamplingParams, make_rollout
-from queryrl.rollout.int8 import Int8Copies, Int8Linear, _rotate, base_linears, hadamard, weight_levels
+from queryrl.rollout.int8 import Int8Copies, Int8Linear, base_linears, hadamard, weight_levels
 from queryrl.rollout.vllm import config_engine
-from tests.rollout.helpers import arch_model, with_lm_head_bias, with_lora
+from tests.rollout.helpers import arch_model, with_lm_head_bias, with_lora, within_rounding_bound
 
 REPO = Path(__file__).resolve().parents[2]
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=12, n=1)
@@ -41,18 +41,6 @@ def sharp_lora(tiny_bundle: Any) -> nn.Module:
 def rollout(model: nn.Module, tok: Any, prompts: list[list[int]], params: SamplingParams, **kw: Any) -> RolloutOutput:
     torch.manual_seed(0)
     return HFRollout(model, tok, **kw).generate(prompts, params)
-
-
-def within_rounding_bound(q: Int8Linear, x: Tensor, w: Tensor, bias: Tensor) -> bool:
-    """Rotated (``h = x R``, ``v = W R``: ``h v^T = x W^T``), per output j of each row: ``|y_j - y'_j| <= sum_i |h_i|
-    dv_j + |v_ji| dh + dh dv_j``, with dv_j half of row j's weight step (its max over the levels) and dh half of the
-    row's activation step (its max over 127)."""
-    h, v = _rotate(x, q.block), _rotate(w, q.block)
-    dv = v.abs().amax(1) / weight_levels() / 2  # (out,)
-    dh = h.abs().amax(1, keepdim=True) / 127 / 2  # (N, 1)
-    bound = h.abs().sum(1, keepdim=True) * dv + dh * v.abs().sum(1) + dh * dv * w.shape[1]
-    err = (q(x) - F.linear(x, w, bias)).abs()
-    return bool((err <= bound * 1.0001 + 1e-4).all())
 
 
 def test_the_int8_gemm_is_within_its_rounding_bound() -> None:
@@ -91,7 +79,7 @@ def test_without_vnni_weights_use_seven_bits_and_stay_exact() -> None:
     code = (
         "import torch, torch.nn.functional as F\n"
         "from queryrl.rollout.int8 import Int8Linear, weight_levels\n"
-        "from tests.rollout.test_int8 import within_rounding_bound\n"
+        "from tests.rollout.helpers import within_rounding_bound\n"
         "torch.manual_seed(0)\n"
         "w, b, x = torch.randn(64, 256), torch.randn(64), torch.randn(16, 256) * 3\n"
         "print(weight_levels(), within_rounding_bound(Int8Linear(w, b), x, w, b))\n"
