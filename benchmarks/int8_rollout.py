@@ -31,7 +31,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from common import kdconv_dir  # noqa: E402
-from real_model import CONFIG, grpo_settings  # noqa: E402
 from real_model import parse_args as bench_args  # noqa: E402
-from vocab_head import cpu_summary  # noqa: E402
+from vocab_head import cpu_summary, short_grpo_run  # noqa: E402
 
 PHASES = ("gen", "ref", "update_actor", "step")
 GAP = ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_max")
@@ -54,33 +52,8 @@ def run_once(args: argparse.Namespace, dtype: str, quantize: str, index: int, av
     name = f"{'avx2_' if avx2 else ''}{dtype}_{quantize}_{index}"
     given = {"--model": args.model, "--threads": args.threads, "--grpo-steps": args.steps}
     bench = bench_args([str(x) for pair in given.items() for x in pair])
-    cmd = [
-        str(Path(sys.executable).with_name("queryrl")),
-        "train",
-        "--config",
-        str(CONFIG),
-        f"model.path={args.model}",
-        f"trainer.output_dir={args.work}",
-        f"trainer.experiment_name={name}",
-        f"data.train_files=[{args.data}]",
-        "data.val_files=[]",
-        "trainer.eval_every=0",
-        "trainer.save_every=0",
-        "trainer.save_last=false",
-        "trainer.resume=disable",
-        f"app.query_rewrite.rag.corpus=kdconv:{args.kb}",
-        f"rollout.quantize={quantize}",
-        *grpo_settings(bench, dtype),
-    ]
     env = os.environ | (AVX2 if avx2 else {})
-    log = args.work / f"{name}.log"
-    start = time.perf_counter()
-    with log.open("w", encoding="utf-8") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False, env=env).returncode
-    wall = time.perf_counter() - start
-    if rc != 0:
-        raise SystemExit(f"{name}: queryrl train exited {rc}; see {log}")
-    rows = [json.loads(x) for x in (args.work / name / "metrics.jsonl").read_text().splitlines()]
+    rows, wall = short_grpo_run(args, name, dtype, bench, [f"rollout.quantize={quantize}"], env)
     steps = {p: [round(float(r[f"timing_s/{p}"]), 3) for r in rows] for p in PHASES}
     lengths = [round(float(r["response_length/mean"]), 2) for r in rows]
     return {
@@ -217,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             for quantize in ("none", "int8") if pair % 2 == 0 else ("int8", "none"):
                 runs.append(run_once(args, dtype, quantize, pair, avx2))
                 print(json.dumps({k: runs[-1][k] for k in ("name", "mean_s", "gen_ms_per_token")}), flush=True)
-    first = next(r for r in runs if r["dtype"] == "float32" and not r["avx2"])
+    # the machine record and the scheme comparison come from the first float32 run, else the first run
+    first = next((r for r in runs if r["dtype"] == "float32" and not r["avx2"]), runs[0])
     result = {
         "command": " ".join(["python", "benchmarks/int8_rollout.py", *(argv if argv is not None else sys.argv[1:])]),
         "model": str(args.model),

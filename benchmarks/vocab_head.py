@@ -49,11 +49,11 @@ def cpu_summary() -> dict[str, Any]:
     return {"cpu": model, "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
 
 
-def run_once(args: argparse.Namespace, dtype: str, restrict: bool, index: int) -> dict[str, Any]:
-    """One ``queryrl train`` run; its per-step phase times."""
-    name = f"{dtype}_{'on' if restrict else 'off'}_{index}"
-    given = {"--model": args.model, "--threads": args.threads, "--grpo-steps": args.steps, "--batch": args.batch}
-    bench = bench_args([str(x) for pair in given.items() for x in pair])
+def short_grpo_run(
+    args: argparse.Namespace, name: str, dtype: str, bench: argparse.Namespace, extra: list[str], env: Any = None
+) -> tuple[list[dict[str, Any]], float]:
+    """One short ``queryrl train`` run of the bench's GRPO settings (`bench`) on `args.data`, no checkpoint, with the
+    `extra` overrides and `env`; its metrics rows and wall time."""
     cmd = [
         str(Path(sys.executable).with_name("queryrl")),
         "train",
@@ -69,17 +69,25 @@ def run_once(args: argparse.Namespace, dtype: str, restrict: bool, index: int) -
         "trainer.save_last=false",
         "trainer.resume=disable",
         f"app.query_rewrite.rag.corpus=kdconv:{args.kb}",
-        f"model.vocab.restrict={'true' if restrict else 'false'}",
+        *extra,
         *grpo_settings(bench, dtype),
     ]
     log = args.work / f"{name}.log"
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False, env=env).returncode
     wall = time.perf_counter() - start
     if rc != 0:
         raise SystemExit(f"{name}: queryrl train exited {rc}; see {log}")
-    rows = [json.loads(x) for x in (args.work / name / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (args.work / name / "metrics.jsonl").read_text().splitlines()], wall
+
+
+def run_once(args: argparse.Namespace, dtype: str, restrict: bool, index: int) -> dict[str, Any]:
+    """One ``queryrl train`` run; its per-step phase times."""
+    name = f"{dtype}_{'on' if restrict else 'off'}_{index}"
+    given = {"--model": args.model, "--threads": args.threads, "--grpo-steps": args.steps, "--batch": args.batch}
+    bench = bench_args([str(x) for pair in given.items() for x in pair])
+    rows, wall = short_grpo_run(args, name, dtype, bench, [f"model.vocab.restrict={'true' if restrict else 'false'}"])
     steps = {p: [round(float(r[f"timing_s/{p}"]), 3) for r in rows] for p in PHASES}
     return {
         "dtype": dtype,
