@@ -32,6 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from common import write_json  # noqa: E402
 from real_model import CONFIG, grpo_settings  # noqa: E402
 from real_model import parse_args as bench_args  # noqa: E402
 
@@ -157,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary(runs),
         "runs": runs,
     }
-    tmp = args.out.with_name(f".{args.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(args.out)
+    write_json(args.out, result)
     print(json.dumps(result["summary"], indent=1))
     return 0
 
