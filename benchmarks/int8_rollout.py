@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -38,9 +37,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import kdconv_dir, write_json  # noqa: E402
+from common import write_json  # noqa: E402
 from real_model import parse_args as bench_args  # noqa: E402
-from vocab_head import cpu_summary, short_grpo_run  # noqa: E402
+from vocab_head import cpu_summary, fresh_work, short_grpo_run, short_run_parser  # noqa: E402
 
 PHASES = ("gen", "ref", "update_actor", "step")
 GAP = ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_max")
@@ -164,25 +163,12 @@ def scheme_gaps(args: argparse.Namespace, run: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=REPO / "runs" / "models" / "gemma3-270m")
-    parser.add_argument("--data", type=Path, default=REPO / "runs" / "bench_real_defaults" / "data" / "train.parquet")
-    parser.add_argument("--kb", type=Path, default=kdconv_dir() / "kb_travel.json")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=1, help="none/int8 pairs per dtype, alternating")
+    parser = short_run_parser(__doc__, "int8_rollout", "none/int8 pairs per dtype, alternating")
     parser.add_argument("--avx2", action="store_true", help="also a float32 pair with the ISA capped at AVX2")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/queryrl_int8_rollout"))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "int8_rollout.json")
     args = parser.parse_args(argv)
-    for path in (args.model, args.data, args.kb):
-        if not path.exists():
-            print(f"{path} does not exist; nothing measured", file=sys.stderr)
-            return 2
-    shutil.rmtree(args.work, ignore_errors=True)
-    args.work.mkdir(parents=True)
-    load_before = os.getloadavg()
+    load_before = fresh_work(args)
+    if load_before is None:
+        return 2
     arms = [(d, False) for d in args.dtypes.split(",")] + ([("float32", True)] if args.avx2 else [])
     runs = []
     for dtype, avx2 in arms:

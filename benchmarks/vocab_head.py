@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import write_json  # noqa: E402
+from common import kdconv_dir, write_json  # noqa: E402
 from real_model import CONFIG, grpo_settings  # noqa: E402
 from real_model import parse_args as bench_args  # noqa: E402
 
@@ -113,28 +113,41 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def short_run_parser(doc: str | None, name: str, pairs_help: str) -> argparse.ArgumentParser:
+    """The options every short-run bench here takes: the model, the training rows and knowledge base, the dtypes,
+    steps, alternating pairs and threads, a work folder and ``benchmarks/results/<name>.json``."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=REPO / "runs" / "models" / "gemma3-270m")
     parser.add_argument("--data", type=Path, default=REPO / "runs" / "bench_real_defaults" / "data" / "train.parquet")
-    parser.add_argument(
-        "--kb", type=Path, default=REPO.parent / "shared" / "data" / "kdconv" / "travel" / "kb_travel.json"
-    )
+    parser.add_argument("--kb", type=Path, default=kdconv_dir() / "kb_travel.json")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--pairs", type=int, default=1, help="off/on pairs per dtype, alternating off,on,on,off,...")
+    parser.add_argument("--pairs", type=int, default=1, help=pairs_help)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=4, help="prompts per step (the bench's 4; x rollout.n 4)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/queryrl_vocab_head"))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "vocab_head.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--work", type=Path, default=Path(f"/tmp/queryrl_{name}"))
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / f"{name}.json")
+    return parser
+
+
+def fresh_work(args: argparse.Namespace) -> tuple[float, float, float] | None:
+    """An empty ``--work`` folder and the load average before the runs; None (after one line on stderr) when the
+    model, the rows or the knowledge base is missing."""
     for path in (args.model, args.data, args.kb):
         if not path.exists():
             print(f"{path} does not exist; nothing measured", file=sys.stderr)
-            return 2
+            return None
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    load_before = os.getloadavg()
+    return os.getloadavg()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = short_run_parser(__doc__, "vocab_head", "off/on pairs per dtype, alternating off,on,on,off,...")
+    parser.add_argument("--batch", type=int, default=4, help="prompts per step (the bench's 4; x rollout.n 4)")
+    args = parser.parse_args(argv)
+    load_before = fresh_work(args)
+    if load_before is None:
+        return 2
     runs = []
     for dtype in args.dtypes.split(","):
         for pair in range(args.pairs):
