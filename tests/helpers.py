@@ -98,6 +98,14 @@ def params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.named_parameters()}
 
 
+def assert_same_params(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    """`b` has `a`'s parameters, name for name, bit for bit (a resumed run against the one that never stopped)."""
+    pa, pb = params(a), params(b)
+    assert pa.keys() == pb.keys()
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], atol=0, rtol=0, msg=k)
+
+
 def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of `run_dir`'s ``metrics.jsonl``, one dict per logged step."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from queryrl.trainer.checkpoint import checkpoint_dirs, folder_sizes_mb, read_checkpoint
 from queryrl.trainer.export import export_checkpoint
 from queryrl.trainer.loop import Trainer
-from tests.helpers import make_cfg, metrics_of, params
+from tests.helpers import assert_same_params, make_cfg, metrics_of
 
 LORA = ("model.lora.rank=4", "actor.use_kl_loss=true", "actor.ppo_epochs=2", "actor.ppo_mini_batch_size=2")
 
@@ -43,10 +43,7 @@ def test_lora_checkpoint_holds_the_adapters_and_resumes_bitwise(tmp_path: Path, 
     resumed = Trainer(make_cfg(tmp_path / "b", model_cache, "trainer.total_steps=4", *LORA))
     assert resumed.step == 2
     resumed.fit()
-    a, b = params(straight.c.policy.model), params(resumed.c.policy.model)
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
+    assert_same_params(straight.c.policy.model, resumed.c.policy.model)
     assert [r["step"] for r in metrics_of(tmp_path / "b" / "toy_grpo")] == [1, 2, 3, 4]
 
 

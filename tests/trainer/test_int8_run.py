@@ -13,7 +13,7 @@ from queryrl.algos import LossNormalizer
 from queryrl.engine.update import add_metrics, on_policy_probs_diff
 from queryrl.rollout.int8 import Int8Linear
 from queryrl.trainer.loop import Trainer
-from tests.helpers import make_cfg, metrics_of, params
+from tests.helpers import assert_same_params, make_cfg, metrics_of, params
 
 INT8 = ("model.lora.rank=4", "actor.use_kl_loss=true", "model.vocab.restrict=true", "rollout.quantize=int8")
 GAP = ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_max")
@@ -55,10 +55,7 @@ def test_an_int8_run_reports_the_gap_makes_copies_once_and_resumes_bitwise(tmp_p
     resumed = Trainer(make_cfg(tmp_path / "b", model_cache, "trainer.total_steps=4", *INT8))
     assert resumed.step == 2
     resumed.fit()
-    a, b = params(straight.c.policy.model), params(resumed.c.policy.model)
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
+    assert_same_params(straight.c.policy.model, resumed.c.policy.model)
     resumed_rows = metrics_of(tmp_path / "b" / "toy_grpo")
     assert [r["step"] for r in resumed_rows] == [1, 2, 3, 4]
     assert [r[GAP[1]] for r in resumed_rows] == [r[GAP[1]] for r in rows]

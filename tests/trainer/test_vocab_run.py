@@ -15,7 +15,7 @@ from queryrl.models.vocab import VOCAB_FILE, read_vocab_ids, vocab_ids
 from queryrl.trainer.export import export_checkpoint
 from queryrl.trainer.loop import Trainer
 from queryrl.trainer.vocab import target_texts
-from tests.helpers import make_cfg, metrics_of, params
+from tests.helpers import assert_same_params, make_cfg, metrics_of, params
 
 RESTRICT = ("model.lora.rank=4", "actor.use_kl_loss=true", "actor.ppo_epochs=2", "model.vocab.restrict=true")
 
@@ -77,10 +77,7 @@ def test_a_restricted_run_trains_checkpoints_resumes_bitwise_and_exports_full(
     assert resumed.c.vocab_ids == straight.c.vocab_ids
     assert torch.equal(vocab_ids(resumed.c.policy.model), torch.tensor(straight.c.vocab_ids))
     resumed.fit()
-    a, b = params(straight.c.policy.model), params(resumed.c.policy.model)
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], atol=0, rtol=0, msg=k)
+    assert_same_params(straight.c.policy.model, resumed.c.policy.model)
     assert [r["step"] for r in metrics_of(tmp_path / "b" / "toy_grpo")] == [1, 2, 3, 4]
     assert metrics_of(tmp_path / "b" / "toy_grpo")[-1]["data/vocab_kept"] == len(straight.c.vocab_ids or [])
 
