@@ -1,0 +1,91 @@
+"""Where GRPO and the reference pipeline part ways on bench-real's held-out turns: which entity each query names.
+
+    python experiments/reference_losses.py runs/levers/vocab_g{7,8,9}_s{0,1,2} \
+        --out experiments/results/reference_losses_restricted_grid.json
+
+For every held-out turn with gold where GRPO's Recall@5 differs from the reference's (each run's turns counted once
+per run), the turn is classed by whether each query contains the gold entity's name. A GRPO loss where only the
+reference names the gold entity is classed further by the knowledge-base entities GRPO's query names instead: none
+(a description such as "马未都先生创办的...", or a made-up place), one the conversation mentions *before* the gold
+entity's last mention (the policy kept to an earlier topic), one mentioned after it, or one the conversation never
+mentions. The conversation is the run's own ``data/test.parquet`` (the turn and its whole history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
+from queryrl.apps.query_rewrite.eval.samples import load_samples
+from queryrl.atomic import atomic_write_text
+
+
+def names_gold(query: str, gold: set[str]) -> bool:
+    return any(entity in query for entity in gold)
+
+
+def instead(query: str, gold: set[str], conversation: str, pattern: re.Pattern[str]) -> str:
+    """What GRPO's query names in place of the gold entity (see the module docstring)."""
+    others = [m.group(0) for m in pattern.finditer(query) if m.group(0) not in gold]
+    if not others:
+        return "no knowledge-base entity"
+    last_gold = max(conversation.rfind(entity) for entity in gold)
+    last_other = max(conversation.rfind(entity) for entity in others)
+    if last_other < 0:
+        return "an entity the conversation never mentions"
+    return "an entity mentioned before the gold one" if last_other < last_gold else "an entity mentioned after it"
+
+
+def classify(run: Path, pattern: re.Pattern[str]) -> Counter[str]:
+    rows = [json.loads(line) for line in (run / "eval" / "eval_samples.jsonl").read_text("utf-8").splitlines()]
+    samples = load_samples(str(run / "data" / "test.parquet"), max_samples=len(rows))
+    counts: Counter[str] = Counter()
+    for row, sample in zip(rows, samples, strict=True):
+        if not row["gold"]:
+            continue
+        gold = {doc.partition("::")[0] for doc in row["gold"]}
+        grpo, ref = row["systems"]["grpo"], row["systems"]["reference"]
+        diff = grpo["recall@5"] - ref["recall@5"]
+        if diff == 0:
+            continue
+        side = "GRPO above" if diff > 0 else "GRPO below"
+        named = f"GRPO {'names' if names_gold(grpo['query'], gold) else 'omits'} it, " + (
+            f"reference {'names' if names_gold(ref['query'], gold) else 'omits'} it"
+        )
+        counts[f"{side}: {named}"] += 1
+        if diff < 0 and not names_gold(grpo["query"], gold) and names_gold(ref["query"], gold):
+            conversation = "".join(str(m["content"]) for m in sample.contexts)
+            counts[f"GRPO below, names instead: {instead(grpo['query'], gold, conversation, pattern)}"] += 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="bench-real work folders (eval/ and data/ inside)")
+    travel = os.environ.get("KDCONV_DIR") or Path(__file__).resolve().parents[2] / "shared/data/kdconv/travel"
+    parser.add_argument("--kb", default=str(Path(travel) / "kb_travel.json"), help="KdConv travel knowledge base")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    kb = json.loads(Path(args.kb).read_text(encoding="utf-8"))
+    pattern = entity_pattern(name for name in kb if len(name) >= 2)
+    total: Counter[str] = Counter()
+    per_run = {}
+    for run in args.runs:
+        counts = classify(run, pattern)
+        per_run[str(run)] = dict(sorted(counts.items()))
+        total.update(counts)
+    for key, n in sorted(total.items()):
+        print(f"{n:5d}  {key}")
+    if args.out:
+        result: dict[str, Any] = {"runs": per_run, "total": dict(sorted(total.items()))}
+        atomic_write_text(args.out, json.dumps(result, ensure_ascii=False, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
