@@ -133,6 +133,7 @@ GENERIC_WORDS: frozenset[str] = frozenset(
         "新款", "这一款", "型号",
     )
 )  # fmt: skip
-# "answer" cues: a question word followed by one of these and a value is an answer, not a question
-ANSWER_LINKS = ("是", "为", ":", "：", "就是")
+# "answer" cues: a question word followed by one of these and a value is an answer, not a question ("地址在北京市…",
+# as KdConv's speakers tell an address; "地址在哪" still asks: a clause with a question marker never tells)
+ANSWER_LINKS = ("是", "为", ":", "：", "就是", "在")
 ANSWER_VERBS = ("位于", "坐落于", "坐落在", "开放时间为", "营业时间为")

@@ -279,6 +279,10 @@ FIRE = ["中国消防博物馆的电话是多少啊？", "我也不清楚，你�
         ("电话是010-68411475，你知道这里的开放时间吗？", "你知道这里的开放时间吗？ 中国消防博物馆", "kept"),
         ("电话是010-68411475，你知道这里的开放时间吗？", "中国消防博物馆，电话是010-68411475，开放时间呢？", "kept"),
         ("门票为20元，地址在哪里？", "中国消防博物馆 地址在哪里", "kept"),
+        # an address told with 在 (KdConv's "地址在北京市…，电话你知道吗？") is told as with 是
+        ("地址在北京市西城区，电话你知道吗？", "中国消防博物馆 电话", "kept"),
+        ("地址在北京市西城区，电话你知道吗？", "中国消防博物馆 电话 午门在哪里？", "question_added"),
+        ("电话你知道吗？", "中国消防博物馆 电话，地址在北京市西城区", "answered"),
         # what the turn asks still has to be asked, and a told value is not a question
         ("电话是010-68411475，你知道这里的开放时间吗？", "中国消防博物馆 电话是多少", "question_changed"),
         ("电话是010-68411475，你知道这里的开放时间吗？", "电话是010-68411475", "question_changed"),
@@ -293,6 +297,8 @@ def test_a_clause_that_tells_a_value_beside_a_question_is_not_asked(last: str, r
     assert verdict.code == code, verdict.reason
     assert read_text("电话是010-68411475，你知道这里的开放时间吗？").types == {"hours"}
     assert read_text("电话是多少，开放时间呢？").types == {"phone", "hours"}
+    assert read_text("地址在北京市西城区，开放时间呢？").types == {"hours"}
+    assert read_text("地址在哪里，开放时间呢？").types == {"address", "hours"}
 
 
 YUANMINGYUAN = ["圆明园的门票多少钱？", "10元，学生半价。"]
