@@ -20,10 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # common
+
+from common import kdconv_dir
 
 from queryrl.apps.query_rewrite.metrics import recall_at_k
 from queryrl.apps.query_rewrite.reward.rag import corpus_documents
@@ -76,8 +80,7 @@ def ceiling(files: list[Path], kb: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path, help="eval_samples.jsonl of bench-real runs")
-    travel = os.environ.get("KDCONV_DIR") or Path(__file__).resolve().parents[2] / "shared/data/kdconv/travel"
-    parser.add_argument("--kb", default=str(Path(travel) / "kb_travel.json"), help="KdConv travel knowledge base")
+    parser.add_argument("--kb", default=str(kdconv_dir() / "kb_travel.json"), help="KdConv travel knowledge base")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result = ceiling(args.files, args.kb)

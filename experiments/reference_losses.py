@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # common
+
+from common import kdconv_dir
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
 from queryrl.apps.query_rewrite.eval.samples import load_samples
@@ -68,8 +72,7 @@ def classify(run: Path, pattern: re.Pattern[str]) -> Counter[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="bench-real work folders (eval/ and data/ inside)")
-    travel = os.environ.get("KDCONV_DIR") or Path(__file__).resolve().parents[2] / "shared/data/kdconv/travel"
-    parser.add_argument("--kb", default=str(Path(travel) / "kb_travel.json"), help="KdConv travel knowledge base")
+    parser.add_argument("--kb", default=str(kdconv_dir() / "kb_travel.json"), help="KdConv travel knowledge base")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     kb = json.loads(Path(args.kb).read_text(encoding="utf-8"))
