@@ -357,7 +357,20 @@ def warm_up(
     phase = measure("warmup_data", warm)  # first: an assignment evaluates its right side before its target
     phase["report"] = json.loads((work / "warmup_data" / "warmup.json").read_text(encoding="utf-8"))
 
-    warmup_model = sft("warmup", str(work / "warmup_data" / "warmup.parquet"))
+    warmup_file = work / "warmup_data" / "warmup.parquet"
+    if args.warmup_swaps:  # the kept rows and that many entity-swapped copies of each (kdconv_swap.swap_rows)
+        from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
+        from queryrl.apps.query_rewrite.data.kdconv_prep import kb_attributes
+        from queryrl.apps.query_rewrite.data.kdconv_swap import swap_rows
+
+        kept = pd.read_parquet(warmup_file).to_dict("records")
+        copies = swap_rows(kept, kb_attributes(kdconv_corpus(kb)), args.warmup_swaps, args.seed)
+        warmup_file = work / "warmup_data" / "warmup_swapped.parquet"
+        partial = warmup_file.with_name(warmup_file.name + ".partial")
+        pd.DataFrame([*kept, *copies]).to_parquet(partial, index=False)
+        partial.replace(warmup_file)
+        phase["swapped_rows"] = {"kept": len(kept), "copies": len(copies), "per_row": args.warmup_swaps}
+    warmup_model = sft("warmup", str(warmup_file))
     ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None
     return warmup_model, ref_model
 
@@ -392,6 +405,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="gold_entity",
         help="each training turn's candidate target: the reference's answer, or built from the gold documents "
         "(gold_entity: the turn and the gold entity the prompt shows)",
+    )
+    parser.add_argument(
+        "--warmup-swaps",
+        type=int,
+        default=0,
+        help="entity-swapped copies of each kept warm-up row the SFT also learns (0: none; with 1, --sft-epochs 1 "
+        "keeps the SFT's compute)",
     )
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
