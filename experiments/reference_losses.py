@@ -6,9 +6,11 @@
 For every held-out turn with gold where GRPO's Recall@5 differs from the reference's (each run's turns counted once
 per run), the turn is classed by whether each query contains the gold entity's name. A GRPO loss where only the
 reference names the gold entity is classed further by the knowledge-base entities GRPO's query names instead: none
-(a description such as "马未都先生创办的...", or a made-up place), one the conversation mentions *before* the gold
-entity's last mention (the policy kept to an earlier topic), one mentioned after it, or one the conversation never
-mentions. The conversation is the run's own ``data/test.parquet`` (the turn and its whole history).
+(a description such as "马未都先生创办的...", or a made-up place; or half the gold name or more, "古陶文明" for
+古陶文明博物馆: a copying slip), one the conversation mentions *before* the gold entity's last mention (the policy
+kept to an earlier topic), one mentioned after it, or one the conversation never mentions. The conversation is the
+run's own ``data/test.parquet`` (the turn and its whole history). It also counts, over every held-out turn with gold,
+how often each system's query names the gold entity (``names the gold entity``).
 """
 
 from __future__ import annotations
@@ -29,15 +31,30 @@ from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
 from queryrl.apps.query_rewrite.eval.samples import load_samples
 from queryrl.atomic import atomic_write_text
 
+NAMING_SYSTEMS = ("concat_last3", "reference", "warmup", "grpo")  # how often each query names the gold entity
+
 
 def names_gold(query: str, gold: set[str]) -> bool:
     return any(entity in query for entity in gold)
+
+
+def common_run(a: str, b: str) -> int:
+    """The length of the longest run of characters `a` and `b` share."""
+    best = 0
+    for i in range(len(b)):
+        for j in range(i + best + 1, len(b) + 1):
+            if b[i:j] not in a:
+                break
+            best = j - i
+    return best
 
 
 def instead(query: str, gold: set[str], conversation: str, pattern: re.Pattern[str]) -> str:
     """What GRPO's query names in place of the gold entity (see the module docstring)."""
     others = [m.group(0) for m in pattern.finditer(query) if m.group(0) not in gold]
     if not others:
+        if any(common_run(query, entity) >= max(2, len(entity) // 2) for entity in gold):
+            return "no knowledge-base entity, but half the gold name or more (a copying slip)"
         return "no knowledge-base entity"
     last_gold = max(conversation.rfind(entity) for entity in gold)
     last_other = max(conversation.rfind(entity) for entity in others)
@@ -54,6 +71,10 @@ def classify(run: Path, pattern: re.Pattern[str]) -> Counter[str]:
         if not row["gold"]:
             continue
         gold = {doc.partition("::")[0] for doc in row["gold"]}
+        counts["turns with gold"] += 1
+        for system in NAMING_SYSTEMS:
+            if system in row["systems"] and names_gold(row["systems"][system]["query"], gold):
+                counts[f"names the gold entity: {system}"] += 1
         grpo, ref = row["systems"]["grpo"], row["systems"]["reference"]
         diff = grpo["recall@5"] - ref["recall@5"]
         if diff == 0:
