@@ -62,6 +62,15 @@ def row_entities(row: Mapping[str, Any], pattern: re.Pattern[str]) -> dict[str, 
     return found
 
 
+def _renamer(pattern: re.Pattern[str], mapping: Mapping[str, str]) -> Callable[[str], str]:
+    """A function that replaces each entity of `mapping` that `pattern` finds in a text."""
+
+    def rename(text: str) -> str:
+        return pattern.sub(lambda match: mapping.get(match.group(), match.group()), text)
+
+    return rename
+
+
 def swap_rows(
     rows: Sequence[Mapping[str, Any]], kb: Mapping[str, frozenset[str]], copies: int, seed: int
 ) -> list[dict[str, Any]]:
@@ -81,8 +90,7 @@ def swap_rows(
         rng = random.Random(f"kdconv-swap-rows/{seed}/{key}")
         entities = {name: used for name, used in row_entities(row, pattern).items() if name in kb}
         for k in range(copies if entities else 0):
-            mapping = swap_mapping(entities, kb, rng)
-            copy = _map(dict(row), lambda text, m=mapping: pattern.sub(lambda g: m.get(g.group(), g.group()), text))
+            copy = _map(dict(row), _renamer(pattern, swap_mapping(entities, kb, rng)))
             if isinstance(copy.get("extra_info"), dict):
                 copy["extra_info"]["conversation_id"] = f"{info.get('conversation_id', index)}-swap{k}"
             out.append(copy)
