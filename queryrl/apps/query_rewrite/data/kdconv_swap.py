@@ -4,11 +4,11 @@
 :func:`swap_rows` does the same to rows already built (the warm-up data ``queryrl warmup`` writes), so that a
 warm-up can show its targets with other names without building its data again. In each copy every
 knowledge-base entity the row names (in the prompt, the history, the target and the gold labels) is replaced,
-consistently, by another entity of the knowledge base that has the gold attributes (:func:`~.kdconv_prep.
-swap_mapping`); the facts the history tells (an address, a price) stay the original entity's. The model then
-cannot learn which place a turn is about from the place's name and must copy the name the conversation uses,
-as the tiny-model KdConv bench's ``--augment`` teaches it (its idea: counterfactual entity substitution, as in
-data augmentation for dialogue state tracking, e.g. CoCo, Li et al. 2021).
+consistently, by another entity of the knowledge base that has the gold attributes
+(:func:`~.kdconv_prep.swap_mapping`); the facts the history tells (an address, a price) stay the original
+entity's. The model then cannot learn which place a turn is about from the place's name and must copy the name
+the conversation uses, as the tiny-model KdConv bench's ``--augment`` teaches it (its idea: counterfactual entity
+substitution, as in data augmentation for dialogue state tracking, e.g. CoCo, Li et al. 2021).
 """
 
 from __future__ import annotations
