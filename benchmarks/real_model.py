@@ -574,6 +574,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / kb_name(kdconv_dir)
     dtype = choose_dtype(args.dtype)
+    if args.warmup_swaps < 0:
+        print(f"--warmup-swaps must be 0 or more (entity-swapped copies of each warm-up row), got {args.warmup_swaps}")
+        return 2
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2

@@ -259,3 +259,21 @@ def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys:
         assert bench.main([*base, "--train-file", str(train_file), "--out", str(tmp_path / "r.json")]) == 2
         assert "--train-file must be a parquet file outside --work" in capsys.readouterr().out
     assert inside.exists()
+
+
+def test_negative_warmup_swaps_are_refused_before_the_work_folder_is_emptied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    kdconv = tmp_path / "kdconv"
+    kdconv.mkdir()
+    (kdconv / "dev.json").write_text("[]")
+    (kdconv / "kb_travel.json").write_text("{}")
+    kept = tmp_path / "work" / "kept.txt"
+    kept.parent.mkdir()
+    kept.write_text("an earlier run")
+    argv = ["--model", str(tmp_path / "model"), "--kdconv-dir", str(kdconv), "--work", str(tmp_path / "work")]
+    assert bench.main([*argv, "--warmup-swaps", "-1", "--out", str(tmp_path / "r.json")]) == 2
+    assert "--warmup-swaps must be 0 or more" in capsys.readouterr().out
+    assert kept.read_text() == "an earlier run"
