@@ -243,18 +243,22 @@ def test_restrict_vocab_reaches_the_warm_up_sft_and_the_trained_systems_evals(tm
     assert bench.vocab_option({}, systems) == []
 
 
-def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _bench_argv(tmp_path: Path) -> list[str]:
+    """``--model``, ``--kdconv-dir`` and ``--work`` of a bench that the argument checks stop before it runs."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
     kdconv = tmp_path / "kdconv"
     kdconv.mkdir()
     (kdconv / "dev.json").write_text("[]")
     (kdconv / "kb_travel.json").write_text("{}")
-    work = tmp_path / "work"
-    inside = work / "data" / "train_signal.parquet"
+    return ["--model", str(tmp_path / "model"), "--kdconv-dir", str(kdconv), "--work", str(tmp_path / "work")]
+
+
+def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _bench_argv(tmp_path)
+    inside = tmp_path / "work" / "data" / "train_signal.parquet"
     inside.parent.mkdir(parents=True)
     inside.write_bytes(b"PAR1")
-    base = ["--model", str(tmp_path / "model"), "--kdconv-dir", str(kdconv), "--work", str(work)]
     for train_file in (tmp_path / "absent.parquet", inside):  # missing, or in the folder the bench empties first
         assert bench.main([*base, "--train-file", str(train_file), "--out", str(tmp_path / "r.json")]) == 2
         assert "--train-file must be a parquet file outside --work" in capsys.readouterr().out
@@ -264,16 +268,10 @@ def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys:
 def test_negative_warmup_swaps_are_refused_before_the_work_folder_is_emptied(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
-    kdconv = tmp_path / "kdconv"
-    kdconv.mkdir()
-    (kdconv / "dev.json").write_text("[]")
-    (kdconv / "kb_travel.json").write_text("{}")
+    argv = _bench_argv(tmp_path)
     kept = tmp_path / "work" / "kept.txt"
     kept.parent.mkdir()
     kept.write_text("an earlier run")
-    argv = ["--model", str(tmp_path / "model"), "--kdconv-dir", str(kdconv), "--work", str(tmp_path / "work")]
     assert bench.main([*argv, "--warmup-swaps", "-1", "--out", str(tmp_path / "r.json")]) == 2
     assert "--warmup-swaps must be 0 or more" in capsys.readouterr().out
     assert kept.read_text() == "an earlier run"
