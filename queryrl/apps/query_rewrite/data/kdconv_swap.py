@@ -49,7 +49,8 @@ def _map(value: Any, sub: Callable[[str], str]) -> Any:
 
 def row_entities(row: Mapping[str, Any], pattern: re.Pattern[str]) -> dict[str, set[str]]:
     """The knowledge-base entities a row names -> the attributes its gold labels use of each, in order of
-    first mention (the prompt first, then the rest of the row; the gold titles always)."""
+    first mention (the prompt first, then the rest of the row); the gold documents' entities always, with their
+    attributes."""
     found: dict[str, set[str]] = {}
     for text in _texts(row.get("prompt")) + _texts({k: v for k, v in row.items() if k != "prompt"}):
         for match in pattern.finditer(text):
