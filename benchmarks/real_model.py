@@ -77,7 +77,7 @@ from typing import Any
 from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
 
-from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_name, prepare
+from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
 from queryrl.machine import auto_dtype, warn_if_emulated_bf16
 from queryrl.models.vocab import VOCAB_FILE
 
@@ -360,7 +360,6 @@ def warm_up(
     warmup_file = work / "warmup_data" / "warmup.parquet"
     if args.warmup_swaps:  # the kept rows and that many entity-swapped copies of each (kdconv_swap.swap_rows)
         from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
-        from queryrl.apps.query_rewrite.data.kdconv_prep import kb_attributes
         from queryrl.apps.query_rewrite.data.kdconv_swap import swap_rows
 
         kept = pd.read_parquet(warmup_file).to_dict("records")

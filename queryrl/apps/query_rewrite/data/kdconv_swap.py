@@ -23,18 +23,6 @@ from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern, swap_map
 __all__ = ["row_entities", "swap_rows"]
 
 
-def _texts(value: Any) -> list[str]:
-    """Every string inside a row's nested dicts, lists and arrays."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, Mapping):
-        return [t for v in value.values() for t in _texts(v)]
-    if isinstance(value, list | tuple) or hasattr(value, "tolist"):
-        items = value.tolist() if hasattr(value, "tolist") else value
-        return [t for v in (items if isinstance(items, list) else [items]) for t in _texts(v)]
-    return []
-
-
 def _map(value: Any, sub: Callable[[str], str]) -> Any:
     """A copy of `value` with `sub` applied to every string inside it (arrays become lists)."""
     if isinstance(value, str):
@@ -45,6 +33,18 @@ def _map(value: Any, sub: Callable[[str], str]) -> Any:
         items = value.tolist() if hasattr(value, "tolist") else list(value)
         return [_map(v, sub) for v in items] if isinstance(items, list) else items
     return value
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside a row's nested dicts, lists and arrays, in order (the strings :func:`_map` visits)."""
+    found: list[str] = []
+
+    def keep(text: str) -> str:
+        found.append(text)
+        return text
+
+    _map(value, keep)
+    return found
 
 
 def row_entities(row: Mapping[str, Any], pattern: re.Pattern[str]) -> dict[str, set[str]]:
@@ -91,7 +91,7 @@ def swap_rows(
         rng = random.Random(f"kdconv-swap-rows/{seed}/{key}")
         entities = {name: used for name, used in row_entities(row, pattern).items() if name in kb}
         for k in range(copies if entities else 0):
-            copy = _map(dict(row), _renamer(pattern, swap_mapping(entities, kb, rng)))
+            copy = _map(row, _renamer(pattern, swap_mapping(entities, kb, rng)))
             if isinstance(copy.get("extra_info"), dict):
                 copy["extra_info"]["conversation_id"] = f"{info.get('conversation_id', index)}-swap{k}"
             out.append(copy)
