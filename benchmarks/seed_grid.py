@@ -2,7 +2,7 @@
 
 One GRPO run per split cannot tell a lever under about 0.02 Recall@5 from the GRPO seed (the log's "GRPO's own
 spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON whose run folder
-(``settings.args.work``) still holds ``eval/eval_samples.jsonl``, and prints, as JSON:
+(``settings.args.work``) still holds its per-turn eval rows (``--rows`` below), and prints, as JSON:
 
 - per run (split seed, GRPO seed): each goal met or not: GRPO - warm-up and GRPO - reference Recall@5 (and MRR
   against the reference) with paired intervals above zero (over turns, and over conversations), context-dependent
@@ -25,11 +25,18 @@ and over the splits both grids hold, the lever's GRPO score minus the baseline's
 that grid's GRPO seeds on that split (paired over turns and over conversations, as above), and per GRPO seed held by
 both, the two runs' difference (the same seed orders the same turns and seeds the sampler alike).
 
+The held-out turns read (``--rows``): ``test``, the bench's final eval (``eval/eval_samples.jsonl``; the default, and
+the turns the log's levers were chosen on); ``val``, the split's validation conversations, which no phase of the bench
+reads and no lever was chosen on (``eval_val/eval_samples.jsonl``, written by ``benchmarks/val_eval.py``); ``both``,
+each run's test turns and then its validation turns, pooled (a cluster is still one conversation of one split: the
+two sets hold different conversations). Every per-run and pooled figure is then over those turns.
+
 A turn is context-dependent when it has an earlier message (``turn > 0``; the eval's own rule for rows without a
-kind), checked against each result's ``ctx_dep_n``.
+kind), checked against each eval's ``ctx_dep_n`` in the result (``final_eval``, ``val_eval``).
 
 The intent-kept rate is read again from each GRPO query with today's offline check
-(:func:`~queryrl.apps.query_rewrite.eval.intent.offline_intents` on the run's ``data/test.parquet``): runs evaluated
+(:func:`~queryrl.apps.query_rewrite.eval.intent.offline_intents` on the run's ``data/test.parquet`` or
+``data/val.parquet``): runs evaluated
 before a change of the check (lever 22's) would otherwise be read by two versions of it. The recorded rate is kept
 beside it (``intent_kept_recorded``); the goal uses today's.
 """
@@ -65,30 +72,46 @@ def _grpo_seed(work: Path) -> int:
     return int(yaml.safe_load((work / "grpo_run" / "config.yaml").read_text(encoding="utf-8"))["trainer"]["seed"])
 
 
-def _load(path: Path) -> dict[str, Any]:
+# --rows: each eval's folder, data file and summary in the result JSON
+ROWS = {"test": ("eval", "test.parquet", "final_eval"), "val": ("eval_val", "val.parquet", "val_eval")}
+
+
+def _load(path: Path, rows_from: Sequence[str] = ("test",)) -> dict[str, Any]:
+    """One run of the grid: its result, and the per-turn rows of the evals `rows_from` names (``test``: the bench's
+    final eval, ``val``: ``benchmarks/val_eval.py``'s eval of the validation conversations), in that order."""
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
         args = result["settings"]["args"]
-        work, split, counted = Path(args["work"]), int(args["seed"]), result["final_eval"]["grpo"]["ctx_dep_n"]
+        work, split = Path(args["work"]), int(args["seed"])
+        summaries = {name: result[ROWS[name][2]]["grpo"] for name in rows_from}
+        counted = {name: summary["ctx_dep_n"] for name, summary in summaries.items()}
     except (OSError, ValueError) as exc:
         raise GridError(f"{path}: not readable as JSON ({exc})") from None
     except (KeyError, TypeError) as exc:
         raise GridError(f"{path}: not a benchmarks/real_model.py result (no {exc} in it)") from None
-    samples = work / "eval" / "eval_samples.jsonl"
-    if not samples.is_file():
-        raise GridError(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
-    records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in records if r.get("gold")]
-    dependent = sum(r["turn"] > 0 for r in rows)
-    if dependent != counted:
-        raise GridError(f"{path}: {dependent} turns with history but the eval counted {counted} context-dependent")
+    rows: list[dict[str, Any]] = []
+    kept, recorded, evaluated = 0.0, 0.0, 0
+    for name in rows_from:
+        folder, data, _ = ROWS[name]
+        samples = work / folder / "eval_samples.jsonl"
+        if not samples.is_file():
+            raise GridError(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
+        records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+        gold = [r for r in records if r.get("gold")]
+        dependent = sum(r["turn"] > 0 for r in gold)
+        if dependent != counted[name]:
+            raise GridError(f"{path}: {dependent} turns with history but its {name} eval counted {counted[name]}")
+        rows += gold
+        kept += _intent_kept_now(work / "data" / data, records) * len(records)
+        recorded += summaries[name]["intent_kept"] * len(records)
+        evaluated += len(records)
     return {
         "path": str(path),
         "split": split,
         "grpo_seed": _grpo_seed(work),
         "rows": rows,
-        "final": result["final_eval"],
-        "intent_kept": _intent_kept_now(work / "data" / "test.parquet", records),
+        "intent_kept": kept / evaluated,
+        "intent_kept_recorded": recorded / evaluated,
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
         "identical_groups": identical_logged_groups(work / "grpo_run" / "samples"),
     }
@@ -141,26 +164,26 @@ def _interval(a: np.ndarray, b: np.ndarray, groups: list[str]) -> dict[str, floa
 
 
 def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
-    rows, final = run["rows"], run["final"]
+    rows = run["rows"]
     groups = [r["conversation_id"] for r in rows]
     vs_warmup = _interval(_scores(rows, "grpo"), _scores(rows, "warmup"), groups)
     vs_ref = _interval(_scores(rows, "grpo"), _scores(rows, "reference"), groups)
     vs_ref_mrr = _interval(_scores(rows, "grpo", metric="mrr"), _scores(rows, "reference", metric="mrr"), groups)
-    ratio = final["grpo"]["ctx_dep_recall@5"] / final["concat_last3"]["ctx_dep_recall@5"]
-    vs_reference = final["grpo"]["ctx_dep_recall@5"] - final["reference"]["ctx_dep_recall@5"]
+    dep = {s: float(_scores(rows, s, dependent_only=True).mean()) for s in ("grpo", "concat_last3", "reference")}
+    ratio, vs_reference = dep["grpo"] / dep["concat_last3"], dep["grpo"] - dep["reference"]
     length, flat = _length_ratio(rows), run["flat_groups"]
     return {
         "split": run["split"],
         "grpo_seed": run["grpo_seed"],
         "result": run["path"],
-        "grpo_recall@5": round(final["grpo"]["recall@5"], 4),
+        "grpo_recall@5": round(float(_scores(rows, "grpo").mean()), 4),
         "grpo_minus_warmup": vs_warmup,
         "grpo_minus_reference": vs_ref,
         "grpo_minus_reference_mrr": vs_ref_mrr,
         "ctx_dep_x_concat_last3": round(ratio, 3),
         "ctx_dep_grpo_minus_reference": round(vs_reference, 4),
         "intent_kept": round(run["intent_kept"], 4),
-        "intent_kept_recorded": round(final["grpo"]["intent_kept"], 4),
+        "intent_kept_recorded": round(run["intent_kept_recorded"], 4),
         "median_query_x_reference": round(length, 3),
         "flat_groups": None if flat is None else round(flat, 4),
         "identical_logged_groups": None if run["identical_groups"] is None else round(run["identical_groups"], 4),
@@ -325,9 +348,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the log's tables instead of the JSON")
     parser.add_argument("--against", type=Path, nargs="+", default=None, help="the baseline grid's result JSONs")
+    parser.add_argument(
+        "--rows",
+        choices=("test", "val", "both"),
+        default="test",
+        help="the held-out turns read: the final eval's (test, default), the validation conversations' "
+        "(val: benchmarks/val_eval.py), or both, pooled",
+    )
     args = parser.parse_args(argv)
+    rows_from = ("test", "val") if args.rows == "both" else (args.rows,)
     try:
-        out = grid_summary([_load(p) for p in args.results], [_load(p) for p in args.against or []])
+        runs = [_load(p, rows_from) for p in args.results]
+        out = {"rows": args.rows} | grid_summary(runs, [_load(p, rows_from) for p in args.against or []])
     except GridError as exc:
         print(f"seed_grid: {exc}", file=sys.stderr)
         return 2

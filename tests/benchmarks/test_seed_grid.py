@@ -53,7 +53,7 @@ def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
     systems = ("grpo", "warmup", "reference", "concat_last3")
     rows = []
     for i in range(8):
-        hit = {"grpo": 1.0, "warmup": float(i % 2), "reference": float(i % 2), "concat_last3": 0.5}
+        hit = {"grpo": 1.0, "warmup": float(i % 2), "reference": float(i % 2), "concat_last3": 0.4}
         rows.append(
             {
                 "last_turn": f"t{i}",
@@ -65,16 +65,13 @@ def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
                 },
             }
         )
-    final = {
-        s: {"recall@5": 0.5, "ctx_dep_recall@5": 1.0 if s == "grpo" else 0.4, "intent_kept": 0.98} for s in systems
-    }
     return {
         "split": 0,
         "grpo_seed": 7,
         "path": "x.json",
         "rows": rows,
-        "final": final,
         "intent_kept": 0.98,
+        "intent_kept_recorded": 0.97,
         "flat_groups": flat,
         "identical_groups": 0.5,
     }
@@ -86,7 +83,8 @@ def test_run_goals_read_the_reference_mrr_the_query_length_and_the_flat_groups()
     assert goals["median_query_x_reference"] == pytest.approx(2.0)
     assert goals["goals"]["median_query_within_1.5x_reference"] is False  # twice the reference's length: stuffing
     assert goals["goals"]["flat_groups_at_most_30"] is True
-    assert goals["goals"]["ctx_dep_2.2x_concat_last3"] is True  # 1.0 / 0.4 = 2.5x
+    assert goals["goals"]["ctx_dep_2.2x_concat_last3"] is True  # 1.0 / 0.4 = 2.5x on the turns with history
+    assert goals["ctx_dep_grpo_minus_reference"] == pytest.approx(0.0)  # the reference finds those too
     short = grid._run_goals(_scored_run(None, "五个字查询"))
     assert short["goals"]["median_query_within_1.5x_reference"] is True
     assert short["goals"]["flat_groups_at_most_30"] is False  # a result without the per-step record meets nothing
@@ -137,3 +135,53 @@ def test_a_result_the_grid_cannot_read_is_one_line_and_exit_2(
         assert err.startswith(f"seed_grid: {path}: "), err
         assert words in err, err
     assert not (tmp_path / "grid.json").exists()
+
+
+def _write_run(tmp_path: Path, test_dependent: int, val_dependent: int) -> Path:
+    """A result JSON and its run folder: two test turns and three validation turns (one of them without gold)."""
+    import json
+
+    work = tmp_path / "run"
+    (work / "grpo_run").mkdir(parents=True)
+    (work / "grpo_run" / "config.yaml").write_text("trainer:\n  seed: 8\n")
+    turns = {"eval": [("a", 0, True), ("b", 1, True)], "eval_val": [("c", 0, True), ("d", 2, True), ("e", 3, False)]}
+    for folder, rows in turns.items():
+        (work / folder).mkdir()
+        lines = [
+            {"last_turn": t, "turn": k, "conversation_id": folder, "gold": ["x::y"] if gold else []}
+            for t, k, gold in rows
+        ]
+        (work / folder / "eval_samples.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = tmp_path / "result.json"
+    summary = {"grpo": {"ctx_dep_n": test_dependent, "intent_kept": 1.0}}
+    val_summary = {"grpo": {"ctx_dep_n": val_dependent, "intent_kept": 0.7}}
+    settings = {"args": {"work": str(work), "seed": 2}}
+    result.write_text(json.dumps({"settings": settings, "final_eval": summary, "val_eval": val_summary}))
+    return result
+
+
+def test_rows_from_test_and_val_pool_both_evals_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = {"test.parquet": 1.0, "val.parquet": 0.5}
+    monkeypatch.setattr(grid, "_intent_kept_now", lambda data, records: kept[data.name])
+    result = _write_run(tmp_path, test_dependent=1, val_dependent=1)
+    run = grid._load(result, ("test", "val"))
+    assert [r["last_turn"] for r in run["rows"]] == ["a", "b", "c", "d"]  # the turn without gold is not scored
+    assert (run["split"], run["grpo_seed"]) == (2, 8)
+    assert run["intent_kept"] == pytest.approx((2 * 1.0 + 3 * 0.5) / 5)  # weighted by each eval's turns
+    assert run["intent_kept_recorded"] == pytest.approx((2 * 1.0 + 3 * 0.7) / 5)
+    assert [r["last_turn"] for r in grid._load(result, ("val",))["rows"]] == ["c", "d"]
+    with pytest.raises(grid.GridError, match="its val eval counted 2"):
+        grid._load(_write_run(tmp_path / "other", test_dependent=1, val_dependent=2), ("test", "val"))
+
+
+def test_rows_from_val_without_a_validation_eval_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    result = _write_run(tmp_path, test_dependent=1, val_dependent=1)
+    data = json.loads(result.read_text())
+    del data["val_eval"]
+    result.write_text(json.dumps(data))
+    assert grid.main([str(result), "--rows", "both"]) == 2
+    assert "no 'val_eval' in it" in capsys.readouterr().err
