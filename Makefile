@@ -94,13 +94,15 @@ bench-real: $(STAMP)
 # bench-real's runs compared (docs/benchmarks.md, "Comparing bench-real runs"). The rewriter's goals over a grid of
 # bench-real results (GRPO seeds x split seeds; each result's run folder still holds its eval): per run, per goal, and
 # the recipe's effect with the GRPO seed averaged out per turn, as JSON (GRID_OUT: also written there); AGAINST adds
-# the grid minus a baseline grid. E.g. make seed-grid RESULTS="a_s0.json a_s1.json" AGAINST="b_s0.json b_s1.json"
+# the grid minus a baseline grid; ROWS=val or both reads the validation conversations' eval (benchmarks/val_eval.py).
+# E.g. make seed-grid RESULTS="a_s0.json a_s1.json" AGAINST="b_s0.json b_s1.json"
 RESULTS ?=
 AGAINST ?=
 GRID_OUT ?=
+ROWS ?= test
 seed-grid: $(STAMP)
-	@test -n "$(RESULTS)" || { echo 'make seed-grid RESULTS="bench-real result JSONs" [AGAINST="..."] [GRID_OUT=file]'; exit 2; }
-	$(BIN)/python benchmarks/seed_grid.py $(RESULTS) $(if $(AGAINST),--against $(AGAINST)) $(if $(GRID_OUT),--out $(GRID_OUT))
+	@test -n "$(RESULTS)" || { echo 'make seed-grid RESULTS="bench-real result JSONs" [AGAINST="..."] [GRID_OUT=file] [ROWS=test|val|both]'; exit 2; }
+	$(BIN)/python benchmarks/seed_grid.py $(RESULTS) --rows $(ROWS) $(if $(AGAINST),--against $(AGAINST)) $(if $(GRID_OUT),--out $(GRID_OUT))
 
 # System A against system B over an eval's turns with gold documents: Recall@5 and MRR, A - B with paired intervals
 # over turns and over conversations; B_FROM: B from another eval of the same turns. E.g.

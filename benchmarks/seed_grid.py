@@ -158,8 +158,11 @@ def _length_ratio(rows: list[dict[str, Any]]) -> float:
     return grpo / float(np.median([len(r["systems"]["reference"]["query"]) for r in rows]))
 
 
+BOOTSTRAP = {"n_boot": 1000}  # replicates of every interval (the eval's); --boot changes it for one invocation
+
+
 def _interval(a: np.ndarray, b: np.ndarray, groups: list[str]) -> dict[str, float]:
-    p = paired_bootstrap(a.tolist(), b.tolist(), groups=groups)
+    p = paired_bootstrap(a.tolist(), b.tolist(), groups=groups, n_boot=BOOTSTRAP["n_boot"])
     return {k: round(p[k], 4) for k in ("diff", "low", "high", "group_low", "group_high")} | {"n": int(p["n"])}
 
 
@@ -355,11 +358,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the held-out turns read: the final eval's (test, default), the validation conversations' "
         "(val: benchmarks/val_eval.py), or both, pooled",
     )
+    parser.add_argument(
+        "--boot",
+        type=int,
+        default=1000,
+        help="bootstrap replicates of every interval (default 1000, the eval's; more: the bounds move less with the "
+        "bootstrap's own resampling)",
+    )
     args = parser.parse_args(argv)
+    if args.boot < 100:
+        print(f"seed_grid: --boot must be at least 100 replicates, got {args.boot}", file=sys.stderr)
+        return 2
+    BOOTSTRAP["n_boot"] = args.boot
     rows_from = ("test", "val") if args.rows == "both" else (args.rows,)
     try:
         runs = [_load(p, rows_from) for p in args.results]
-        out = {"rows": args.rows} | grid_summary(runs, [_load(p, rows_from) for p in args.against or []])
+        baseline = [_load(p, rows_from) for p in args.against or []]
+        out = {"rows": args.rows, "bootstrap_replicates": args.boot} | grid_summary(runs, baseline)
     except GridError as exc:
         print(f"seed_grid: {exc}", file=sys.stderr)
         return 2

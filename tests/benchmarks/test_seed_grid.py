@@ -185,3 +185,11 @@ def test_rows_from_val_without_a_validation_eval_is_one_line(
     result.write_text(json.dumps(data))
     assert grid.main([str(result), "--rows", "both"]) == 2
     assert "no 'val_eval' in it" in capsys.readouterr().err
+
+
+def test_too_few_bootstrap_replicates_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _write_run(tmp_path, test_dependent=1, val_dependent=1)
+    assert grid.main([str(result), "--boot", "10"]) == 2
+    assert capsys.readouterr().err == "seed_grid: --boot must be at least 100 replicates, got 10\n"
