@@ -196,6 +196,23 @@ def comparison_table(comparisons: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def validation_section(result: Mapping[str, Any]) -> list[str]:
+    """The same systems on the split's validation conversations (``benchmarks/val_eval.py``), where the result
+    has them; [] otherwise."""
+    if not result.get("val_eval"):
+        return []
+    rows = result["data"]["rows"]["val"]
+    return [
+        f"**On the split's validation conversations** ({rows:,} rows; no phase of the bench reads them and no lever",
+        "was chosen on them: `benchmarks/val_eval.py`), the same systems and settings:",
+        "",
+        *eval_table(result["val_eval"]),
+        "",
+        *comparison_table(result.get("val_comparisons") or {}),
+        "",
+    ]
+
+
 def _split(counts: Mapping[str, int]) -> str:
     return " / ".join(f"{counts[k]:,}" for k in ("train", "val", "test"))
 
@@ -333,6 +350,7 @@ def card(
         if flat is not None
         else "",
         "",
+        *validation_section(result),
         "`check.json` holds, for the first held-out rows with gold, each model's Recall@5, MRR and the SHA-256 of its",
         "query" + (" and the kept-ids file each decodes with" if vocab else "") + "; "
         "`tests/benchmarks/test_published_adapters.py` evaluates the pair on those rows again and compares.",

@@ -187,3 +187,21 @@ def test_a_full_head_run_publishes_as_before(tmp_path: Path) -> None:
     assert "--vocab-ids" not in card
     assert "--no-restrict-vocab" in card
     assert "restricted" not in card
+
+
+def test_a_run_evaluated_on_its_validation_conversations_shows_them_in_the_card(tmp_path: Path) -> None:
+    path = _fake_run(tmp_path, True, True)
+    result = json.loads(path.read_text())
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    assert "validation conversations" not in (out / "README.md").read_text()  # a run val_eval.py has not seen
+    result["val_eval"] = {"grpo": {"n": 1, "recall@5": 0.25, "mrr": 0.125, "ctx_dep_recall@5": 0.25}}
+    pair = {"recall@5": {"diff": 0.25, "low": 0.0, "high": 0.5, "group_low": -0.1, "group_high": 0.6}}
+    pair["mrr"] = {"diff": 0.125, "low": 0.0, "high": 0.25, "group_low": -0.05, "group_high": 0.3}
+    result["val_comparisons"] = {"grpo-reference": {"a": "grpo", "b": "reference", "n": 1, **pair}}
+    path.write_text(json.dumps(result))
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert "**On the split's validation conversations** (1 rows;" in card
+    assert "| grpo | 1 | 0.250 | 0.125 | 0.250 | - |" in card
+    assert "| grpo - reference | 1 | +0.250 [+0.000, +0.500] [-0.100, +0.600] |" in card
