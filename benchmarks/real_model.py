@@ -33,6 +33,10 @@ the users' 8B model answers):
    (and ``warmup:ref_sft``); with ``KDCONV_TEST``, the baselines, warm-up and GRPO on that file's turns (all of
    them; ``--external-systems all`` adds zero-shot and ref_sft there too, at about 0.66 s a turn a model).
 
+The split: a seeded 10 % of the conversations tested and 10 % validated (``--seed``), or with ``--fold K`` part
+K of ``--folds`` (default 10) tested and part K+1 validated, over K = 0 .. N-1 every conversation tested once
+(:func:`~queryrl.apps.query_rewrite.data.kdconv_prep.split_ids`).
+
 With ``--warmup-model`` (the ``warmup`` folder of an earlier run) steps 1 and 2 are skipped: GRPO starts from
 that model, and eval has no zero-shot system (a lever run: one GRPO change from the same start).
 
@@ -385,6 +389,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/real_model_<name>.json")
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (as bench-kdconv)")
     parser.add_argument(
+        "--fold",
+        type=int,
+        default=None,
+        help="hold out fold K of --folds instead of a seeded 10 %% / 10 %%: the conversations shuffled with --seed and "
+        "cut into --folds parts, part K tested, part K+1 validated, the rest trained on (every conversation tested "
+        "once over K = 0 .. N-1)",
+    )
+    parser.add_argument("--folds", type=int, default=10, help="the parts of a --fold split")
+    parser.add_argument(
         "--history-chars", type=int, default=320, help="earlier-message characters in the prompt (lever 18)"
     )
     parser.add_argument("--answer-format", choices=("text", "json"), default="text")
@@ -573,6 +586,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / kb_name(kdconv_dir)
     dtype = choose_dtype(args.dtype)
+    if args.fold is not None and not (args.folds >= 3 and 0 <= args.fold < args.folds):
+        print(f"--fold must be 0 to --folds - 1 with --folds 3 or more, got --fold {args.fold} --folds {args.folds}")
+        return 2
     if args.warmup_swaps < 0:
         print(f"--warmup-swaps must be 0 or more (entity-swapped copies of each warm-up row), got {args.warmup_swaps}")
         return 2
@@ -601,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.history_chars,
         sft_target=args.sft_target,
         answer_format=args.answer_format,
+        fold=(args.fold, args.folds) if args.fold is not None else None,
     )
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
     external = None
@@ -697,6 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": {
             "kdconv_dir": str(kdconv_dir),
             "split_seed": args.seed,
+            "split_fold": data["split"]["fold"],  # [K, N] of a --fold split, else None
             "rows": data["rows"],
             "conversations": data["conversations"],
             "eval_rows": evals["final"]["n_samples"],

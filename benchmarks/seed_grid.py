@@ -82,7 +82,7 @@ def _load(path: Path, rows_from: Sequence[str] = ("test",)) -> dict[str, Any]:
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
         args = result["settings"]["args"]
-        work, split = Path(args["work"]), int(args["seed"])
+        work, split = Path(args["work"]), split_label(args)
         summaries = {name: result[ROWS[name][2]]["grpo"] for name in rows_from}
         counted = {name: summary["ctx_dep_n"] for name, summary in summaries.items()}
     except (OSError, ValueError) as exc:
@@ -115,6 +115,15 @@ def _load(path: Path, rows_from: Sequence[str] = ("test",)) -> dict[str, Any]:
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
         "identical_groups": identical_logged_groups(work / "grpo_run" / "samples"),
     }
+
+
+def split_label(args: dict[str, Any]) -> int | str:
+    """A run's split: its seed (``--seed``), or for a fold split (``--fold K --folds N``) ``"fold K/N"`` (with
+    ``", seed S"`` for a seed other than 0): the folds of one seed hold disjoint test conversations."""
+    seed = int(args["seed"])
+    if args.get("fold") is None:
+        return seed
+    return f"fold {args['fold']}/{args.get('folds', 10)}" + (f", seed {seed}" if seed else "")
 
 
 def identical_logged_groups(samples: Path) -> float | None:
@@ -203,13 +212,13 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _seed_mean(runs: list[dict[str, Any]], split: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
+def _seed_mean(runs: list[dict[str, Any]], split: int | str) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Each turn's GRPO Recall@5 averaged over the GRPO seeds of `split` in `runs`, and the turns' rows."""
     mine = [r for r in runs if r["split"] == split]
     return np.mean([_scores(r["rows"], "grpo") for r in mine], axis=0), mine[0]["rows"]
 
 
-def _pooled(runs: list[dict[str, Any]], splits: list[int]) -> dict[str, Any]:
+def _pooled(runs: list[dict[str, Any]], splits: list[Any]) -> dict[str, Any]:
     """The GRPO seeds averaged per turn within each split; the splits' turns then pooled."""
     grpo, warmup, reference, concat, groups, dep = [], [], [], [], [], []
     grpo_mrr, reference_mrr = [], []
@@ -389,10 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def grid_summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
     """Per run, per goal and pooled (see the module docstring); with `baseline` runs, the lever against them."""
+    if len({type(r["split"]) for r in [*runs, *baseline]}) > 1:
+        raise GridError("the results mix seeded splits and fold splits (--fold): compare like with like")
     per_run = [_run_goals(r) for r in runs]
     goals = list(per_run[0]["goals"])
     splits = sorted({r["split"] for r in runs})
-    by_split: dict[int, list[int]] = defaultdict(list)
+    by_split: dict[int | str, list[int]] = defaultdict(list)
     for r in runs:
         by_split[r["split"]].append(r["grpo_seed"])
     out = {

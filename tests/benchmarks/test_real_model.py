@@ -275,3 +275,16 @@ def test_negative_warmup_swaps_are_refused_before_the_work_folder_is_emptied(
     assert bench.main([*argv, "--warmup-swaps", "-1", "--out", str(tmp_path / "r.json")]) == 2
     assert "--warmup-swaps must be 0 or more" in capsys.readouterr().out
     assert kept.read_text() == "an earlier run"
+
+
+def test_a_fold_outside_the_folds_is_refused_before_the_work_folder_is_emptied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _bench_argv(tmp_path)
+    kept = tmp_path / "work" / "kept.txt"
+    kept.parent.mkdir()
+    kept.write_text("an earlier run")
+    for fold in (["--fold", "10"], ["--fold", "-1"], ["--fold", "0", "--folds", "2"]):
+        assert bench.main([*argv, *fold, "--out", str(tmp_path / "r.json")]) == 2
+        assert "--fold must be 0 to --folds - 1 with --folds 3 or more" in capsys.readouterr().out
+    assert kept.read_text() == "an earlier run"

@@ -193,3 +193,14 @@ def test_too_few_bootstrap_replicates_are_refused_in_one_line(
     result = _write_run(tmp_path, test_dependent=1, val_dependent=1)
     assert grid.main([str(result), "--boot", "10"]) == 2
     assert capsys.readouterr().err == "seed_grid: --boot must be at least 100 replicates, got 10\n"
+
+
+def test_a_fold_split_is_labelled_by_its_fold_and_a_grid_does_not_mix_the_two_kinds() -> None:
+    assert grid.split_label({"seed": 2}) == 2
+    assert grid.split_label({"seed": 2, "fold": None}) == 2
+    assert grid.split_label({"seed": 0, "fold": 3, "folds": 10}) == "fold 3/10"
+    assert grid.split_label({"seed": 1, "fold": 3, "folds": 10}) == "fold 3/10, seed 1"
+    seeded, folded = _scored_run(None, "五个字查询"), _scored_run(None, "五个字查询")
+    folded["split"] = "fold 0/10"
+    with pytest.raises(grid.GridError, match="mix seeded splits and fold splits"):
+        grid.grid_summary([seeded], [folded])

@@ -32,18 +32,46 @@ from queryrl.apps.query_rewrite.data.kdconv_targets import (  # re-exported: the
 # --- data -----------------------------------------------------------------------------------------
 
 
-def split_ids(ids: Sequence[str], val_fraction: float, test_fraction: float, seed: int) -> dict[str, set[str]]:
-    """Conversation ids -> train/val/test sets: sorted, shuffled with `seed`, cut (rounded shares)."""
+def split_ids(
+    ids: Sequence[str], val_fraction: float, test_fraction: float, seed: int, fold: tuple[int, int] | None = None
+) -> dict[str, set[str]]:
+    """Conversation ids -> train/val/test sets: sorted, shuffled with `seed`, cut (rounded shares).
+
+    With `fold` ``(k, n)`` the fractions are not used: the shuffled ids are cut into `n` contiguous parts of
+    near-equal size (:func:`fold_parts`), and part `k` is the test set, part ``k + 1`` (mod `n`) the validation
+    set, the rest training. Over ``k = 0 .. n - 1`` with one seed every conversation is held out for testing exactly
+    once and for validation once (cross-validation), where split seeds draw test sets that overlap.
+    """
     if val_fraction < 0 or test_fraction < 0 or val_fraction + test_fraction >= 1:
         raise ValueError(f"need 0 <= val_fraction, test_fraction and a sum < 1, got {val_fraction}, {test_fraction}")
     ordered = sorted(set(ids))
     random.Random(seed).shuffle(ordered)
+    if fold is not None:
+        parts = fold_parts(ordered, *fold)
+        k, n = fold
+        return {
+            "val": set(parts[(k + 1) % n]),
+            "test": set(parts[k]),
+            "train": {i for j, part in enumerate(parts) if j not in (k, (k + 1) % n) for i in part},
+        }
     n_val, n_test = round(len(ordered) * val_fraction), round(len(ordered) * test_fraction)
     return {
         "val": set(ordered[:n_val]),
         "test": set(ordered[n_val : n_val + n_test]),
         "train": set(ordered[n_val + n_test :]),
     }
+
+
+def fold_parts(ordered: Sequence[str], k: int, n: int) -> list[list[str]]:
+    """`ordered` cut into `n` contiguous parts whose sizes differ by at most one (the first ones larger); `k` is
+    checked: ``0 <= k < n``, and ``3 <= n <= len(ordered)`` (a test part, a validation part and training)."""
+    if not 3 <= n <= len(ordered):
+        raise ValueError(f"a fold split needs 3 to {len(ordered)} folds (test, validation, training), got {n}")
+    if not 0 <= k < n:
+        raise ValueError(f"the fold must be 0 to {n - 1}, got {k}")
+    size, extra = divmod(len(ordered), n)
+    starts = [i * size + min(i, extra) for i in range(n + 1)]
+    return [list(ordered[starts[i] : starts[i + 1]]) for i in range(n)]
 
 
 def history_window(contexts: Sequence[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
@@ -328,12 +356,14 @@ def prepare(
     augment: int = 0,
     extra_sft: str | Sequence[str] = (),
     answer_format: str = "json",
+    fold: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
     `answer_format`: what every prompt asks for (``json`` or ``text``, :mod:`queryrl.apps.query_rewrite.prompts`).
 
     With `test_file` (a KdConv dialogue file), ``test.parquet`` holds all its conversations and dev's
-    held-out share goes to training. `sft_target` (:func:`windowed_rows`) applies to the train and
+    held-out share goes to training. With `fold` ``(k, n)`` (not with `test_file`) the split is fold `k` of `n`
+    (:func:`split_ids`). `sft_target` (:func:`windowed_rows`) applies to the train and
     validation rows; the test rows always carry the reference's answer (never read by the evaluation).
 
     With `augment` K > 0 also ``train_aug.json`` (K entity-swapped copies of each training dialogue,
@@ -354,6 +384,8 @@ def prepare(
 
     if augment < 0:
         raise ValueError(f"augment must be >= 0, got {augment}")
+    if fold is not None and test_file is not None:
+        raise ValueError("a fold split holds its test conversations out of dev.json; give no test_file with it")
     extra_domains = parse_domains(extra_sft if isinstance(extra_sft, str) else ",".join(extra_sft))
     extra_sources = extra_sft_sources(Path(os.path.abspath(kdconv_dir)).parent, extra_domains)  # fail early
     corpus = kdconv_corpus(kdconv_dir / kb_name(kdconv_dir))
@@ -361,13 +393,14 @@ def prepare(
     rewriter = HeuristicRewriter(title_entities(docs), latin_entities=False)
     domain = kdconv_domain(kdconv_dir)
     conversations = load_kdconv_conversations(kdconv_dir / "dev.json", both_speakers=True)
-    ids = split_ids([c.id for c in conversations], val_fraction, 0.0 if test_file else test_fraction, seed)
+    ids = split_ids([c.id for c in conversations], val_fraction, 0.0 if test_file else test_fraction, seed, fold)
     if test_file is not None:
         ids["test"] = set()
     splits = {name: [c for c in conversations if c.id in members] for name, members in ids.items()}
     if test_file is not None:
         splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
+    info["split"] = {"seed": seed, "fold": list(fold) if fold is not None else None}
     for name, convs in splits.items():
         rows = conversations_to_rows(convs, "kdconv", domain=domain, answer_format=answer_format)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]

@@ -31,6 +31,33 @@ def test_split_ids_is_seeded_disjoint_and_complete() -> None:
         prep.split_ids(ids, 0.5, 0.5, seed=0)
 
 
+def test_fold_splits_test_every_conversation_once_and_validate_it_once() -> None:
+    ids = [f"dev-{i:04d}" for i in range(150)] * 2
+    splits = [prep.split_ids(ids, 0.1, 0.1, seed=0, fold=(k, 10)) for k in range(10)]
+    for a in splits:
+        assert {name: len(members) for name, members in a.items()} == {"val": 15, "test": 15, "train": 120}
+        assert a["train"] | a["val"] | a["test"] == set(ids)
+        assert len(a["train"]) + len(a["val"]) + len(a["test"]) == 150  # with the union complete: disjoint
+    tested = [i for a in splits for i in a["test"]]
+    validated = [i for a in splits for i in a["val"]]
+    assert sorted(tested) == sorted(validated) == sorted(set(ids))  # each id once in each role
+    assert splits[3]["val"] == splits[4]["test"]  # part K + 1 validates fold K
+    assert splits[9]["val"] == splits[0]["test"]
+    assert prep.split_ids(ids, 0.3, 0.3, seed=0, fold=(2, 10)) == splits[2]  # the fractions are not used
+    assert prep.split_ids(ids, 0.1, 0.1, seed=1, fold=(2, 10)) != splits[2]
+    assert [len(part) for part in prep.fold_parts([str(i) for i in range(23)], 0, 5)] == [5, 5, 5, 4, 4]
+    with pytest.raises(ValueError, match="the fold must be 0 to 9, got 10"):
+        prep.split_ids(ids, 0.1, 0.1, seed=0, fold=(10, 10))
+    with pytest.raises(ValueError, match="needs 3 to 150 folds"):
+        prep.split_ids(ids, 0.1, 0.1, seed=0, fold=(0, 2))
+
+
+def test_a_fold_split_refuses_a_separate_test_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="give no test_file with it"):
+        prep.prepare(tmp_path / "kdconv", tmp_path / "out", tmp_path / "test.json", 0, 320, fold=(0, 10))
+    assert not (tmp_path / "out").exists()
+
+
 def test_history_window_keeps_recent_messages_within_budget() -> None:
     contexts = [{"role": r, "content": c} for r, c in [("user", "a" * 50), ("assistant", "b" * 30), ("user", "c")]]
     assert [m["content"] for m in prep.history_window(contexts, 40)] == ["b" * 30, "c"]
