@@ -25,6 +25,8 @@ GPU = "benchmarks/results/gpu_check.json"
 GRID = "benchmarks/results/seed_grid.json"
 GRID24 = "benchmarks/results/seed_grid_lever24.json"
 GRIDR = "benchmarks/results/seed_grid_restricted.json"  # today's defaults: the restricted head
+GRIDV = "benchmarks/results/seed_grid_restricted_val.json"  # the same runs on the validation conversations
+GRIDB = "benchmarks/results/seed_grid_restricted_both.json"  # test and validation pooled
 VOCAB_S0 = "experiments/results/seed_grid_vocab_s0.json"  # restricted against full head, split 0, paired seeds
 VOCAB_STEP = "benchmarks/results/vocab_head.json"
 PUB = "experiments/results/real_model_bf16_vocab_g7_s1.json"  # the run of the published adapters
@@ -154,6 +156,16 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
         *diff_ci(GRIDR, "pooled", "grpo_minus_reference"),
         (GRIDR, lambda d: 100 * d["pooled"]["intent_kept_mean_of_runs"], ".1f"),
         *diff_ci(GRIDR, "pooled_by_split", "1", "grpo_minus_warmup")]),
+    ("On each split's {} validation conversations, which no phase reads and no lever was chosen on "
+     "(`benchmarks/val_eval.py`), the same runs are {} above the reference; test and validation pooled ({} turns), "
+     "GRPO is above it by {} Recall@5 with an interval over conversations of [{}, {}] (MRR {} [{}, {}];", [
+        (PUB, at("data", "conversations", "val"), "d"), (GRIDV, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
+        (GRIDB, at("pooled", "turns"), ",d"), (GRIDB, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
+        (GRIDB, at("pooled", "grpo_minus_reference", "group_low"), "+.3f"),
+        (GRIDB, at("pooled", "grpo_minus_reference", "group_high"), "+.3f"),
+        (GRIDB, at("pooled", "grpo_minus_reference_mrr", "diff"), "+.3f"),
+        (GRIDB, at("pooled", "grpo_minus_reference_mrr", "group_low"), "+.3f"),
+        (GRIDB, at("pooled", "grpo_minus_reference_mrr", "group_high"), "+.3f")]),
     ("restricted minus full head is {} [{}, {}] over three paired GRPO seeds", [
         *diff_ci(VOCAB_S0, "against", "pooled", "lever_minus_baseline")]),
     ("(lever 24, {} runs, earlier code, `benchmarks/results/seed_grid_lever24.json`) reached {} Recall@5 pooled "
