@@ -265,26 +265,23 @@ def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys:
     assert inside.exists()
 
 
-def test_negative_warmup_swaps_are_refused_before_the_work_folder_is_emptied(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--warmup-swaps", "-1"], "--warmup-swaps must be 0 or more"),
+        (["--fold", "10"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
+        (["--fold", "-1"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
+        (["--fold", "0", "--folds", "2"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
+    ],
+    ids=["negative-swaps", "fold-past-the-folds", "negative-fold", "two-folds"],
+)
+def test_a_bad_option_is_refused_before_the_work_folder_is_emptied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
 ) -> None:
     argv = _bench_argv(tmp_path)
     kept = tmp_path / "work" / "kept.txt"
     kept.parent.mkdir()
     kept.write_text("an earlier run")
-    assert bench.main([*argv, "--warmup-swaps", "-1", "--out", str(tmp_path / "r.json")]) == 2
-    assert "--warmup-swaps must be 0 or more" in capsys.readouterr().out
-    assert kept.read_text() == "an earlier run"
-
-
-def test_a_fold_outside_the_folds_is_refused_before_the_work_folder_is_emptied(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = _bench_argv(tmp_path)
-    kept = tmp_path / "work" / "kept.txt"
-    kept.parent.mkdir()
-    kept.write_text("an earlier run")
-    for fold in (["--fold", "10"], ["--fold", "-1"], ["--fold", "0", "--folds", "2"]):
-        assert bench.main([*argv, *fold, "--out", str(tmp_path / "r.json")]) == 2
-        assert "--fold must be 0 to --folds - 1 with --folds 3 or more" in capsys.readouterr().out
+    assert bench.main([*argv, *options, "--out", str(tmp_path / "r.json")]) == 2
+    assert message in capsys.readouterr().out
     assert kept.read_text() == "an earlier run"
