@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import machine, write_json
+from common import REPO, machine, write_json
 from real_model import CONFIG, run_measured, system_summary
 
 VAL_FOLDER = "eval_val"
@@ -34,10 +34,15 @@ class ValEvalError(ValueError):
     """A result, or the run folder it names, that cannot be evaluated again: one line naming which (exit 2)."""
 
 
+def run_folder(result: dict[str, Any]) -> Path:
+    """The result's run folder (``settings.args.work``; a relative one is under the repository, where the bench ran)."""
+    work = Path(result["settings"]["args"]["work"])
+    return work if work.is_absolute() else REPO / work
+
+
 def eval_command(result: dict[str, Any], queryrl: str) -> list[str]:
     """The ``queryrl eval`` command of `result`'s final eval, on its run's validation rows, into ``eval_val/``."""
-    args = result["settings"]["args"]
-    work = Path(args["work"])
+    work = run_folder(result)
     settings = json.loads((work / "eval" / "eval.json").read_text(encoding="utf-8"))["settings"]
     systems = [s["name"] if s["path"] is None else f"{s['name']}={s['path']}" for s in settings["systems"]]
     vocab = [f"{s['name']}={s['vocab_ids']}" for s in settings["systems"] if s.get("vocab_ids")]
@@ -53,7 +58,7 @@ def eval_command(result: dict[str, Any], queryrl: str) -> list[str]:
 def _load(path: Path) -> dict[str, Any]:
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
-        work = Path(result["settings"]["args"]["work"])
+        work = run_folder(result)
         result["compute_dtype"]
     except (OSError, ValueError) as exc:
         raise ValEvalError(f"{path}: not readable as JSON ({exc})") from None
@@ -68,7 +73,7 @@ def _load(path: Path) -> dict[str, Any]:
 def evaluate(path: Path, again: bool = False) -> bool:
     """Evaluate the run of result `path` on its validation rows and record it there; False when already done."""
     result = _load(path)
-    work = Path(result["settings"]["args"]["work"])
+    work = run_folder(result)
     out = work / VAL_FOLDER / "eval.json"
     if out.is_file() and not again:
         return False
