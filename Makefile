@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
 .PHONY: lock demo demo-toy demo-agent test test-quick lint format pytest install clean bench-step bench-kdconv bench-trl bench-judge \
-	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-toy bench-demo-speed bench-logits bench-real real-models seed-grid pair-systems \
+	bench-scaling bench-judge-calls bench-trl-real bench-decode bench-demo-seeds bench-demo-toy bench-demo-speed bench-logits bench-real real-models grid seed-grid pair-systems \
 	gpu-check gpu-wheels docs
 
 # The main job: the query-rewrite demo (configs/query_rewrite_demo.yaml). The tiny model and its
@@ -90,6 +90,17 @@ REAL_ARGS ?=
 bench-real: $(STAMP)
 	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory real-models; fi
 	$(BIN)/python benchmarks/real_model.py --model $(or $(MODEL),runs/models/gemma3-270m) $(REAL_ARGS)
+
+# A whole grid of bench-real runs, two at a time, then read as seed-grid reads it (benchmarks/run_grid.py; runs/grid/NAME,
+# experiments/results/grid_NAME_*.json and seed_grid_NAME.json with what it cost). E.g.
+# make grid NAME=folds GRID_ARGS="--folds 10 --val"; make grid NAME=lever GRID_ARGS="--splits 0 1 2 --grpo-seeds 7 8 9
+# --warmups-from defaults -- rollout.temperature=1.25"
+NAME ?=
+GRID_ARGS ?=
+grid: $(STAMP)
+	@test -n "$(NAME)" -a -n "$(GRID_ARGS)" || { echo 'make grid NAME=name GRID_ARGS="--splits S... | --folds N [--grpo-seeds G...] [--val] [-- bench args]"'; exit 2; }
+	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory real-models; fi
+	$(BIN)/python benchmarks/run_grid.py $(NAME) $(if $(MODEL),--model $(MODEL)) $(GRID_ARGS)
 
 # bench-real's runs compared (docs/benchmarks.md, "Comparing bench-real runs"). The rewriter's goals over a grid of
 # bench-real results (GRPO seeds x split seeds; each result's run folder still holds its eval): per run, per goal, and
