@@ -20,7 +20,8 @@ thread (``OMP_NUM_THREADS=1``), ``--jobs`` at a time (default 2, one a core of a
 ``runs/grid/NAME/CELL``, its console ``runs/grid/NAME/CELL.log`` and its result
 ``experiments/results/grid_NAME_CELL.json``; with ``--val`` then ``benchmarks/val_eval.py`` on it. A cell whose
 result is already there is not run again, so a grid stopped halfway goes on where it was. A failed cell is reported
-with its log, the cells that need its warm-up are not run, the others go on, and the command exits 1.
+with its log, the cells that need its warm-up are not run, the others go on, and the command exits 1. ``touch
+runs/grid/NAME/STOP`` starts no more cells and lets the running ones finish (the next call goes on).
 
 What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds each cell's command, status and wall
 time, the commit and whether the tree had changes, and the machine. At the end the grid summary (``seed_grid.py``'s
@@ -142,7 +143,9 @@ def _git(*argv: str) -> str:
 
 def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path: Path) -> list[str]:
     """Run the cells not done yet, `jobs` at a time, each one's commands one after another; returns the failed
-    cells' names (a cell waiting on a failed one's warm-up is not run and counts as failed)."""
+    cells' names (a cell waiting on a failed one's warm-up is not run and counts as failed). A file ``STOP`` beside
+    `record_path` (``touch runs/grid/NAME/STOP``) starts no more cells, those running finish; the next call removes
+    it."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     status: dict[str, str] = {}
     entries: dict[str, dict[str, Any]] = {}
@@ -152,6 +155,8 @@ def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path:
             status[cell.name] = entries[cell.name]["status"] = "done before"
     record["cells"] = entries
     pending = [c for c in cells if c.name not in status]
+    stop = record_path.parent / "STOP"
+    stop.unlink(missing_ok=True)
     running: dict[str, tuple[Cell, subprocess.Popen[bytes], int, float, Any]] = {}
 
     def save() -> None:
@@ -170,6 +175,10 @@ def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path:
     save()
     try:
         while pending or running:
+            if pending and stop.exists():
+                for cell in pending:
+                    status[cell.name] = entries[cell.name]["status"] = f"not started: {stop} was there"
+                pending.clear()
             for cell in list(pending):
                 if cell.after is not None and status.get(cell.after) not in ("done", "done before"):
                     if status.get(cell.after) == "failed":

@@ -153,3 +153,19 @@ def test_a_result_without_its_validation_eval_runs_only_that_step_again(tmp_path
     (plain,) = _plan(tmp_path, "h", "--splits", "0")
     plain.result.write_text(json.dumps({"final_eval": {}}))
     assert run_grid._first_step(plain) == 1  # done: this grid asks for no validation eval
+
+
+def test_a_stop_file_starts_no_more_cells_and_the_next_call_goes_on(tmp_path: Path) -> None:
+    cells = _plan(tmp_path, "g", "--splits", "0", "1")
+    (tmp_path / "res").mkdir()
+    grid = tmp_path / "runs" / "g"
+    events = tmp_path / "events"
+    for cell in cells:
+        _stand_in(cell, events)
+    first = cells[0].commands[0]
+    cells[0].commands = [[*first[:2], f"open({str(grid / 'STOP')!r}, 'w'); " + first[2]]]  # stop while running
+    assert run_grid.run_cells(cells, 1, {}, grid / "run_grid.json") == ["s1_g7"]
+    saved = json.loads((grid / "run_grid.json").read_text())["cells"]
+    assert saved["s0_g7"]["status"] == "done"  # the running cell finished
+    assert saved["s1_g7"]["status"].startswith("not started: ")
+    assert run_grid.run_cells(cells, 1, {}, grid / "run_grid.json") == []  # STOP was removed: it goes on
