@@ -23,8 +23,9 @@ result is already there is not run again, so a grid stopped halfway goes on wher
 with its log, the cells that need its warm-up are not run, the others go on, and the command exits 1. ``touch
 runs/grid/NAME/STOP`` starts no more cells and lets the running ones finish (the next call goes on).
 
-What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds each cell's command, status and wall
-time, the commit and whether the tree had changes, and the machine. At the end the grid summary (``seed_grid.py``'s
+What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds each cell's command, status, wall
+time and commit (a cell an earlier call finished keeps what that call recorded), whether the tree had changes, and
+the machine. At the end the grid summary (``seed_grid.py``'s
 JSON, rows ``both`` with ``--val`` else ``test``) goes to ``experiments/results/seed_grid_NAME.json`` with that record
 under ``cost``. Run the grid from a checkout that does not change while it runs (a ``git worktree`` at a commit):
 each cell starts Python anew and reads the code as it is then.
@@ -141,6 +142,15 @@ def _git(*argv: str) -> str:
         return ""
 
 
+def _earlier_cells(record_path: Path) -> dict[str, dict[str, Any]]:
+    """The cells an earlier call on this grid recorded (none when there is no readable record)."""
+    try:
+        cells = json.loads(record_path.read_text(encoding="utf-8")).get("cells", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return cells if isinstance(cells, dict) else {}
+
+
 def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path: Path) -> list[str]:
     """Run the cells not done yet, `jobs` at a time, each one's commands one after another; returns the failed
     cells' names (a cell waiting on a failed one's warm-up is not run and counts as failed). A file ``STOP`` beside
@@ -149,10 +159,12 @@ def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path:
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     status: dict[str, str] = {}
     entries: dict[str, dict[str, Any]] = {}
+    earlier = _earlier_cells(record_path)
     for cell in cells:
         entries[cell.name] = {"commands": cell.commands, "log": str(cell.log), "result": str(cell.result)}
-        if _first_step(cell) == len(cell.commands):
-            status[cell.name] = entries[cell.name]["status"] = "done before"
+        if _first_step(cell) == len(cell.commands):  # what an earlier call recorded of it stays (its wall time)
+            entries[cell.name] = earlier.get(cell.name, entries[cell.name]) | {"status": "done before"}
+            status[cell.name] = "done before"
     record["cells"] = entries
     pending = [c for c in cells if c.name not in status]
     stop = record_path.parent / "STOP"
@@ -169,7 +181,7 @@ def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path:
         log.flush()
         proc = subprocess.Popen(cell.commands[step], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         running[cell.name] = (cell, proc, step, began, log)
-        entries[cell.name]["status"] = "running"
+        entries[cell.name] |= {"status": "running", "commit": record.get("commit", "")}
         print(f"run_grid: {cell.name} started ({cell.log})", flush=True)
 
     save()
