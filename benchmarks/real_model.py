@@ -39,6 +39,9 @@ K of ``--folds`` (default 10) tested and part K+1 validated, over K = 0 .. N-1 e
 
 With ``--warmup-model`` (the ``warmup`` folder of an earlier run) steps 1 and 2 are skipped: GRPO starts from
 that model, and eval has no zero-shot system (a lever run: one GRPO change from the same start).
+With ``--warmup-rounds 2`` (default 1) the warm-up gets a second round, expert iteration on the warmed model's own
+best samples of fresh training turns (``benchmarks/warmup_rounds.py``); with ``--warmup-model`` too, that round starts
+from the given model unless it has it already.
 
 Compute dtype: bfloat16 where the CPU has native bf16 arithmetic (``queryrl.machine.native_bf16``: AMX or
 AVX512-BF16, and torch allowed to use it), else float32 (`--dtype` forces one: a forced bfloat16 on a CPU that
@@ -80,6 +83,7 @@ from typing import Any
 
 from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
+from warmup_rounds import add_round_args, check_round_args, further_rounds, mark_round, model_round, round_phase
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
 from queryrl.machine import auto_dtype, warn_if_emulated_bf16
@@ -344,7 +348,7 @@ def warm_up(
     model: Path,
     dtype: str,
     measure: Callable[[str, list[str]], dict[str, Any]],
-    sft: Callable[[str, str], Path],
+    sft: Callable[..., Path],
 ) -> tuple[Path, Path | None]:
     """The self-driven warm-up data (``queryrl warmup``), then SFT (LoRA) on it: the warm-up model (and with
     ``--reference-sft`` the SFT model on the reference's answers of the same turns)."""
@@ -373,7 +377,8 @@ def warm_up(
         pd.DataFrame([*kept, *copies]).to_parquet(partial, index=False)
         partial.replace(warmup_file)
         phase["swapped_rows"] = {"kept": len(kept), "copies": len(copies), "per_row": args.warmup_swaps}
-    warmup_model = sft("warmup", str(warmup_file))
+    warmup_model = sft(round_phase(1, args.warmup_rounds), str(warmup_file))
+    mark_round(warmup_model, {"round": 1, "data": str(warmup_file)})
     ref_model = sft("ref_sft", str(train_rows)) if args.reference_sft else None
     return warmup_model, ref_model
 
@@ -425,6 +430,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="entity-swapped copies of each kept warm-up row the SFT also learns (0: none; with 1, --sft-epochs 1 "
         "keeps the SFT's compute)",
     )
+    add_round_args(parser)
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
@@ -517,11 +523,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def sft_cmd(queryrl: str, args: argparse.Namespace, model: Path, files: str, work: Path, phase: str) -> list[str]:
-    """``queryrl sft`` of the warm-up (or ref_sft) phase `phase` on `files` into ``work/phase`` (LoRA on the config's
-    attention projections; with ``--restrict-vocab`` the restricted head, its kept ids in ``work/phase``)."""
+def sft_cmd(
+    queryrl: str, args: argparse.Namespace, model: Path, files: str, work: Path, phase: str, epochs: int | None = None
+) -> list[str]:
+    """``queryrl sft`` of the warm-up (or ref_sft) phase `phase` from `model` on `files` into ``work/phase`` (LoRA on
+    the config's attention projections; `epochs`, default ``--sft-epochs``; with ``--restrict-vocab`` the restricted
+    head, its kept ids in ``work/phase``)."""
+    epochs = args.sft_epochs if epochs is None else epochs
     cmd = [queryrl, "sft", "--config", str(CONFIG), f"model.path={model}", f"sft.train_files=[{files}]"]
-    cmd += ["sft.val_files=[]", f"sft.output_dir={work / phase}", "sft.max_steps=0", f"sft.epochs={args.sft_epochs}"]
+    cmd += ["sft.val_files=[]", f"sft.output_dir={work / phase}", "sft.max_steps=0", f"sft.epochs={epochs}"]
     cmd += [f"sft.lr={args.sft_lr}", "sft.batch_size=8", "sft.micro_batch_size=4", "sft.warmup_steps=4"]
     cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
     cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
@@ -592,6 +602,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup_swaps < 0:
         print(f"--warmup-swaps must be 0 or more (entity-swapped copies of each warm-up row), got {args.warmup_swaps}")
         return 2
+    if (problem := check_round_args(args)) is not None:
+        print(problem)
+        return 2
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2
@@ -659,13 +672,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases[phase] = run_measured(phase, cmd, logs / f"{phase}.log", env)
         return phases[phase]
 
-    def sft(phase: str, files: str) -> Path:
-        measure(phase, sft_cmd(queryrl, args, model, files, work, phase))
+    def sft(phase: str, files: str, start: Path = model, epochs: int | None = None) -> Path:
+        measure(phase, sft_cmd(queryrl, args, start, files, work, phase, epochs))
         return work / phase
 
     warmup_model, ref_model = (
         (reuse, None) if reuse is not None else warm_up(args, work, data, model, dtype, measure, sft)
     )
+    start_round = model_round(warmup_model)
+    if args.warmup_rounds > start_round:  # expert iteration on the warmed model (benchmarks/warmup_rounds.py)
+        import pandas as pd
+
+        frame = pd.read_parquet(data["files"]["train"])
+        warmup_model = further_rounds(args, work, frame, warmup_model, kb, dtype, measure, sft, queryrl)
 
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
@@ -730,6 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else None
         ),
         "warmup_model_reused": str(reuse) if reuse is not None else None,
+        "warmup_rounds": {"rounds": model_round(warmup_model), "start_round": start_round},
         "final_eval": system_summary(evals["final"]["systems"]),
         "comparisons": evals["final"].get("comparisons"),
         "external_eval": system_summary(evals["external"]["systems"]) if external else None,

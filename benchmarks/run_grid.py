@@ -12,7 +12,9 @@ A cell is one bench run: a split (``--seed S``, or fold K of ``--folds N`` with 
 (``trainer.seed``). Per split, the first GRPO seed's cell runs the whole bench (warm-up data, SFT, GRPO, evals) and the
 split's other GRPO seeds start GRPO from its ``warmup`` folder (``--warmup-model``), so a split's GRPO seeds share one
 warm-up. With ``--warmups-from BASE`` every cell starts from the grid BASE's warm-ups and the summary adds the grid
-minus BASE's (``seed_grid.py --against``): a lever measured from the same warm-ups. Everything after ``--`` goes to
+minus BASE's (``seed_grid.py --against``): a lever measured from the same warm-ups. A lever that changes the warm-up
+itself from BASE's (``--warmup-rounds 2``) adds ``--own-warmups``: a split's first GRPO seed builds it from BASE's
+warm-up and the split's other seeds start from that cell's. Everything after ``--`` goes to
 the bench (its options, then ``key=value`` overrides; ``trainer.seed`` is the grid's).
 
 Each cell runs ``benchmarks/real_model.py --threads 1 --fp32-check 0 --no-zero-shot`` in its own process with one
@@ -106,7 +108,7 @@ def plan(args: argparse.Namespace, bench_args: list[str]) -> list[Cell]:
                 result=args.results_dir / f"grid_{args.name}_{name}.json",
                 log=grid_dir / f"{name}.log",
             )
-            if base_dir is not None:
+            if base_dir is not None and (first is None or not args.own_warmups):
                 cell.warmup_from = base_dir / f"{label}_g{args.grpo_seeds[0]}" / "warmup"
             elif first is not None:
                 cell.warmup_from, cell.after = first.work / "warmup", first.name
@@ -248,6 +250,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--fold-seed", type=int, default=0, help="the seed that shuffles the conversations into folds")
     parser.add_argument("--grpo-seeds", type=int, nargs="+", default=[7], help="GRPO seeds per split (default 7)")
     parser.add_argument("--warmups-from", default=None, help="start every cell from the grid of this name's warm-ups")
+    parser.add_argument(
+        "--own-warmups",
+        action="store_true",
+        help="with --warmups-from, for a lever that changes the warm-up (e.g. --warmup-rounds 2): a split's first GRPO "
+        "seed builds its warm-up from BASE's and the split's other seeds start from that one",
+    )
     parser.add_argument("--val", action="store_true", help="evaluate every cell on its validation conversations too")
     parser.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2)")
     parser.add_argument("--model", type=Path, default=Path(os.environ.get("MODEL") or DEFAULT_MODEL))
@@ -265,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise GridSetupError(f"a grid name is letters, digits, '_', '.' and '-', got {args.name!r}")
         if args.folds is not None and args.folds < 3:
             raise GridSetupError(f"--folds must be 3 or more, got {args.folds}")
+        if args.own_warmups and not args.warmups_from:
+            raise GridSetupError("--own-warmups builds on the warm-ups of --warmups-from BASE; name BASE")
         if args.jobs < 1 or len(set(args.grpo_seeds)) != len(args.grpo_seeds):
             raise GridSetupError("--jobs must be at least 1 and --grpo-seeds must not repeat a seed")
         if any(a.startswith("trainer.seed=") for a in bench_args):

@@ -130,17 +130,23 @@ def test_warm_up_runs_queryrl_warmup_before_reading_its_report(tmp_path: Path) -
         phases.append(phase)
         if phase == "warmup_data":  # what `queryrl warmup --out DIR` writes
             out = Path(cmd[cmd.index("--out") + 1])
-            out.mkdir(parents=True)
+            out.mkdir(parents=True, exist_ok=True)
             (out / "warmup.json").write_text(json.dumps({"kept": 3}))
         return {"wall_s": 0.0}
 
     def sft(phase: str, files: str) -> Path:
         phases.append(phase)
+        (tmp_path / phase).mkdir(exist_ok=True)
         return tmp_path / phase
 
     model, ref = bench.warm_up(args, tmp_path, {"files": {"train": str(train)}}, tmp_path, "float32", measure, sft)
     assert (model, ref, phases) == (tmp_path / "warmup", None, ["warmup_data", "warmup"])
     assert len(pd.read_parquet(tmp_path / "data" / "train_warmup_rows.parquet")) == 4
+    assert bench.model_round(model) == 1
+    # with a second round to come, round 1's model is warmup_r1 (the last round's is always `warmup`)
+    args.warmup_rounds, phases[:] = 2, []
+    model, _ = bench.warm_up(args, tmp_path, {"files": {"train": str(train)}}, tmp_path, "float32", measure, sft)
+    assert (model, phases) == (tmp_path / "warmup_r1", ["warmup_data", "warmup_r1"])
 
 
 KDCONV = REPO.parent / "shared" / "data" / "kdconv" / "travel"

@@ -52,6 +52,15 @@ def test_warmups_from_another_grid_start_every_cell_from_its_warm_ups(tmp_path: 
     assert all(c.after is None for c in cells)
 
 
+def test_own_warmups_build_a_splits_warm_up_from_the_base_grids_and_share_it(tmp_path: Path) -> None:
+    argv = ["lever", "--splits", "2", "--grpo-seeds", "7", "8", "--warmups-from", "base", "--own-warmups"]
+    first, second = _plan(tmp_path, *argv, "--", "--warmup-rounds", "2")
+    assert first.warmup_from == tmp_path / "runs" / "base" / "s2_g7" / "warmup"
+    assert first.after is None
+    assert (second.warmup_from, second.after) == (first.work / "warmup", first.name)
+    assert all(c.commands[0][-3:-1] == ["--warmup-rounds", "2"] for c in (first, second))
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -60,6 +69,7 @@ def test_warmups_from_another_grid_start_every_cell_from_its_warm_ups(tmp_path: 
         (["g", "--folds", "2"], "--folds must be 3 or more"),
         (["../g", "--splits", "0"], "a grid name is letters"),
         (["g", "--splits", "0", "--grpo-seeds", "7", "7"], "must not repeat a seed"),
+        (["g", "--splits", "0", "--own-warmups"], "--own-warmups builds on the warm-ups of --warmups-from BASE"),
         (["g", "--splits", "0", "--model", "nowhere"], "--model must be a model folder with config.json"),
     ],
 )

@@ -377,6 +377,12 @@ def warmup(
         bool, typer.Option("--reference/--no-reference", help="The reference rewriter's answer is a candidate too.")
     ] = True,
     max_rows: Annotated[int | None, typer.Option(min=1, help="Only the first N rows of --data.")] = None,
+    vocab_ids: Annotated[
+        Path | None,
+        typer.Option(
+            help="A vocab_ids.json (or a folder holding one): a model trained with a restricted head samples with it."
+        ),
+    ] = None,
 ) -> None:
     """Self-driven warm-up data (ConvSearch-R1): the model's own rewrites that retrieve gold, as SFT targets.
 
@@ -396,8 +402,22 @@ def warmup(
         check_dtype(dtype)
         if not (model / "config.json").is_file():
             raise EvalError(f"--model {model}: not a Hugging Face model folder (no config.json)")
+        if vocab_ids is not None:  # read once here, so a bad file fails before the model loads
+            from queryrl.apps.query_rewrite.eval.generation import read_vocab, vocab_files
+
+            vocab_ids = vocab_files(str(vocab_ids), ["--model"])["--model"]
+            read_vocab(vocab_ids)
         settings = WarmupSettings(
-            samples, shots, temperature, top_p, max_new_tokens, batch_size, dtype, seed=seed, reference=reference
+            samples,
+            shots,
+            temperature,
+            top_p,
+            max_new_tokens,
+            batch_size,
+            dtype,
+            seed=seed,
+            reference=reference,
+            vocab_ids=str(vocab_ids) if vocab_ids is not None else None,
         )
         cfg = load_eval_config(config, [], rag_url=rag_url, corpus=corpus, top_k=top_k).cfg
         try:

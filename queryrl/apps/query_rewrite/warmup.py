@@ -25,6 +25,10 @@ Differences from the paper, on purpose:
   answers the question, invents facts, swaps the question type, garbled text) is never a target, however
   well it retrieves.
 
+A model trained with a restricted head (``model.vocab.restrict``; its ``vocab_ids.json``) samples with that head
+(``vocab_ids``), as its GRPO rollouts and its evals decode: its policy, not the full head's. That is how a second
+warm-up round samples the warmed model (expert iteration: ``benchmarks/real_model.py --warmup-rounds 2``).
+
 The worked examples are `shots` other training turns with gold and history (turns whose reference
 answer retrieves a gold document at rank 1), in the row's own format: for a chat model as earlier
 user/assistant turns, for a base model as text before the row's prompt (:func:`few_shot_messages`).
@@ -67,6 +71,7 @@ class WarmupSettings:
     device: str | None = None
     seed: int = 0
     reference: bool = True  # the reference rewriter's answer is a candidate too
+    vocab_ids: str | None = None  # a vocab_ids.json: the model decodes with its head restricted to those ids
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "batch_size"):
@@ -252,7 +257,14 @@ def _model_candidates(
             n=settings.samples,
             max_new_tokens=settings.max_new_tokens,
         )
-        replies = generate_replies(model, prompts, params, settings.batch_size, settings.device, settings.dtype)
+        kept = None
+        if settings.vocab_ids is not None:  # a model trained with a restricted head samples with it (its policy)
+            from queryrl.apps.query_rewrite.eval.generation import read_vocab
+
+            kept = read_vocab(Path(settings.vocab_ids))
+        replies = generate_replies(
+            model, prompts, params, settings.batch_size, settings.device, settings.dtype, vocab=kept
+        )
     data.seconds["generate"] = time.perf_counter() - start
     say(f"[warmup] sampled {settings.samples} x {len(todo)} rewrites in {data.seconds['generate']:.0f} s")
     candidates: dict[int, list[Candidate]] = {i: [] for i in todo}

@@ -24,6 +24,7 @@ from queryrl.data.records import load_records
 
 runner = CliRunner()
 NOTHING = "今天天气怎么样"  # retrieves no product document
+vocabs: list[Any] = []  # the kept ids each scripted generate_replies call got
 
 
 @cache
@@ -50,11 +51,16 @@ def test_few_shot_messages_put_the_examples_between_the_system_and_the_question(
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, reply: Any) -> list[Any]:
-    """Replace the model's sampling with `reply(prompt messages, sample index)`; returns the prompts seen."""
+    """Replace the model's sampling with `reply(prompt messages, sample index)`; returns the prompts seen (and
+    records each call's restricted vocabulary, None for the full head, in :data:`vocabs`)."""
     seen: list[Any] = []
+    vocabs.clear()
 
-    def generate(path: Path, prompts: Any, params: Any, batch_size: int, device: Any, dtype: Any) -> list[list[str]]:
+    def generate(
+        path: Path, prompts: Any, params: Any, batch_size: int, device: Any, dtype: Any, **kw: Any
+    ) -> list[list[str]]:
         seen.extend(prompts)
+        vocabs.append(kw.get("vocab"))
         return [[reply(p, k) for k in range(params.n)] for p in prompts]
 
     monkeypatch.setattr(eval_generation, "generate_replies", generate)
@@ -206,3 +212,35 @@ def test_rows_without_retrieval_turns_keep_their_abstentions_and_sample_nothing(
     assert seen == []  # nothing sampled, nothing retrieved (an empty retrieve used to fail)
     assert data.report()["kept_no_retrieval_turns"] == len(rows)
     assert data.report()["kept_retrieval_turns"] == 0
+
+
+def test_a_model_trained_with_a_restricted_head_samples_with_it(
+    tiny_cfg: DictConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queryrl.models.loading import resolve_model_path
+    from queryrl.models.vocab import write_vocab_ids
+
+    _warmup(monkeypatch, lambda prompt, k: NOTHING, samples=1, shots=0)
+    assert vocabs == [None]  # no vocab_ids: the full head
+    kept = write_vocab_ids(tmp_path / "vocab_ids.json", [0, 1, 2, 5, 9])
+    _warmup(monkeypatch, lambda prompt, k: NOTHING, samples=1, shots=0, vocab_ids=str(kept))
+    assert vocabs == [[0, 1, 2, 5, 9]]
+
+    data = write_parquet(list(_rows())[:6], tmp_path / "train.parquet")
+    model = str(resolve_model_path(tiny_cfg.model))
+    base = ["warmup", "--model", model, "--data", str(data), "--out", str(tmp_path / "wu"), "--corpus", "sales_demo"]
+    base += ["--samples", "1", "--shots", "0"]
+    result = runner.invoke(app, [*base, "--vocab-ids", str(tmp_path / "absent.json")])
+    assert result.exit_code == 2
+    assert "absent.json: no such file" in result.output
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
+    result = runner.invoke(app, [*base, "--vocab-ids", str(tmp_path / "bad.json")])
+    assert result.exit_code == 2
+    assert "bad.json" in result.output
+    assert not (tmp_path / "wu").exists()
+    vocabs.clear()
+    result = runner.invoke(app, [*base, "--vocab-ids", str(tmp_path)])  # a folder holding vocab_ids.json
+    assert result.exit_code == 0, result.output
+    assert vocabs == [[0, 1, 2, 5, 9]]
+    report = (tmp_path / "wu" / "warmup.json").read_text(encoding="utf-8")
+    assert f'"vocab_ids": "{kept}"' in report

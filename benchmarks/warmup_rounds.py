@@ -1,0 +1,130 @@
+"""Further warm-up rounds for ``benchmarks/real_model.py --warmup-rounds N``: expert iteration on the warmed model.
+
+Round 1 is the bench's warm-up (the targets built from the reference and the gold entity, SFT from the base model).
+Each further round r samples the previous round's model on `--round-rows` training turns it has not warmed up on
+(the rows after those of the earlier rounds, in the split's shuffled order), `--round-samples` rewrites a turn with no
+worked example and the model's own (restricted) head, keeps per turn the sample whose retrieval ranks a gold
+document highest and does not change the customer's question (``queryrl warmup --no-reference``: the model's own
+rewrites only, unless `--round-reference`), and SFTs the previous model on them for `--round-epochs` epochs.
+
+This is rejection sampling / expert iteration (ReST, Gulcehre et al. 2023; RAFT, Dong et al. 2023) as the second
+round of ConvSearch-R1's self-driven warm-up (Zhu et al. 2025): GRPO's groups of four are mostly flat (about 70 % of
+them), so a best-of-K pass over fresh turns shows the policy wins GRPO rarely sees before GRPO starts.
+
+The last round's model is always ``WORK/warmup`` (where GRPO starts and what the evals call ``warmup``); the earlier
+rounds' models are ``WORK/warmup_r1`` ... Each round's model folder records its round in ``warmup_round.json``, so a
+``--warmup-model`` that already has N rounds is used as it is: a grid's GRPO seeds share their split's rounds
+(``run_grid.py --warmups-from BASE --own-warmups``). The warm-up adapter the bench publishes of such a run is the last
+round's, on the previous round's merged model (its ``adapter_config.json`` names that base).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from queryrl.atomic import atomic_write_text
+from queryrl.models.vocab import VOCAB_FILE
+
+ROUND_FILE = "warmup_round.json"  # in a warm-up model folder: which round of warm-up it is
+
+
+def add_round_args(parser: argparse.ArgumentParser) -> None:
+    """The bench's options for further warm-up rounds."""
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=1,
+        help="warm-up rounds (1: the warm-up alone; 2: then expert iteration on the warmed model, benchmarks/"
+        "warmup_rounds.py); with --warmup-model, the rounds that model lacks",
+    )
+    parser.add_argument("--round-samples", type=int, default=8, help="rewrites sampled a turn in a further round")
+    parser.add_argument("--round-rows", type=int, default=320, help="fresh training turns a further round samples")
+    parser.add_argument("--round-epochs", type=int, default=1, help="SFT epochs of a further round")
+    parser.add_argument(
+        "--round-reference",
+        action="store_true",
+        help="the turn's reference target is a candidate in a further round too (ties go to it)",
+    )
+
+
+def check_round_args(args: argparse.Namespace) -> str | None:
+    """One line saying what is wrong with the round options, or None."""
+    if args.warmup_rounds < 1:
+        return f"--warmup-rounds must be 1 or more, got {args.warmup_rounds}"
+    for name in ("round_samples", "round_rows", "round_epochs"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be 1 or more, got {getattr(args, name)}"
+    return None
+
+
+def model_round(folder: Path) -> int:
+    """The warm-up round of the model in `folder` (its ``warmup_round.json``; 1 without one)."""
+    marker = folder / ROUND_FILE
+    return int(json.loads(marker.read_text(encoding="utf-8"))["round"]) if marker.is_file() else 1
+
+
+def mark_round(folder: Path, record: dict[str, Any]) -> None:
+    """Write `record` (with its ``round``) as `folder`'s ``warmup_round.json``."""
+    atomic_write_text(folder / ROUND_FILE, json.dumps(record, ensure_ascii=False, indent=1) + "\n")
+
+
+def round_phase(r: int, rounds: int) -> str:
+    """The SFT phase (and model folder) of round `r` of `rounds`: the last is ``warmup``, earlier ``warmup_rR``."""
+    return "warmup" if r == rounds else f"warmup_r{r}"
+
+
+def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
+    """Round `r`'s training turns (`r` >= 2): the `--round-rows` rows of `frame` (shuffled with the split's seed, as
+    round 1 takes its first `--warmup-rows`) after those of rounds 1 .. r-1, written to `out`.
+
+    Raises:
+        ValueError: the training split has no rows left for round `r`."""
+    shuffled = frame.sample(frac=1.0, random_state=args.seed)
+    start = args.warmup_rows + (r - 2) * args.round_rows
+    rows = shuffled.iloc[start : start + args.round_rows]
+    if rows.empty:
+        raise ValueError(f"warm-up round {r}: the training split's {len(frame)} rows are used up by the earlier rounds")
+    rows.to_parquet(out, index=False)
+    return out
+
+
+def warmup_round_cmd(
+    queryrl: str, args: argparse.Namespace, prev: Path, rows: Path, out: Path, kb: Path, dtype: str
+) -> list[str]:
+    """``queryrl warmup`` of a further round: `prev`'s own samples of `rows`, no worked examples, its kept ids."""
+    cmd = [queryrl, "warmup", "--model", str(prev), "--data", str(rows), "--out", str(out), "--dtype", dtype]
+    cmd += ["--corpus", f"kdconv:{kb}", "--samples", str(args.round_samples), "--shots", "0"]
+    cmd += ["--max-new-tokens", str(args.max_response_length), "--seed", str(args.seed)]
+    if not args.round_reference:
+        cmd.append("--no-reference")
+    if args.restrict_vocab and (prev / VOCAB_FILE).is_file():
+        cmd += ["--vocab-ids", str(prev / VOCAB_FILE)]
+    return cmd
+
+
+def further_rounds(
+    args: argparse.Namespace,
+    work: Path,
+    frame: Any,
+    prev: Path,
+    kb: Path,
+    dtype: str,
+    measure: Callable[[str, list[str]], dict[str, Any]],
+    sft: Callable[[str, str, Path, int], Path],
+    queryrl: str,
+) -> Path:
+    """Rounds ``model_round(prev) + 1`` .. `args.warmup_rounds` from the warm-up model `prev`; the last round's model
+    (`prev` itself when it already has them all)."""
+    for r in range(model_round(prev) + 1, args.warmup_rounds + 1):
+        rows = round_rows(frame, args, r, work / "data" / f"train_warmup_rows_r{r}.parquet")
+        data_dir = work / f"warmup_data_r{r}"
+        phase = measure(f"warmup_data_r{r}", warmup_round_cmd(queryrl, args, prev, rows, data_dir, kb, dtype))
+        phase["report"] = json.loads((data_dir / "warmup.json").read_text(encoding="utf-8"))
+        model = sft(round_phase(r, args.warmup_rounds), str(data_dir / "warmup.parquet"), prev, args.round_epochs)
+        mark_round(model, {"round": r, "from": str(prev), "data": str(data_dir / "warmup.parquet")})
+        prev = model
+    return prev

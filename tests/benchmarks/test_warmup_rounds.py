@@ -1,0 +1,113 @@
+"""``benchmarks/warmup_rounds.py``: further warm-up rounds (expert iteration on the warmed model) of the bench."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from queryrl.models.vocab import write_vocab_ids
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import real_model as bench  # noqa: E402
+import warmup_rounds as rounds  # noqa: E402
+
+
+def _args(*extra: str) -> Any:
+    return bench.parse_args(["--model", "m", "--warmup-rows", "4", "--round-rows", "3", *extra])
+
+
+def test_each_round_samples_fresh_turns_in_the_splits_shuffled_order(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"x": list(range(12))})
+    args = _args()
+    order = list(frame.sample(frac=1.0, random_state=args.seed)["x"])
+    first = list(frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows)["x"])  # round 1's, as warm_up
+    second = pd.read_parquet(rounds.round_rows(frame, args, 2, tmp_path / "r2.parquet"))["x"].tolist()
+    third = pd.read_parquet(rounds.round_rows(frame, args, 3, tmp_path / "r3.parquet"))["x"].tolist()
+    assert (first, second, third) == (order[:4], order[4:7], order[7:10])
+    assert pd.read_parquet(rounds.round_rows(frame, args, 4, tmp_path / "r4.parquet"))["x"].tolist() == order[10:]
+    with pytest.raises(ValueError, match="round 5: the training split's 12 rows are used up"):
+        rounds.round_rows(frame, args, 5, tmp_path / "r5.parquet")
+
+
+def test_a_round_samples_the_model_alone_with_its_own_head(tmp_path: Path) -> None:
+    prev = tmp_path / "warmup_r1"
+    prev.mkdir()
+    cmd = rounds.warmup_round_cmd("queryrl", _args(), prev, Path("r.parquet"), Path("out"), Path("kb"), "bfloat16")
+    assert cmd[cmd.index("--samples") + 1] == "8"
+    assert cmd[cmd.index("--shots") + 1] == "0"
+    assert "--no-reference" in cmd
+    assert "--vocab-ids" not in cmd  # the model has no kept ids
+    write_vocab_ids(prev / "vocab_ids.json", [1, 2, 3])
+    cmd = rounds.warmup_round_cmd("q", _args("--round-reference"), prev, Path("r"), Path("o"), Path("k"), "float32")
+    assert cmd[cmd.index("--vocab-ids") + 1] == str(prev / "vocab_ids.json")
+    assert "--no-reference" not in cmd
+    cmd = rounds.warmup_round_cmd("q", _args("--no-restrict-vocab"), prev, Path("r"), Path("o"), Path("k"), "float32")
+    assert "--vocab-ids" not in cmd
+
+
+def _stand_ins(tmp_path: Path) -> tuple[list[Any], Any, Any]:
+    calls: list[Any] = []
+
+    def measure(phase: str, cmd: list[str]) -> dict[str, Any]:
+        calls.append((phase, cmd))
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "warmup.json").write_text(json.dumps({"kept": 2}))
+        return {"wall_s": 0.0}
+
+    def sft(phase: str, files: str, start: Path, epochs: int) -> Path:
+        calls.append((phase, files, start, epochs))
+        (tmp_path / phase).mkdir()
+        return tmp_path / phase
+
+    return calls, measure, sft
+
+
+def test_further_rounds_train_each_round_from_the_last_and_a_model_with_them_all_is_used_as_it_is(
+    tmp_path: Path,
+) -> None:
+    pd = pytest.importorskip("pandas")
+    (tmp_path / "data").mkdir()
+    frame = pd.DataFrame({"x": list(range(12))})
+    start = tmp_path / "given"
+    start.mkdir()  # an earlier run's warm-up: no marker, round 1
+    calls, measure, sft = _stand_ins(tmp_path)
+    args = _args("--warmup-rounds", "3", "--round-epochs", "2")
+    last = rounds.further_rounds(args, tmp_path, frame, start, Path("kb"), "float32", measure, sft, "queryrl")
+    assert last == tmp_path / "warmup"
+    assert [c[0] for c in calls] == ["warmup_data_r2", "warmup_r2", "warmup_data_r3", "warmup"]
+    assert calls[0][1][calls[0][1].index("--model") + 1] == str(start)
+    assert calls[1][1:] == (str(tmp_path / "warmup_data_r2" / "warmup.parquet"), start, 2)
+    assert calls[2][1][calls[2][1].index("--model") + 1] == str(tmp_path / "warmup_r2")
+    assert calls[3][2] == tmp_path / "warmup_r2"
+    assert [rounds.model_round(m) for m in (start, tmp_path / "warmup_r2", last)] == [1, 2, 3]
+    calls.clear()
+    assert rounds.further_rounds(args, tmp_path, frame, last, Path("kb"), "f", measure, sft, "q") == last
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--warmup-rounds", "0"), ("--round-samples", "0"), ("--round-rows", "0")]
+)
+def test_bad_round_options_are_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    kdconv = REPO.parent / "shared" / "data" / "kdconv" / "travel"
+    if not (kdconv / "dev.json").exists():
+        pytest.skip(f"KdConv travel is absent ({kdconv}): the bench skips before it reads its options")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep").write_text("x")
+    assert bench.main(["--model", str(model), "--work", str(work), option, value]) == 2
+    assert f"{option} must be 1 or more" in capsys.readouterr().out
+    assert (work / "keep").exists()
