@@ -29,6 +29,7 @@ from typing import Any
 from queryrl.atomic import atomic_write_text
 from queryrl.models.vocab import VOCAB_FILE
 
+ROUND_BATCH = 32  # sequences a generation micro-batch of a further round (4 turns x 8 samples)
 ROUND_FILE = "warmup_round.json"  # in a warm-up model folder: which round of warm-up it is
 
 
@@ -99,6 +100,7 @@ def warmup_round_cmd(
     cmd = [queryrl, "warmup", "--model", str(prev), "--data", str(rows), "--out", str(out), "--dtype", dtype]
     cmd += ["--corpus", f"kdconv:{kb}", "--samples", str(args.round_samples), "--shots", "0"]
     cmd += ["--max-new-tokens", str(args.max_response_length), "--seed", str(args.seed)]
+    cmd += ["--batch-size", str(ROUND_BATCH)]  # several turns' samples a decode step: the step's cost is mostly fixed
     if not args.round_reference:
         cmd.append("--no-reference")
     if args.restrict_vocab and (prev / VOCAB_FILE).is_file():
