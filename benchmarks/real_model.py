@@ -83,6 +83,7 @@ from typing import Any
 
 from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
+from turn_rows import compact, identical_logged_groups
 from warmup_rounds import add_round_args, check_round_args, further_rounds, mark_round, model_round, round_phase
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
@@ -754,6 +755,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "comparisons": evals["final"].get("comparisons"),
         "external_eval": system_summary(evals["external"]["systems"]) if external else None,
         "external_comparisons": evals["external"].get("comparisons") if external else None,
+        "turn_rows": {"test": compact(work / "eval" / "eval_samples.jsonl")},  # a grid reads them (turn_rows.py)
+        "grpo_identical_logged_groups": identical_logged_groups(run / "samples"),
         "phases": phases,
         "adapters": adapters,
         "settings": {

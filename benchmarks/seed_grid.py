@@ -34,6 +34,10 @@ two sets hold different conversations). Every per-run and pooled figure is then 
 A turn is context-dependent when it has an earlier message (``turn > 0``; the eval's own rule for rows without a
 kind), checked against each eval's ``ctx_dep_n`` in the result (``final_eval``, ``val_eval``).
 
+A run whose folder is gone is read from the per-turn scores its result kept (``turn_rows``, written by the bench and
+``val_eval.py``; ``benchmarks/turn_rows.py``): the same pairing, with the intent as the eval recorded it (the run's
+``rows_source`` says which).
+
 The intent-kept rate is read again from each GRPO query with today's offline check
 (:func:`~queryrl.apps.query_rewrite.eval.intent.offline_intents` on the run's ``data/test.parquet`` or
 ``data/val.parquet``): runs evaluated
@@ -52,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from turn_rows import expand, identical_logged_groups, query_chars
 
 from queryrl.apps.query_rewrite.metrics import paired_bootstrap
 
@@ -65,11 +70,18 @@ class GridError(ValueError):
     """A result, or a run folder it names, that the grid cannot read: one line naming which (exit 2)."""
 
 
-def _grpo_seed(work: Path) -> int:
-    """``trainer.seed`` of the GRPO run, from the config the run saved (``grpo_run/config.yaml``)."""
+def _grpo_seed(work: Path, result: dict[str, Any]) -> int:
+    """``trainer.seed`` of the GRPO run, from the config the run saved (``grpo_run/config.yaml``), or where the run
+    folder is gone from the bench's overrides in the result (the last ``trainer.seed=`` given)."""
     import yaml
 
-    return int(yaml.safe_load((work / "grpo_run" / "config.yaml").read_text(encoding="utf-8"))["trainer"]["seed"])
+    config = work / "grpo_run" / "config.yaml"
+    if config.is_file():
+        return int(yaml.safe_load(config.read_text(encoding="utf-8"))["trainer"]["seed"])
+    given = [o for o in result["settings"]["args"].get("overrides") or [] if o.startswith("trainer.seed=")]
+    if not given:
+        raise GridError(f"{work}: no grpo_run/config.yaml and no trainer.seed= in the result's overrides")
+    return int(given[-1].partition("=")[2])
 
 
 # --rows: each eval's folder, data file and summary in the result JSON
@@ -91,29 +103,43 @@ def _load(path: Path, rows_from: Sequence[str] = ("test",)) -> dict[str, Any]:
         raise GridError(f"{path}: not a benchmarks/real_model.py result (no {exc} in it)") from None
     rows: list[dict[str, Any]] = []
     kept, recorded, evaluated = 0.0, 0.0, 0
+    kept_rows = result.get("turn_rows") or {}
+    from_result = False
     for name in rows_from:
         folder, data, _ = ROWS[name]
         samples = work / folder / "eval_samples.jsonl"
-        if not samples.is_file():
-            raise GridError(f"{path}: its run folder has no {samples} (the grid needs each run's per-turn rows)")
-        records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if samples.is_file():
+            records = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines() if line.strip()]
+            now = _intent_kept_now(work / "data" / data, records)
+        elif kept_rows.get(name):  # the run folder is gone: the rows the result kept, the intent as recorded
+            records, from_result = expand(kept_rows[name]), True
+            now = summaries[name]["intent_kept"]
+        else:
+            raise GridError(
+                f"{path}: its run folder has no {samples} and the result no turn_rows.{name} (the grid needs each "
+                "run's per-turn rows)"
+            )
         gold = [r for r in records if r.get("gold")]
         dependent = sum(r["turn"] > 0 for r in gold)
         if dependent != counted[name]:
             raise GridError(f"{path}: {dependent} turns with history but its {name} eval counted {counted[name]}")
         rows += gold
-        kept += _intent_kept_now(work / "data" / data, records) * len(records)
+        kept += now * len(records)
         recorded += summaries[name]["intent_kept"] * len(records)
         evaluated += len(records)
+    logged = work / "grpo_run" / "samples"
     return {
         "path": str(path),
         "split": split,
-        "grpo_seed": _grpo_seed(work),
+        "grpo_seed": _grpo_seed(work, result),
         "rows": rows,
+        "rows_source": "result" if from_result else "run folder",
         "intent_kept": kept / evaluated,
         "intent_kept_recorded": recorded / evaluated,
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
-        "identical_groups": identical_logged_groups(work / "grpo_run" / "samples"),
+        "identical_groups": (
+            identical_logged_groups(logged) if logged.is_dir() else result.get("grpo_identical_logged_groups")
+        ),
     }
 
 
@@ -124,22 +150,6 @@ def split_label(args: dict[str, Any]) -> int | str:
     if args.get("fold") is None:
         return seed
     return f"fold {args['fold']}/{args.get('folds', 10)}" + (f", seed {seed}" if seed else "")
-
-
-def identical_logged_groups(samples: Path) -> float | None:
-    """The share of the run's logged GRPO groups (``samples/step_*.jsonl``: the trainer logs some groups of each
-    step, whole) whose responses are one text: flat under any reward. None without logged groups."""
-    groups: dict[tuple[str, int], set[str]] = defaultdict(set)
-    sizes: dict[tuple[str, int], int] = defaultdict(int)
-    for path in sorted(samples.glob("step_*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                key = (path.name, int(row["group"]))
-                groups[key].add(row["response"])
-                sizes[key] += 1
-    sized = [key for key, n in sizes.items() if n > 1]
-    return sum(len(groups[k]) == 1 for k in sized) / len(sized) if sized else None
 
 
 def _intent_kept_now(data: Path, records: list[dict[str, Any]]) -> float:
@@ -163,8 +173,8 @@ def _scores(
 
 def _length_ratio(rows: list[dict[str, Any]]) -> float:
     """The median GRPO query's length over the median reference query's, in characters."""
-    grpo = float(np.median([len(r["systems"]["grpo"]["query"]) for r in rows]))
-    return grpo / float(np.median([len(r["systems"]["reference"]["query"]) for r in rows]))
+    grpo = float(np.median([query_chars(r["systems"]["grpo"]) for r in rows]))
+    return grpo / float(np.median([query_chars(r["systems"]["reference"]) for r in rows]))
 
 
 BOOTSTRAP = {"n_boot": 1000}  # replicates of every interval (the eval's); --boot changes it for one invocation
@@ -196,6 +206,7 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
         "ctx_dep_grpo_minus_reference": round(vs_reference, 4),
         "intent_kept": round(run["intent_kept"], 4),
         "intent_kept_recorded": round(run["intent_kept_recorded"], 4),
+        "rows_source": run["rows_source"],
         "median_query_x_reference": round(length, 3),
         "flat_groups": None if flat is None else round(flat, 4),
         "identical_logged_groups": None if run["identical_groups"] is None else round(run["identical_groups"], 4),
@@ -212,6 +223,11 @@ def _run_goals(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _turn_key(row: dict[str, Any]) -> tuple[str, int, int]:
+    """Which turn a row is: its conversation, its turn in it and its index in the eval's file."""
+    return str(row["conversation_id"]), int(row["turn"]), int(row["index"])
+
+
 def _seed_mean(runs: list[dict[str, Any]], split: int | str) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """Each turn's GRPO Recall@5 averaged over the GRPO seeds of `split` in `runs`, and the turns' rows."""
     mine = [r for r in runs if r["split"] == split]
@@ -226,7 +242,7 @@ def _pooled(runs: list[dict[str, Any]], splits: list[Any]) -> dict[str, Any]:
         mine = [r for r in runs if r["split"] == split]
         base = mine[0]["rows"]
         for r in mine[1:]:
-            if [x["last_turn"] for x in r["rows"]] != [x["last_turn"] for x in base]:
+            if [_turn_key(x) for x in r["rows"]] != [_turn_key(x) for x in base]:
                 raise GridError(f"{r['path']} and {mine[0]['path']} (split {split}) do not hold the same turns")
             for system in ("warmup", "reference", "concat_last3"):
                 if not np.array_equal(_scores(r["rows"], system), _scores(base, system)):
@@ -271,7 +287,7 @@ def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[
     for split in splits:
         mine, rows = _seed_mean(runs, split)
         theirs, base_rows = _seed_mean(baseline, split)
-        if [x["last_turn"] for x in rows] != [x["last_turn"] for x in base_rows]:
+        if [_turn_key(x) for x in rows] != [_turn_key(x) for x in base_rows]:
             raise GridError(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
         split_groups = [f"{split}:{x['conversation_id']}" for x in rows]
         seeds = sorted({r["grpo_seed"] for r in runs if r["split"] == split})

@@ -26,6 +26,7 @@ from typing import Any
 
 from common import REPO, machine, write_json
 from real_model import CONFIG, run_measured, system_summary
+from turn_rows import compact
 
 VAL_FOLDER = "eval_val"
 
@@ -85,6 +86,7 @@ def evaluate(path: Path, again: bool = False) -> bool:
     evaluated = json.loads(out.read_text(encoding="utf-8"))
     result["val_eval"] = system_summary(evaluated["systems"])
     result["val_comparisons"] = evaluated.get("comparisons")
+    result.setdefault("turn_rows", {})["val"] = compact(work / VAL_FOLDER / "eval_samples.jsonl")  # turn_rows.py
     result.setdefault("phases", {})[VAL_FOLDER] = timing | {"machine": machine()}
     write_json(path, result)
     return True

@@ -19,7 +19,7 @@ _SPEC.loader.exec_module(grid)
 
 def _run(split: int, seed: int, hits: list[float]) -> dict[str, Any]:
     rows = [
-        {"last_turn": f"t{i}", "turn": i % 3, "conversation_id": f"c{i // 4}", "systems": {"grpo": {"recall@5": h}}}
+        {"index": i, "turn": i % 3, "conversation_id": f"c{i // 4}", "systems": {"grpo": {"recall@5": h}}}
         for i, h in enumerate(hits)
     ]
     return {"split": split, "grpo_seed": seed, "rows": rows}
@@ -44,7 +44,7 @@ def test_against_refuses_grids_without_a_shared_split_or_with_other_turns() -> N
     with pytest.raises(grid.GridError, match="share no split"):
         grid.against([_run(0, 7, [1, 0])], [_run(1, 7, [1, 0])])
     other = _run(0, 7, [1, 0])
-    other["rows"][1]["last_turn"] = "another turn"
+    other["rows"][1]["conversation_id"] = "another conversation"
     with pytest.raises(grid.GridError, match="same turns"):
         grid.against([_run(0, 7, [1, 0])], [other])
 
@@ -56,7 +56,7 @@ def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
         hit = {"grpo": 1.0, "warmup": float(i % 2), "reference": float(i % 2), "concat_last3": 0.4}
         rows.append(
             {
-                "last_turn": f"t{i}",
+                "index": i,
                 "turn": i % 2,
                 "conversation_id": f"c{i}",
                 "systems": {
@@ -74,6 +74,7 @@ def _scored_run(flat: float | None, grpo_query: str) -> dict[str, Any]:
         "intent_kept_recorded": 0.97,
         "flat_groups": flat,
         "identical_groups": 0.5,
+        "rows_source": "run folder",
     }
 
 
