@@ -10,6 +10,9 @@ data is KdConv's, which the repository does not copy), so a grid read from these
 recorded it (not re-read with today's check) and has no logged GRPO groups beyond the result's
 ``grpo_identical_logged_groups``.
 
+``python benchmarks/turn_rows.py RESULT.json ...`` adds them to results written before the bench kept them, from their
+run folders while those are still there.
+
 The rows are stored column-wise (one list per field) to keep a result small; :func:`expand` gives back one dict a
 turn, shaped as ``eval_samples.jsonl``'s rows (with ``query_chars`` instead of ``query``).
 """
@@ -76,3 +79,50 @@ def identical_logged_groups(samples: Path) -> float | None:
                 sizes[key] += 1
     sized = [key for key, n in sizes.items() if n > 1]
     return sum(len(groups[k]) == 1 for k in sized) / len(sized) if sized else None
+
+
+def backfill(result_path: Path) -> list[str]:
+    """Add ``turn_rows`` (test, and val where ``val_eval.py`` ran) and ``grpo_identical_logged_groups`` to a result
+    written before the bench kept them, from its run folder; the evals it added (empty when there was nothing to add).
+
+    Raises:
+        ValueError: the result names no run folder that holds its test eval's rows."""
+    from common import write_json
+
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    work = Path(result["settings"]["args"]["work"])
+    kept = result.setdefault("turn_rows", {})
+    added = []
+    for name, folder in (("test", "eval"), ("val", "eval_val")):
+        samples = work / folder / "eval_samples.jsonl"
+        if name not in kept and samples.is_file():
+            kept[name] = compact(samples)
+            added.append(name)
+    if "test" not in kept:
+        raise ValueError(f"{result_path}: its run folder has no {work / 'eval' / 'eval_samples.jsonl'}")
+    if result.get("grpo_identical_logged_groups") is None and (work / "grpo_run" / "samples").is_dir():
+        result["grpo_identical_logged_groups"] = identical_logged_groups(work / "grpo_run" / "samples")
+        added.append("grpo_identical_logged_groups")
+    if added:
+        write_json(result_path, result)
+    return added
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/turn_rows.py RESULT.json ...``: :func:`backfill` each result (exit 2 on the first that has
+    no run folder to read)."""
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    for path in paths:
+        try:
+            added = backfill(Path(path))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"turn_rows: {exc}", file=sys.stderr)
+            return 2
+        print(f"{path}: {'added ' + ', '.join(added) if added else 'already kept'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

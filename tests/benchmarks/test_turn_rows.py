@@ -112,3 +112,30 @@ def test_a_grid_reads_the_same_numbers_from_the_results_once_the_run_folders_are
     results[0].write_text(json.dumps(data), encoding="utf-8")
     with pytest.raises(grid.GridError, match=r"and the result no turn_rows\.test"):
         grid._load(results[0])
+
+
+def test_backfill_adds_the_rows_to_an_older_result_while_its_run_folder_is_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _bench_run(tmp_path, "old", 7)
+    data = json.loads(result.read_text(encoding="utf-8"))
+    expected = data.pop("turn_rows")
+    del data["grpo_identical_logged_groups"]
+    result.write_text(json.dumps(data), encoding="utf-8")
+    samples = tmp_path / "old" / "grpo_run" / "samples"
+    samples.mkdir()
+    (samples / "step_1.jsonl").write_text(
+        "".join(json.dumps({"group": g, "response": r}) + "\n" for g, r in ((0, "a"), (0, "a"), (1, "a"), (1, "b")))
+    )
+    assert turn_rows.main([str(result)]) == 0
+    assert capsys.readouterr().out == f"{result}: added test, grpo_identical_logged_groups\n"
+    data = json.loads(result.read_text(encoding="utf-8"))
+    assert data["turn_rows"] == expected
+    assert data["grpo_identical_logged_groups"] == 0.5
+    assert turn_rows.main([str(result)]) == 0
+    assert capsys.readouterr().out == f"{result}: already kept\n"
+    shutil.rmtree(tmp_path / "old")
+    del data["turn_rows"]
+    result.write_text(json.dumps(data), encoding="utf-8")
+    assert turn_rows.main([str(result)]) == 2
+    assert "its run folder has no" in capsys.readouterr().err
