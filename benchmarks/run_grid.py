@@ -20,15 +20,15 @@ the bench (its options, then ``key=value`` overrides; ``trainer.seed`` is the gr
 Each cell runs ``benchmarks/real_model.py --threads 1 --fp32-check 0 --no-zero-shot`` in its own process with one
 thread (``OMP_NUM_THREADS=1``), ``--jobs`` at a time (default 2, one a core of a 2-core machine), its work folder
 ``runs/grid/NAME/CELL``, its console ``runs/grid/NAME/CELL.log`` and its result
-``experiments/results/grid_NAME_CELL.json``; with ``--val`` then ``benchmarks/val_eval.py`` on it. A cell whose
-result is already there is not run again, so a grid stopped halfway goes on where it was. A failed cell is reported
-with its log, the cells that need its warm-up are not run, the others go on, and the command exits 1. ``touch
-runs/grid/NAME/STOP`` starts no more cells and lets the running ones finish (the next call goes on).
+``benchmarks/results/grid_NAME_CELL.json`` (``--results-dir``); with ``--val`` then ``benchmarks/val_eval.py`` on it.
+A cell whose result is already there is not run again, so a grid stopped halfway goes on where it was. A failed cell
+is reported with its log, the cells that need its warm-up are not run, the others go on, and the command exits 1.
+``touch runs/grid/NAME/STOP`` starts no more cells and lets the running ones finish (the next call goes on).
 
 What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds each cell's command, status, wall
 time and commit (a cell an earlier call finished keeps what that call recorded), whether the tree had changes, and
 the machine. At the end the grid summary (``seed_grid.py``'s
-JSON, rows ``both`` with ``--val`` else ``test``) goes to ``experiments/results/seed_grid_NAME.json`` with that record
+JSON, rows ``both`` with ``--val`` else ``test``) goes to ``--results-dir``'s ``seed_grid_NAME.json`` with that record
 under ``cost``. Run the grid from a checkout that does not change while it runs (a ``git worktree`` at a commit):
 each cell starts Python anew and reads the code as it is then.
 """
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import REPO, machine, python_exe, write_json
+from common import REPO, RESULTS, machine, python_exe, write_json
 from seed_grid import BOOTSTRAP, GridError, _load, grid_summary
 
 BENCH = REPO / "benchmarks" / "real_model.py"
@@ -260,7 +260,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--jobs", type=int, default=2, help="cells at a time (default 2)")
     parser.add_argument("--model", type=Path, default=Path(os.environ.get("MODEL") or DEFAULT_MODEL))
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "grid", help="where the grids' work folders go")
-    parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS, help="the cells' results and the summary (default %(default)s)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the cells' commands and stop")
     return parser.parse_args(own), bench_args
 

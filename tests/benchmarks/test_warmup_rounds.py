@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from queryrl.models.vocab import write_vocab_ids
+from tests.helpers import KDCONV, needs_kdconv
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -93,6 +94,7 @@ def test_further_rounds_train_each_round_from_the_last_and_a_model_with_them_all
     assert calls == []
 
 
+@needs_kdconv("travel/dev.json")  # without KdConv the bench skips before it reads its options
 @pytest.mark.parametrize(
     ("option", "value"), [("--warmup-rounds", "0"), ("--round-samples", "0"), ("--round-rows", "0")]
 )
@@ -102,12 +104,9 @@ def test_bad_round_options_are_refused_before_anything_runs(
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    kdconv = REPO.parent / "shared" / "data" / "kdconv" / "travel"
-    if not (kdconv / "dev.json").exists():
-        pytest.skip(f"KdConv travel is absent ({kdconv}): the bench skips before it reads its options")
     work = tmp_path / "work"
     work.mkdir()
     (work / "keep").write_text("x")
-    assert bench.main(["--model", str(model), "--work", str(work), option, value]) == 2
+    assert bench.main(["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work), option, value]) == 2
     assert f"{option} must be 1 or more" in capsys.readouterr().out
     assert (work / "keep").exists()
