@@ -84,7 +84,15 @@ from typing import Any
 from common import REPO, machine, write_json
 from kdconv import DEFAULT_KDCONV_DIR, last_checkpoint, table
 from turn_rows import compact, identical_logged_groups
-from warmup_rounds import add_round_args, check_round_args, further_rounds, mark_round, model_round, round_phase
+from warmup_rounds import (
+    add_round_args,
+    check_round_args,
+    further_rounds,
+    mark_round,
+    model_round,
+    round_phase,
+    shuffled,
+)
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
 from queryrl.machine import auto_dtype, warn_if_emulated_bf16
@@ -359,7 +367,7 @@ def warm_up(
     import pandas as pd
 
     frame = pd.read_parquet(data["files"]["train"])
-    frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
+    shuffled(frame, args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
     warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
     warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
     warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]

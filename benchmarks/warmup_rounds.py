@@ -78,15 +78,20 @@ def round_phase(r: int, rounds: int) -> str:
     return "warmup" if r == rounds else f"warmup_r{r}"
 
 
+def shuffled(frame: Any, seed: int) -> Any:
+    """The training turns in the split's shuffled order: round 1 takes the first `--warmup-rows`, each further round
+    the next `--round-rows` (one order, so the rounds' turns never overlap)."""
+    return frame.sample(frac=1.0, random_state=seed)
+
+
 def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
     """Round `r`'s training turns (`r` >= 2): the `--round-rows` rows of `frame` (shuffled with the split's seed, as
     round 1 takes its first `--warmup-rows`) after those of rounds 1 .. r-1, written to `out`.
 
     Raises:
         ValueError: the training split has no rows left for round `r`."""
-    shuffled = frame.sample(frac=1.0, random_state=args.seed)
     start = args.warmup_rows + (r - 2) * args.round_rows
-    rows = shuffled.iloc[start : start + args.round_rows]
+    rows = shuffled(frame, args.seed).iloc[start : start + args.round_rows]
     if rows.empty:
         raise ValueError(f"warm-up round {r}: the training split's {len(frame)} rows are used up by the earlier rounds")
     rows.to_parquet(out, index=False)

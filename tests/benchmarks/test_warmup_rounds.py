@@ -28,7 +28,7 @@ def test_each_round_samples_fresh_turns_in_the_splits_shuffled_order(tmp_path: P
     frame = pd.DataFrame({"x": list(range(12))})
     args = _args()
     order = list(frame.sample(frac=1.0, random_state=args.seed)["x"])
-    first = list(frame.sample(frac=1.0, random_state=args.seed).head(args.warmup_rows)["x"])  # round 1's, as warm_up
+    first = list(rounds.shuffled(frame, args.seed).head(args.warmup_rows)["x"])  # round 1's, as warm_up takes them
     second = pd.read_parquet(rounds.round_rows(frame, args, 2, tmp_path / "r2.parquet"))["x"].tolist()
     third = pd.read_parquet(rounds.round_rows(frame, args, 3, tmp_path / "r3.parquet"))["x"].tolist()
     assert (first, second, third) == (order[:4], order[4:7], order[7:10])

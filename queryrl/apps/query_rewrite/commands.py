@@ -403,9 +403,12 @@ def warmup(
         if not (model / "config.json").is_file():
             raise EvalError(f"--model {model}: not a Hugging Face model folder (no config.json)")
         if vocab_ids is not None:  # read once here, so a bad file fails before the model loads
-            from queryrl.apps.query_rewrite.eval.generation import read_vocab, vocab_files
+            from queryrl.apps.query_rewrite.eval.generation import read_vocab
+            from queryrl.models.vocab import VOCAB_FILE
 
-            vocab_ids = vocab_files(str(vocab_ids), ["--model"])["--model"]
+            vocab_ids = vocab_ids / VOCAB_FILE if vocab_ids.is_dir() else vocab_ids
+            if not vocab_ids.is_file():
+                raise EvalError(f"--vocab-ids {vocab_ids}: no such file (a vocab_ids.json, or a folder holding one)")
             read_vocab(vocab_ids)
         settings = WarmupSettings(
             samples,
