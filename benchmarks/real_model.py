@@ -43,11 +43,12 @@ With ``--warmup-rounds 2`` (default 1) the warm-up gets a second round, expert i
 best samples of fresh training turns (``benchmarks/warmup_rounds.py``); with ``--warmup-model`` too, that round starts
 from the given model unless it has it already.
 
-Compute dtype: bfloat16 where the CPU has native bf16 arithmetic (``queryrl.machine.native_bf16``: AMX or
-AVX512-BF16, and torch allowed to use it), else float32 (`--dtype` forces one: a forced bfloat16 on a CPU that
-emulates it gets one warning line); with bfloat16, zero-shot is also evaluated in float32 on the first
-`--fp32-check` rows and the two are compared (``dtype_check``). Each phase runs in its own process, with
-`--threads` torch threads (default: every core the bench may use); its wall time and peak RSS
+Compute dtype: bfloat16 where the CPU has native bf16 arithmetic (AMX or AVX512-BF16, and torch allowed to use
+it) and its measured matmul rate is well above float32's (``queryrl.machine.bf16_pays``), else float32
+(`--dtype` forces one: a forced bfloat16 on a CPU that emulates it gets one warning line); with bfloat16,
+zero-shot is also evaluated in float32 on the first `--fp32-check` rows and the two are compared
+(``dtype_check``). Each phase runs in its own process, with `--threads` torch threads (default: every core the
+bench may use); its wall time and peak RSS
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
 eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
 ``queryrl eval --processes``).
@@ -567,8 +568,9 @@ def vocab_option(vocab: dict[str, Path], systems: str) -> list[str]:
 
 
 def choose_dtype(choice: str) -> str:
-    """``--dtype``: ``auto`` is bfloat16 where the CPU has native bf16 arithmetic, else float32
-    (:func:`queryrl.machine.auto_dtype`); a bfloat16 forced on a CPU that emulates it is kept, with one warning line."""
+    """``--dtype``: ``auto`` is bfloat16 where the CPU has native bf16 arithmetic that is faster than float32 here,
+    else float32 (:func:`queryrl.machine.auto_dtype`); a bfloat16 forced on a CPU that emulates it is kept, with one
+    warning line."""
     warn_if_emulated_bf16(choice, "--dtype")
     return auto_dtype() if choice == "auto" else choice
 

@@ -134,6 +134,7 @@ def _load(path: Path, rows_from: Sequence[str] = ("test",)) -> dict[str, Any]:
         "grpo_seed": _grpo_seed(work, result),
         "rows": rows,
         "rows_source": "result" if from_result else "run folder",
+        "ran_on": f"{(result.get('machine') or {}).get('cpu', 'unknown CPU')}, {result.get('compute_dtype', '?')}",
         "intent_kept": kept / evaluated,
         "intent_kept_recorded": recorded / evaluated,
         "flat_groups": (result.get("phases", {}).get("grpo", {}).get("per_step") or {}).get("zero_std_group_frac_mean"),
@@ -352,6 +353,9 @@ def markdown(out: dict[str, Any]) -> str:
     ]
     met = ", ".join(f"{k} {v}" for k, v in out["goals_met"].items())
     lines = [head, *rows, "", head2, *rows2, "", f"Runs meeting each goal: {met}."]
+    ran_on = out.get("ran_on", [])
+    if len(ran_on) > 1:
+        lines.append(f"The runs ran on more than one CPU or dtype: {'; '.join(ran_on)}.")
     if "against" in out:
         lines += [
             "",
@@ -424,6 +428,8 @@ def grid_summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> 
         by_split[r["split"]].append(r["grpo_seed"])
     out = {
         "grid": {str(s): sorted(v) for s, v in sorted(by_split.items())},
+        # the CPUs and compute dtypes its runs ran on: more than one is a confound the pooled numbers carry
+        "ran_on": sorted({r.get("ran_on", "unknown") for r in [*runs, *baseline]}),
         "runs": per_run,
         "goals_met": {g: f"{sum(r['goals'][g] for r in per_run)} of {len(per_run)}" for g in goals},
         "pooled_by_split": {str(s): _pooled(runs, [s]) for s in splits},

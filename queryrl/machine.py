@@ -6,6 +6,12 @@ float32). So every run folder (``machine.json``), bench JSON and eval JSON recor
 nothing picks bfloat16 arithmetic on a CPU that lacks it (:func:`auto_dtype`, :func:`cpu_dtype`,
 :func:`warn_if_emulated_bf16`).
 
+Native is not enough: an Intel Xeon with AVX512-BF16 and no AMX does a one-thread 2048² bfloat16 matmul at 80
+GFLOP/s against float32's 145 (the real-model bench's GRPO step 40.5 s in bf16 against 28.4 s in float32), while an
+AMD EPYC with the same flags does 198 against 88. So ``auto`` picks bfloat16 only where it is native *and* its
+measured matmul rate is at least :data:`BF16_MIN_SPEEDUP` times float32's (:func:`bf16_pays`): a whole step gains
+less than its matmuls do (conversions, norms and softmax stay float32), and float32 is the more exact of the two.
+
 bfloat16 is *native* (:func:`native_bf16`) when the CPU has bf16 dot products (``avx512_bf16`` or ``amx_bf16``
 in ``/proc/cpuinfo``) and torch may use them: its kernels dispatch at AVX512 (``ATEN_CPU_CAPABILITY`` not
 lowered) and oneDNN, which runs torch's bf16 matmuls on CPU, is not capped below AVX512_CORE_BF16
@@ -39,6 +45,9 @@ MATMUL_REPS = 3
 MATMUL_MAX_REPS = 30
 MATMUL_BUDGET_S = 0.25
 MACHINE_FILE = "machine.json"
+# bfloat16's one-thread matmul rate over float32's from which auto computes in bf16: on the AMD EPYC above a
+# 2.3x matmul gain made the bench's steps about 1.4x faster; on the Intel one 0.55x made them 0.70x as fast
+BF16_MIN_SPEEDUP = 1.25
 _warned: set[str] = set()
 
 
@@ -58,15 +67,27 @@ class MachineInfo:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def auto_dtype(self) -> str:
+        """What ``auto`` computes in on this machine's CPU (:func:`prefers_bf16` of its measured rates)."""
+        return "bfloat16" if prefers_bf16(self.native_bf16, self.matmul_gflops) else "float32"
+
     def line(self) -> str:
-        """One console line: ``machine: AMD EPYC, AVX512, bf16 native, 2 cores; one-thread matmul ...``."""
+        """One console line: ``machine: AMD EPYC, AVX512, bf16 native, 2 cores; one-thread matmul ...; CPU auto
+        bfloat16``."""
         rates = ", ".join(f"{k} {v:g}" for k, v in self.matmul_gflops.items())
         bf16 = "bf16 native" if self.native_bf16 else "no native bf16 (float32 arithmetic)"
         gpu = f"; GPU {self.cuda}" if self.cuda else ""
         return (
             f"machine: {self.cpu}, {self.capability}, {bf16}, {self.cores} cores; "
-            f"one-thread {self.matmul_size}² matmul GFLOP/s: {rates}{gpu}"
+            f"one-thread {self.matmul_size}² matmul GFLOP/s: {rates}; CPU auto dtype {self.auto_dtype()}{gpu}"
         )
+
+
+def prefers_bf16(native: bool, rates: dict[str, float]) -> bool:
+    """True when bfloat16 is `native` and its measured matmul rate in `rates` (dtype name -> GFLOP/s) is at least
+    :data:`BF16_MIN_SPEEDUP` times float32's; False without either rate."""
+    fp32, bf16 = rates.get("float32"), rates.get("bfloat16")
+    return native and fp32 is not None and bf16 is not None and bf16 >= BF16_MIN_SPEEDUP * fp32
 
 
 def _cpuinfo_text(cpuinfo: Path) -> str:
@@ -160,15 +181,22 @@ def write_machine(folder: str | os.PathLike[str]) -> MachineInfo:
     return info
 
 
+def bf16_pays() -> bool:
+    """True when bfloat16 arithmetic is native here and measured faster than float32 by :data:`BF16_MIN_SPEEDUP`
+    (the rates of :func:`machine_info`, measured once per process; never measured where bf16 is not native)."""
+    return native_bf16() and prefers_bf16(True, machine_info().matmul_gflops)
+
+
 def auto_dtype() -> str:
-    """What ``auto`` means for CPU arithmetic here: bfloat16 where it is native, else float32."""
-    return "bfloat16" if native_bf16() else "float32"
+    """What ``auto`` means for CPU arithmetic here: bfloat16 where it is native and pays (:func:`bf16_pays`),
+    else float32."""
+    return "bfloat16" if bf16_pays() else "float32"
 
 
 def cpu_dtype(saved: str) -> str:
     """The dtype to compute in on the CPU when `saved` is only a default (a model folder's own dtype, say):
-    bfloat16 becomes float32 where bf16 is not native; anything else stays."""
-    return "float32" if saved == "bfloat16" and not native_bf16() else saved
+    bfloat16 becomes float32 where bf16 is not native or not faster (:func:`bf16_pays`); anything else stays."""
+    return "float32" if saved == "bfloat16" and not bf16_pays() else saved
 
 
 def warn_if_emulated_bf16(dtype: str | None, what: str, device_type: str = "cpu") -> bool:

@@ -30,9 +30,15 @@ def no_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(machine, "_warned", set())
 
 
+def measured(fp32: float, bf16: float) -> machine.MachineInfo:
+    return machine.MachineInfo("a CPU", "AVX512", True, 2, {"float32": fp32, "bfloat16": bf16})
+
+
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU whose native bf16 matmul runs 2.3x float32's (the AMD EPYC with AVX512-BF16)."""
     monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)
+    monkeypatch.setattr(machine, "machine_info", lambda: measured(88.0, 198.0))
     monkeypatch.setattr(machine, "_warned", set())
 
 
@@ -98,6 +104,45 @@ def test_auto_is_bfloat16_where_native(native: None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not machine.warn_if_emulated_bf16("bfloat16", "model.compute_dtype")
+
+
+def test_auto_is_float32_where_native_bf16_is_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Intel Xeon with AVX512-BF16 and no AMX: bf16 is native but its matmul runs at 0.55x float32's."""
+    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)
+    monkeypatch.setattr(machine, "machine_info", lambda: measured(145.0, 80.0))
+    assert machine.auto_dtype() == "float32"
+    assert machine.cpu_dtype("bfloat16") == "float32"
+
+
+@pytest.mark.parametrize(
+    ("native", "rates", "expected"),
+    [
+        (True, {"float32": 88.0, "bfloat16": 198.0}, True),
+        (True, {"float32": 100.0, "bfloat16": 125.0}, True),  # exactly BF16_MIN_SPEEDUP
+        (True, {"float32": 100.0, "bfloat16": 124.9}, False),  # faster, but not by enough to pay
+        (True, {"float32": 145.0, "bfloat16": 80.0}, False),
+        (False, {"float32": 19.0, "bfloat16": 200.0}, False),  # never where bf16 is emulated
+        (True, {"float32": 88.0}, False),  # bf16 not measured
+        (True, {}, False),
+    ],
+)
+def test_prefers_bf16_by_the_measured_rates(native: bool, rates: dict[str, float], expected: bool) -> None:
+    assert machine.BF16_MIN_SPEEDUP == 1.25
+    assert machine.prefers_bf16(native, rates) is expected
+    info = machine.MachineInfo("a CPU", "AVX512", native, 2, rates)
+    assert info.auto_dtype() == ("bfloat16" if expected else "float32")
+    assert info.line().endswith(f"; CPU auto dtype {info.auto_dtype()}")
+
+
+def test_no_rate_is_measured_to_decide_where_bf16_is_emulated(
+    no_native_bf16: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def measuring() -> machine.MachineInfo:
+        raise AssertionError("measured the machine although bf16 is not native")
+
+    monkeypatch.setattr(machine, "machine_info", measuring)
+    assert not machine.bf16_pays()
+    assert machine.auto_dtype() == "float32"
 
 
 def test_forced_bf16_warns_once_per_setting(no_native_bf16: None) -> None:

@@ -205,3 +205,17 @@ def test_a_fold_split_is_labelled_by_its_fold_and_a_grid_does_not_mix_the_two_ki
     folded["split"] = "fold 0/10"
     with pytest.raises(grid.GridError, match="mix seeded splits and fold splits"):
         grid.grid_summary([seeded], [folded])
+
+
+def test_the_summary_says_what_its_runs_ran_on_and_flags_a_mix() -> None:
+    amd, intel = _scored_run(0.7, "五个字查询"), _scored_run(0.7, "五个字查询")
+    amd["ran_on"], intel["ran_on"] = "AMD EPYC, bfloat16", "Intel(R) Xeon(R) Processor, bfloat16"
+    intel["split"] = 1
+    one = grid.grid_summary([amd], [])
+    assert one["ran_on"] == ["AMD EPYC, bfloat16"]
+    assert "more than one CPU" not in grid.markdown(one)
+    both = grid.grid_summary([amd, intel], [])
+    assert both["ran_on"] == ["AMD EPYC, bfloat16", "Intel(R) Xeon(R) Processor, bfloat16"]
+    assert grid.markdown(both).endswith(
+        "The runs ran on more than one CPU or dtype: AMD EPYC, bfloat16; Intel(R) Xeon(R) Processor, bfloat16."
+    )

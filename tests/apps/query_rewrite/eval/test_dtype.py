@@ -39,7 +39,7 @@ def folder_with(tmp_path: Path, config: dict[str, Any] | None) -> Path:
 def test_default_is_the_folders_dtype(
     tmp_path: Path, config: dict[str, Any] | None, expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)  # a CPU with bf16 arithmetic
+    monkeypatch.setattr(machine, "bf16_pays", lambda: True)  # a CPU whose bf16 arithmetic is native and faster
     assert model_dtype(folder_with(tmp_path, config), device="cpu") == expected
 
 
@@ -92,7 +92,7 @@ def test_model_systems_load_in_the_dtype(
 ) -> None:
     from queryrl.models.loading import resolve_model_path
 
-    monkeypatch.setattr(machine, "native_bf16", lambda *a, **k: True)  # the folder's bf16 is kept (tiny: cheap)
+    monkeypatch.setattr(machine, "bf16_pays", lambda: True)  # the folder's bf16 is kept (tiny: cheap)
 
     tiny = resolve_model_path(tiny_cfg.model)
     bf16 = tmp_path / "bf16"
