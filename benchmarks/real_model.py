@@ -246,7 +246,7 @@ def model_info(model: Path) -> dict[str, Any]:
 
 
 def external_rows(
-    test_file: Path, kdconv_dir: Path, out: Path, history_chars: int, answer_format: str
+    test_file: Path, kdconv_dir: Path, out: Path, history_chars: int, answer_format: str, mentions: int = 0
 ) -> dict[str, Any]:
     """The turns with gold of a KdConv dialogue file (all of them), windowed as the bench's own rows, written
     to `out`; its rows and conversations. The rows are ``queryrl eval --data FILE.json``'s
@@ -254,7 +254,7 @@ def external_rows(
     from queryrl.apps.query_rewrite.data.conversations import write_parquet
     from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, kdconv_file_rows
 
-    settings = KdConvSettings(history_chars=history_chars, answer_format=answer_format)
+    settings = KdConvSettings(history_chars=history_chars, answer_format=answer_format, mentions=mentions)
     rows = kdconv_file_rows(test_file, kdconv_dir / kb_name(kdconv_dir), settings)
     conversations = len(json.loads(test_file.read_text(encoding="utf-8-sig")))  # the file's, with gold or not
     return {"file": str(write_parquet(rows, out)), "rows": len(rows), "conversations": conversations}
@@ -414,6 +414,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--folds", type=int, default=10, help="the parts of a --fold split")
     parser.add_argument(
         "--history-chars", type=int, default=320, help="earlier-message characters in the prompt (lever 18)"
+    )
+    parser.add_argument(
+        "--mentions",
+        type=int,
+        default=0,
+        help="a history summary in every prompt listing the knowledge base's names the conversation mentioned, "
+        "the latest N (0: none; queryrl/apps/query_rewrite/data/mentions.py)",
     )
     parser.add_argument("--answer-format", choices=("text", "json"), default="text")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
@@ -624,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print(f"--train-file must be a parquet file outside --work {work} (the bench empties it): {args.train_file}")
         return 2
+    if args.mentions < 0:
+        print(f"--mentions must be 0 (no history summary) or more, got {args.mentions}")
+        return 2
     if args.warmup_model is not None and args.warmup_model.resolve().is_relative_to(work):
         print(f"--warmup-model {args.warmup_model} is inside --work {work}, which the bench empties first")
         return 2
@@ -642,12 +652,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         sft_target=args.sft_target,
         answer_format=args.answer_format,
         fold=(args.fold, args.folds) if args.fold is not None else None,
+        mentions=args.mentions,
     )
     print(f"[prepare] rows {data['rows']}, conversations {data['conversations']}", flush=True)
     external = None
     if args.kdconv_test is not None:
         external = external_rows(
-            args.kdconv_test, kdconv_dir, work / "data" / "external.parquet", args.history_chars, args.answer_format
+            args.kdconv_test,
+            kdconv_dir,
+            work / "data" / "external.parquet",
+            args.history_chars,
+            args.answer_format,
+            args.mentions,
         )
         print(f"[prepare] {args.kdconv_test}: {external['rows']} rows", flush=True)
     info = model_info(model)

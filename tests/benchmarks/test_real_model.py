@@ -174,6 +174,10 @@ def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Pat
         assert not extra["sft_target"].startswith("{")  # the text format: the query itself
         windowed += extra["prompt_messages"] < len(extra["contexts"])
     assert windowed > 0  # long conversations are cut to the window, as the bench's own rows
+    assert rows["extra_info"].map(lambda e: e["history_summary"]).eq("").all()  # no --mentions: no summary
+    mentions = bench.external_rows(test_file, KDCONV, tmp_path / "m.parquet", window, "text", mentions=3)
+    summaries = pd.read_parquet(mentions["file"])["extra_info"].map(lambda e: e["history_summary"])
+    assert summaries.str.startswith("对话中提到过").any()  # --mentions reaches the KDCONV_TEST rows too
 
 
 def test_the_external_file_gets_the_trained_systems() -> None:
@@ -278,8 +282,9 @@ def test_a_train_file_must_exist_outside_the_work_folder(tmp_path: Path, capsys:
         (["--fold", "10"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
         (["--fold", "-1"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
         (["--fold", "0", "--folds", "2"], "--fold must be 0 to --folds - 1 with --folds 3 or more"),
+        (["--mentions", "-1"], "--mentions must be 0 (no history summary) or more, got -1"),
     ],
-    ids=["negative-swaps", "fold-past-the-folds", "negative-fold", "two-folds"],
+    ids=["negative-swaps", "fold-past-the-folds", "negative-fold", "two-folds", "negative-mentions"],
 )
 def test_a_bad_option_is_refused_before_the_work_folder_is_emptied(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str

@@ -125,8 +125,10 @@ def windowed_rows(
             parsed = parse_answer(target, answer_format=info.get("answer_format") or "json")
             assert parsed is not None  # the reference's own answer
             gold = list(row["reward_model"]["ground_truth"]["gold_doc_ids"])
+            summary = str(info.get("history_summary") or "")  # shown in the prompt too: a name it lists is seen
+            seen = [{"role": "user", "content": summary}, *window] if summary else window
             carried = {
-                "rewritten_query": GOLD_TARGETS[sft_target](window, gold, parsed.rewritten_query),
+                "rewritten_query": GOLD_TARGETS[sft_target](seen, gold, parsed.rewritten_query),
                 "user_profile": info.get("user_profile", ""),
                 "history_summary": info.get("history_summary", ""),
             }
@@ -357,6 +359,7 @@ def prepare(
     extra_sft: str | Sequence[str] = (),
     answer_format: str = "json",
     fold: tuple[int, int] | None = None,
+    mentions: int = 0,
 ) -> dict[str, Any]:
     """Write ``train/val/test.parquet`` into `out` (see the module doc); returns their paths and sizes.
     `answer_format`: what every prompt asks for (``json`` or ``text``, :mod:`queryrl.apps.query_rewrite.prompts`).
@@ -376,14 +379,21 @@ def prepare(
     are beside `kdconv_dir`) also ``extra.parquet``: :func:`extra_sft_rows` of each domain's ``dev.json``
     and ``test.json``, for SFT only. The result's ``extra_sft`` section: the domains and, with some, the
     file, its rows and each source file's counts (keyed ``<domain>/<file>``).
+
+    With `mentions` N > 0 every split's prompts carry a history summary of the knowledge base's names the
+    conversation mentioned before the turn, the latest N (:mod:`~queryrl.apps.query_rewrite.data.mentions`);
+    not with `augment` or `extra_sft`, whose rows would lack it.
     """
     from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
     from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
+    from queryrl.apps.query_rewrite.data.mentions import add_mentions
     from queryrl.rag import Document, HeuristicRewriter
     from queryrl.rag.index import title_entities
 
     if augment < 0:
         raise ValueError(f"augment must be >= 0, got {augment}")
+    if mentions < 0 or (mentions and (augment or extra_sft)):
+        raise ValueError(f"mentions must be >= 0 and go without augment and extra_sft, got {mentions}")
     if fold is not None and test_file is not None:
         raise ValueError("a fold split holds its test conversations out of dev.json; give no test_file with it")
     extra_domains = parse_domains(extra_sft if isinstance(extra_sft, str) else ",".join(extra_sft))
@@ -401,11 +411,14 @@ def prepare(
         splits["test"] = load_kdconv_conversations(test_file, both_speakers=True)
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     info["split"] = {"seed": seed, "fold": list(fold) if fold is not None else None}
+    info["mentions"] = mentions
     for name, convs in splits.items():
         rows = conversations_to_rows(convs, "kdconv", domain=domain, answer_format=answer_format)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")
+        if mentions:
+            add_mentions(rows, (d["title"] for d in corpus), mentions)
         windowed_rows(rows, rewriter, history_chars, sft_target if name != "test" else "reference")
         info["files"][name] = str(write_parquet(rows, out / f"{name}.parquet"))
         info["rows"][name] = len(rows)

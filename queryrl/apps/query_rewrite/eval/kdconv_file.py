@@ -30,11 +30,13 @@ KDCONV_PREFIX = "kdconv:"
 @dataclass(frozen=True)
 class KdConvSettings:
     """How a KdConv dialogue file's rows are made: the knowledge base (None: found as the module doc says),
-    the history characters in the prompt and the answer format it asks for."""
+    the history characters in the prompt, the answer format it asks for and the knowledge base's names the
+    history summary lists (0: no summary; :mod:`~queryrl.apps.query_rewrite.data.mentions`)."""
 
     kb: Path | None = None
     history_chars: int = 320
     answer_format: str = "text"
+    mentions: int = 0
 
 
 def is_kdconv_file(data: str) -> bool:
@@ -87,6 +89,8 @@ def kdconv_file_rows(data: Path, kb: Path, settings: KdConvSettings) -> list[dic
 
     if settings.history_chars < 0:
         raise EvalError(f"--history-chars must be >= 0, got {settings.history_chars}")
+    if settings.mentions < 0:
+        raise EvalError(f"--mentions must be >= 0, got {settings.mentions}")
     try:
         fmt = check_answer_format(settings.answer_format, ("rewritten_query",), "--answer-format")
         docs = [Document(d["doc_id"], d["title"], d["content"]) for d in kdconv_corpus(kb)]
@@ -97,6 +101,10 @@ def kdconv_file_rows(data: Path, kb: Path, settings: KdConvSettings) -> list[dic
     rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
     if not rows:
         raise EvalError(f"data {str(data)!r}: no turn whose reply uses the knowledge base (no gold documents)")
+    if settings.mentions:
+        from queryrl.apps.query_rewrite.data.mentions import add_mentions
+
+        add_mentions(rows, (d.title for d in docs), settings.mentions)
     windowed_rows(rows, HeuristicRewriter(title_entities(docs), latin_entities=False), settings.history_chars)
     return rows
 
