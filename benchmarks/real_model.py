@@ -62,6 +62,9 @@ With ``--pass-rate-rows N`` (off by default) GRPO trains only on the prompts tha
 and reward, and keeps those whose samples scored differently (``data/train_signal.parquet``, its report under
 ``phases.pass_rate``); ``--train-file`` gives GRPO such a file from an earlier run (GRPO seeds from one warm-up
 share it).
+With ``--mentions N`` (off by default) every prompt of every split (and of ``KDCONV_TEST``) carries a history summary
+listing the knowledge base's names the conversation mentioned before the turn, the latest N
+(``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter reads in the whole conversation.
 Output: ``benchmarks/results/real_model_<name>.json`` (atomic), and the run's LoRA adapters in
 ``<work>/adapters/warmup`` and ``<work>/adapters/grpo`` (bf16 safetensors + adapter_config.json, :func:`write_adapters`;
 their paths and sizes under ``adapters`` in the JSON; ``--write-adapters WORK`` writes those of an earlier run).
