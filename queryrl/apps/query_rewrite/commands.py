@@ -277,6 +277,13 @@ def eval_(
     answer_format: Annotated[
         str | None, typer.Option(help="A KdConv --data file's prompt asks for: text (default) or json.")
     ] = None,
+    mentions: Annotated[
+        int | None,
+        typer.Option(
+            help="A KdConv --data file's prompts carry a history summary of the knowledge base's names mentioned "
+            "before the turn, the latest N (as the bench's --mentions N trained them; default 0: none)."
+        ),
+    ] = None,
     debug: Debug = False,
 ) -> None:
     """Evaluate query rewriters and the baselines: retrieval metrics, judge win/tie/loss, table and chart.
@@ -291,7 +298,7 @@ def eval_(
 
     --systems NAME=BASE+ADAPTER[+ADAPTER2]: a model folder with LoRA adapter folders merged into it in order.
     --data FILE.json, a KdConv dialogue file: its turns with gold, prepared on the fly (--kb, --history-chars,
-    --answer-format), the embedded service searching its knowledge base.
+    --answer-format, --mentions), the embedded service searching its knowledge base.
     """
     from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings
     from queryrl.apps.query_rewrite.eval.run import evaluate
@@ -329,7 +336,7 @@ def eval_(
             dtype=dtype,
             compare=compare,
             processes=processes,
-            kdconv=_kdconv_settings(kb, history_chars, answer_format, KdConvSettings),
+            kdconv=_kdconv_settings(kb, history_chars, answer_format, mentions, KdConvSettings),
             vocab_ids=vocab_ids,
             echo=typer.echo,
             warn=lambda message: typer.secho(message, err=True, fg=typer.colors.RED),
@@ -338,16 +345,19 @@ def eval_(
         _fail(str(exc))
 
 
-def _kdconv_settings(kb: Path | None, history_chars: int | None, answer_format: str | None, make: Any) -> Any:
+def _kdconv_settings(
+    kb: Path | None, history_chars: int | None, answer_format: str | None, mentions: int | None, make: Any
+) -> Any:
     """``queryrl eval``'s KdConv-file options as `make` (:class:`~.eval.kdconv_file.KdConvSettings`), None if none
     was given (the defaults, and no complaint when the data is not a KdConv file)."""
-    if kb is None and history_chars is None and answer_format is None:
+    if kb is None and history_chars is None and answer_format is None and mentions is None:
         return None
     defaults = make()
     return make(
         kb=kb,
         history_chars=defaults.history_chars if history_chars is None else history_chars,
         answer_format=answer_format or defaults.answer_format,
+        mentions=defaults.mentions if mentions is None else mentions,
     )
 
 

@@ -123,5 +123,6 @@ def prepare_kdconv(
         rag.corpus = f"{KDCONV_PREFIX}{kb}"
         say(f"corpus: {rag.corpus} (the knowledge base of the KdConv file {data})")
     fmt, chars = settings.answer_format, settings.history_chars
-    say(f"{data}: KdConv dialogues -> {len(rows)} turns with gold (history {chars} characters, {fmt} answers)")
+    summary = f", the latest {settings.mentions} names mentioned as the history summary" if settings.mentions else ""
+    say(f"{data}: KdConv dialogues -> {len(rows)} turns with gold (history {chars} characters, {fmt} answers{summary})")
     return rows

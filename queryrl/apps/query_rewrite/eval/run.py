@@ -215,7 +215,9 @@ def _kdconv_rows(
     if is_kdconv_file(data):
         return prepare_kdconv(data, cfg, kdconv, say)
     if kdconv is not None:
-        raise EvalError(f"--kb, --history-chars and --answer-format are for a KdConv .json file; {data!r} is not one")
+        raise EvalError(
+            f"--kb, --history-chars, --answer-format and --mentions are for a KdConv .json file; {data!r} is not one"
+        )
     return None
 
 

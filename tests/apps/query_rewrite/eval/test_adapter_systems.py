@@ -225,6 +225,7 @@ def test_kdconv_file_options_and_their_errors(tmp_path: Path) -> None:
         (["--kb", str(tmp_path / "none.json")], f"knowledge base '{tmp_path / 'none.json'}' does not exist"),
         (["--answer-format", "yaml"], "--answer-format: unknown 'yaml'"),
         (["--history-chars", "-1"], "--history-chars must be >= 0"),
+        (["--mentions", "-1"], "--mentions must be >= 0, got -1"),
     ]:
         result = runner.invoke(app, [*base, *extra])
         assert result.exit_code == 2, result.output
@@ -237,6 +238,12 @@ def test_kdconv_file_options_and_their_errors(tmp_path: Path) -> None:
     result = runner.invoke(app, [*base, "--kb", str(tmp_path / "kb.json"), "--history-chars", "0"])
     assert result.exit_code == 0, result.output
     assert "(history 0 characters, text answers)" in result.output
+    result = runner.invoke(app, [*base, "--kb", str(tmp_path / "kb.json"), "--mentions", "2"])
+    assert result.exit_code == 0, result.output
+    said = "(history 320 characters, text answers, the latest 2 names mentioned as the history summary)"
+    assert said in result.output
+    samples = [json.loads(line) for line in (tmp_path / "eval_samples.jsonl").read_text().splitlines()]
+    assert any(s["systems"]["raw_turn"]["query"] == "在哪里？" for s in samples)  # the turns are read as before
     not_kdconv = ["eval", "--data", DATA, "--systems", "raw_turn", "--out", str(tmp_path / "f.json"), "--kb", "x"]
     result = runner.invoke(app, not_kdconv)
     assert result.exit_code == 2
