@@ -418,7 +418,7 @@ def prepare(
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")
         if mentions:
-            add_mentions(rows, (d["title"] for d in corpus), mentions)
+            add_mentions(rows, entity_pattern(d["title"] for d in corpus if len(d["title"]) >= 2), mentions)
         windowed_rows(rows, rewriter, history_chars, sft_target if name != "test" else "reference")
         info["files"][name] = str(write_parquet(rows, out / f"{name}.parquet"))
         info["rows"][name] = len(rows)

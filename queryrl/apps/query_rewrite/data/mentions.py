@@ -50,13 +50,11 @@ def mentions_summary(
     return MENTIONS_LABEL[key] + MENTIONS_SEPARATOR[key].join(names)
 
 
-def add_mentions(rows: Iterable[dict[str, Any]], names: Iterable[str], limit: int, lang: str = "zh") -> None:
-    """Set each row's ``extra_info.history_summary`` to :func:`mentions_summary` of its ``contexts`` (in place;
-    before :func:`~.kdconv_prep.windowed_rows` builds the prompts). A row that already has a summary keeps it
-    and gets the line after it."""
-    from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
-
-    pattern = entity_pattern(n for n in names if len(n) >= 2)
+def add_mentions(rows: Iterable[dict[str, Any]], pattern: re.Pattern[str], limit: int, lang: str = "zh") -> None:
+    """Set each row's ``extra_info.history_summary`` to :func:`mentions_summary` of its ``contexts`` with the names
+    `pattern` finds (:func:`~.kdconv_prep.entity_pattern` of the knowledge base's names of two characters or more;
+    in place, before :func:`~.kdconv_prep.windowed_rows` builds the prompts). A row that already has a summary keeps
+    it and gets the line after it."""
     for row in rows:
         info = row["extra_info"]
         line = mentions_summary(info["contexts"], pattern, limit, lang)

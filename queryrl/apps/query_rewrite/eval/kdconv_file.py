@@ -102,9 +102,10 @@ def kdconv_file_rows(data: Path, kb: Path, settings: KdConvSettings) -> list[dic
     if not rows:
         raise EvalError(f"data {str(data)!r}: no turn whose reply uses the knowledge base (no gold documents)")
     if settings.mentions:
+        from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
         from queryrl.apps.query_rewrite.data.mentions import add_mentions
 
-        add_mentions(rows, (d.title for d in docs), settings.mentions)
+        add_mentions(rows, entity_pattern(d.title for d in docs if len(d.title) >= 2), settings.mentions)
     windowed_rows(rows, HeuristicRewriter(title_entities(docs), latin_entities=False), settings.history_chars)
     return rows
 
