@@ -412,13 +412,14 @@ def prepare(
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     info["split"] = {"seed": seed, "fold": list(fold) if fold is not None else None}
     info["mentions"] = mentions
+    names = entity_pattern(d["title"] for d in corpus if len(d["title"]) >= 2) if mentions else None
     for name, convs in splits.items():
         rows = conversations_to_rows(convs, "kdconv", domain=domain, answer_format=answer_format)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]
         if not rows:
             raise ValueError(f"split {name!r} has no turn with gold documents")
-        if mentions:
-            add_mentions(rows, entity_pattern(d["title"] for d in corpus if len(d["title"]) >= 2), mentions)
+        if names is not None:
+            add_mentions(rows, names, mentions)
         windowed_rows(rows, rewriter, history_chars, sft_target if name != "test" else "reference")
         info["files"][name] = str(write_parquet(rows, out / f"{name}.parquet"))
         info["rows"][name] = len(rows)
