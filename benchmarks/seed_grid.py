@@ -20,10 +20,11 @@ spread"). This reads a grid of ``benchmarks/real_model.py`` results, each a JSON
     python benchmarks/seed_grid.py experiments/results/real_model_bf16_gold_entity_hist320_s0.json \\
       experiments/results/real_model_bf16_grposeed8_s0.json ... --out benchmarks/results/seed_grid.json
 
-A lever on the grid unit: ``--against BASELINE_JSONS...`` (the recipe's grid, from the same warm-ups) adds, per split
+A lever on the grid unit: ``--against BASELINE_JSONS...`` (the recipe's grid) adds, per split
 and over the splits both grids hold, the lever's GRPO score minus the baseline's, each turn's score averaged over
-that grid's GRPO seeds on that split (paired over turns and over conversations, as above), and per GRPO seed held by
-both, the two runs' difference (the same seed orders the same turns and seeds the sampler alike).
+that grid's GRPO seeds on that split (paired over turns and over conversations, as above), per GRPO seed held by
+both, the two runs' difference (the same seed orders the same turns and seeds the sampler alike), and the lever's
+warm-up minus the baseline's (one warm-up per split and grid; zero where the lever leaves the warm-up as it is).
 
 The held-out turns read (``--rows``): ``test``, the bench's final eval (``eval/eval_samples.jsonl``; the default, and
 the turns the log's levers were chosen on); ``val``, the split's validation conversations, which no phase of the bench
@@ -284,10 +285,12 @@ def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[
     splits = sorted({r["split"] for r in runs} & {r["split"] for r in baseline})
     if not splits:
         raise GridError("--against: the two grids share no split seed")
-    lever, base, groups, out = [], [], [], {}
+    lever, base, lever_warm, base_warm, groups, out = [], [], [], [], [], {}
     for split in splits:
         mine, rows = _seed_mean(runs, split)
         theirs, base_rows = _seed_mean(baseline, split)
+        # one warm-up per split and grid (its GRPO seeds share it): a lever that changes the warm-up shows it here
+        warm, base_warm_split = _scores(rows, "warmup"), _scores(base_rows, "warmup")
         if [_turn_key(x) for x in rows] != [_turn_key(x) for x in base_rows]:
             raise GridError(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
         split_groups = [f"{split}:{x['conversation_id']}" for x in rows]
@@ -305,12 +308,21 @@ def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[
             "baseline_recall@5": round(float(theirs.mean()), 4),
             "lever_minus_baseline": _interval(mine, theirs, split_groups),
             "same_seed": same_seed,
+            "lever_warmup_recall@5": round(float(warm.mean()), 4),
+            "baseline_warmup_recall@5": round(float(base_warm_split.mean()), 4),
+            "warmup_lever_minus_baseline": _interval(warm, base_warm_split, split_groups),
         }
         lever.append(mine)
         base.append(theirs)
+        lever_warm.append(warm)
+        base_warm.append(base_warm_split)
         groups += split_groups
     pooled = _interval(np.concatenate(lever), np.concatenate(base), groups)
-    return {"by_split": out, "pooled": {"splits": splits, "lever_minus_baseline": pooled}}
+    pooled_warm = _interval(np.concatenate(lever_warm), np.concatenate(base_warm), groups)
+    return {
+        "by_split": out,
+        "pooled": {"splits": splits, "lever_minus_baseline": pooled, "warmup_lever_minus_baseline": pooled_warm},
+    }
 
 
 def _iv(x: dict[str, float], conversations: bool = True) -> str:
@@ -360,17 +372,23 @@ def markdown(out: dict[str, Any]) -> str:
         lines += [
             "",
             "| lever - baseline, GRPO Recall@5 | lever seeds | baseline seeds | lever | baseline "
-            "| seeds averaged per turn: turns / conversations | same GRPO seed, run - run |",
-            "| --- | --- | --- | ---: | ---: | --- | --- |",
+            "| seeds averaged per turn: turns / conversations | same GRPO seed, run - run "
+            "| warm-ups: lever, baseline | warm-up lever - baseline: turns / conversations |",
+            "| --- | --- | --- | ---: | ---: | --- | --- | --- | --- |",
         ]
         for split, a in out["against"]["by_split"].items():
             same = "; ".join(f"{k}: {_iv(v, False)}" for k, v in a["same_seed"].items())
             lines.append(
                 f"| split {split} | {a['lever_seeds']} | {a['baseline_seeds']} | {a['lever_recall@5']:.3f} "
-                f"| {a['baseline_recall@5']:.3f} | {_iv(a['lever_minus_baseline'])} | {same} |"
+                f"| {a['baseline_recall@5']:.3f} | {_iv(a['lever_minus_baseline'])} | {same} "
+                f"| {a['lever_warmup_recall@5']:.3f}, {a['baseline_warmup_recall@5']:.3f} "
+                f"| {_iv(a['warmup_lever_minus_baseline'])} |"
             )
         pooled_against = out["against"]["pooled"]
-        lines.append(f"| all shared splits | | | | | {_iv(pooled_against['lever_minus_baseline'])} | |")
+        lines.append(
+            f"| all shared splits | | | | | {_iv(pooled_against['lever_minus_baseline'])} | | "
+            f"| {_iv(pooled_against['warmup_lever_minus_baseline'])} |"
+        )
     return "\n".join(lines)
 
 

@@ -17,10 +17,16 @@ grid = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(grid)
 
 
-def _run(split: int, seed: int, hits: list[float]) -> dict[str, Any]:
+def _run(split: int, seed: int, hits: list[float], warm: list[float] | None = None) -> dict[str, Any]:
+    warm = warm or [0.0] * len(hits)
     rows = [
-        {"index": i, "turn": i % 3, "conversation_id": f"c{i // 4}", "systems": {"grpo": {"recall@5": h}}}
-        for i, h in enumerate(hits)
+        {
+            "index": i,
+            "turn": i % 3,
+            "conversation_id": f"c{i // 4}",
+            "systems": {"grpo": {"recall@5": h}, "warmup": {"recall@5": w}},
+        }
+        for i, (h, w) in enumerate(zip(hits, warm, strict=True))
     ]
     return {"split": split, "grpo_seed": seed, "rows": rows}
 
@@ -38,6 +44,19 @@ def test_against_averages_each_grids_seeds_per_turn_and_pairs_same_seeds() -> No
     assert list(split0["same_seed"]) == ["7"]  # seed 8 has no baseline run, seed 9 no lever run
     assert split0["same_seed"]["7"]["diff"] == pytest.approx(2 / 8, abs=1e-4)
     assert out["pooled"]["splits"] == [0]  # split 1 is the baseline's only
+
+
+def test_against_pairs_the_two_grids_warm_ups_per_split_and_pooled() -> None:
+    hits, same_warm = [1, 0, 1, 0] * 2, [1, 0, 1, 1] * 2
+    lever = [_run(0, 7, hits, warm=[1, 1, 1, 0] * 2), _run(1, 7, hits, warm=same_warm)]
+    baseline = [_run(0, 7, hits, warm=[0, 1, 0, 0] * 2), _run(1, 7, hits, warm=same_warm)]
+    out = grid.against(lever, baseline)
+    assert out["by_split"]["0"]["lever_warmup_recall@5"] == pytest.approx(0.75)
+    assert out["by_split"]["0"]["baseline_warmup_recall@5"] == pytest.approx(0.25)
+    assert out["by_split"]["0"]["warmup_lever_minus_baseline"]["diff"] == pytest.approx(0.5)
+    assert out["by_split"]["1"]["warmup_lever_minus_baseline"]["diff"] == pytest.approx(0.0)  # the same warm-up
+    assert out["pooled"]["warmup_lever_minus_baseline"]["diff"] == pytest.approx(0.25)  # 4 of 16 turns better
+    assert out["pooled"]["lever_minus_baseline"]["diff"] == pytest.approx(0.0)
 
 
 def test_against_refuses_grids_without_a_shared_split_or_with_other_turns() -> None:
