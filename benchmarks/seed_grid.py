@@ -289,10 +289,10 @@ def against(runs: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[
     for split in splits:
         mine, rows = _seed_mean(runs, split)
         theirs, base_rows = _seed_mean(baseline, split)
-        # one warm-up per split and grid (its GRPO seeds share it): a lever that changes the warm-up shows it here
-        warm, base_warm_split = _scores(rows, "warmup"), _scores(base_rows, "warmup")
         if [_turn_key(x) for x in rows] != [_turn_key(x) for x in base_rows]:
             raise GridError(f"split {split}: the lever's runs and the baseline's do not hold the same turns")
+        # one warm-up per split and grid (its GRPO seeds share it): a lever that changes the warm-up shows it here
+        warm, base_warm_split = _scores(rows, "warmup"), _scores(base_rows, "warmup")
         split_groups = [f"{split}:{x['conversation_id']}" for x in rows]
         seeds = sorted({r["grpo_seed"] for r in runs if r["split"] == split})
         same_seed = {}

@@ -386,7 +386,7 @@ def prepare(
     """
     from queryrl.apps.query_rewrite.data.conversations import conversations_to_rows, write_parquet
     from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus, kdconv_domain, load_kdconv_conversations
-    from queryrl.apps.query_rewrite.data.mentions import add_mentions
+    from queryrl.apps.query_rewrite.data.mentions import add_mentions, mention_names
     from queryrl.rag import Document, HeuristicRewriter
     from queryrl.rag.index import title_entities
 
@@ -412,7 +412,7 @@ def prepare(
     info: dict[str, Any] = {"files": {}, "rows": {}, "conversations": {}}
     info["split"] = {"seed": seed, "fold": list(fold) if fold is not None else None}
     info["mentions"] = mentions
-    names = entity_pattern(d["title"] for d in corpus if len(d["title"]) >= 2) if mentions else None
+    names = entity_pattern(mention_names(d["title"] for d in corpus)) if mentions else None
     for name, convs in splits.items():
         rows = conversations_to_rows(convs, "kdconv", domain=domain, answer_format=answer_format)
         rows = [r for r in rows if r["reward_model"]["ground_truth"]["gold_doc_ids"]]

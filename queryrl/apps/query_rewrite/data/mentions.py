@@ -21,6 +21,13 @@ from typing import Any
 
 MENTIONS_LABEL = {"zh": "对话中提到过（越靠后越近）：", "en": "Mentioned so far (latest last): "}
 MENTIONS_SEPARATOR = {"zh": "、", "en": ", "}
+MIN_NAME_CHARS = 2  # a one-character name ("X", "岛") matches inside too many other words
+
+
+def mention_names(titles: Iterable[str]) -> list[str]:
+    """The knowledge base's names a summary may list: those of at least :data:`MIN_NAME_CHARS` characters (the
+    callers build the pattern with :func:`~.kdconv_prep.entity_pattern`, which this module cannot import)."""
+    return [t for t in titles if len(t) >= MIN_NAME_CHARS]
 
 
 def mentioned(contexts: Sequence[Mapping[str, Any]], pattern: re.Pattern[str], limit: int) -> list[str]:
@@ -52,7 +59,7 @@ def mentions_summary(
 
 def add_mentions(rows: Iterable[dict[str, Any]], pattern: re.Pattern[str], limit: int, lang: str = "zh") -> None:
     """Set each row's ``extra_info.history_summary`` to :func:`mentions_summary` of its ``contexts`` with the names
-    `pattern` finds (:func:`~.kdconv_prep.entity_pattern` of the knowledge base's names of two characters or more;
+    `pattern` finds (:func:`~.kdconv_prep.entity_pattern` of :func:`mention_names`;
     in place, before :func:`~.kdconv_prep.windowed_rows` builds the prompts). A row that already has a summary keeps
     it and gets the line after it."""
     for row in rows:

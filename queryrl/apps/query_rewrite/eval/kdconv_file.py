@@ -103,9 +103,9 @@ def kdconv_file_rows(data: Path, kb: Path, settings: KdConvSettings) -> list[dic
         raise EvalError(f"data {str(data)!r}: no turn whose reply uses the knowledge base (no gold documents)")
     if settings.mentions:
         from queryrl.apps.query_rewrite.data.kdconv_prep import entity_pattern
-        from queryrl.apps.query_rewrite.data.mentions import add_mentions
+        from queryrl.apps.query_rewrite.data.mentions import add_mentions, mention_names
 
-        add_mentions(rows, entity_pattern(d.title for d in docs if len(d.title) >= 2), settings.mentions)
+        add_mentions(rows, entity_pattern(mention_names(d.title for d in docs)), settings.mentions)
     windowed_rows(rows, HeuristicRewriter(title_entities(docs), latin_entities=False), settings.history_chars)
     return rows
 

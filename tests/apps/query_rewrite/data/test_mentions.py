@@ -11,7 +11,7 @@ import pytest
 
 from queryrl.apps.query_rewrite.data import kdconv_prep as prep
 from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
-from queryrl.apps.query_rewrite.data.mentions import add_mentions, mentioned, mentions_summary
+from queryrl.apps.query_rewrite.data.mentions import add_mentions, mention_names, mentioned, mentions_summary
 from queryrl.apps.query_rewrite.eval.kdconv_file import KdConvSettings, kdconv_file_rows
 from queryrl.apps.query_rewrite.eval.samples import EvalError
 from tests.helpers import KDCONV, needs_kdconv
@@ -43,6 +43,10 @@ def test_no_name_before_the_turn_is_no_summary() -> None:
     assert mentions_summary(conversation("故宫门票多少？"), PATTERN, 5) == ""  # the first turn has no history
     with pytest.raises(ValueError, match="limit must be >= 1, got 0"):
         mentioned(conversation("故宫", "好"), PATTERN, 0)
+
+
+def test_mention_names_drop_one_character_names() -> None:
+    assert mention_names(["故宫", "X", "岛", "天坛公园"]) == ["故宫", "天坛公园"]
 
 
 def test_add_mentions_fills_the_summary_and_keeps_a_rows_own() -> None:
@@ -111,7 +115,7 @@ def test_a_kdconv_file_evaluated_on_the_fly_gets_the_same_summaries(tmp_path: Pa
     src = _slice(tmp_path / "travel", 6)
     kb = src / "kb_travel.json"
     rows = kdconv_file_rows(src / "dev.json", kb, KdConvSettings(history_chars=40, mentions=3))
-    names = prep.entity_pattern(d["title"] for d in kdconv_corpus(kb) if len(d["title"]) >= 2)
+    names = prep.entity_pattern(mention_names(d["title"] for d in kdconv_corpus(kb)))
     expected = [dict(r, extra_info=dict(r["extra_info"], history_summary="")) for r in rows]
     add_mentions(expected, names, 3)
     assert [r["extra_info"]["history_summary"] for r in rows] == [r["extra_info"]["history_summary"] for r in expected]
