@@ -269,9 +269,31 @@ def head_paragraph(
     ]
 
 
-def warmup_text(args: Mapping[str, Any]) -> str:
-    """What the warm-up SFT trained on, from the bench's options."""
-    text = f"LoRA SFT, {args['sft_epochs']} epochs, on {args['warmup_rows']} training turns sampled for the warm-up"
+def split_name(args: Mapping[str, Any]) -> str:
+    """The split in a few words: ``Split seed S`` or ``Fold K of N (seed S)``."""
+    if args.get("fold") is None:
+        return f"Split seed {args['seed']}"
+    return f"Fold {args['fold']} of {args['folds']} (seed {args['seed']})"
+
+
+def split_text(args: Mapping[str, Any]) -> str:
+    """How the bench split the conversations: a seeded 10 % / 10 %, or fold K of N (``--fold``)."""
+    if args.get("fold") is None:
+        return f"with seed {args['seed']}"
+    k, n = args["fold"], args["folds"]
+    return (
+        f"into {n} folds (the conversations shuffled with seed {args['seed']}, fold {k} tested, fold {(k + 1) % n} "
+        "validated, the rest trained on; `--fold`)"
+    )
+
+
+def warmup_text(args: Mapping[str, Any], train_rows: int) -> str:
+    """What the warm-up SFT trained on, from the bench's options and the split's `train_rows` training turns."""
+    rows = args.get("warmup_rows")
+    sampled = f"{rows} training turns sampled" if rows is not None and rows < train_rows else None
+    turns = sampled or f"every training turn ({train_rows:,})"
+    epochs = f"{args['sft_epochs']} epoch" + ("s" if args["sft_epochs"] != 1 else "")
+    text = f"LoRA SFT, {epochs}, on {turns} for the warm-up"
     text += f", each one's target (`--sft-target {args['sft_target']}`) kept where it retrieves gold"
     if args.get("warmup_samples"):
         text += f", and {args['warmup_samples']} of the model's own rewrites per turn (self-driven warm-up)"
@@ -314,16 +336,17 @@ def card(
         "(Q4_K_M GGUF, converted to float32 by `make real-models` into `runs/models/gemma3-270m`). " + GEMMA_NOTICE,
         "",
         "**Data and split.** KdConv travel `dev.json` (thu-coai/KdConv, Apache-2.0; not in this repository), split",
-        f"by conversation with seed {args['seed']}: train / val / test {_split(data['rows'])} rows from",
+        f"by conversation {split_text(args)}: train / val / test {_split(data['rows'])} rows from",
         f"{_split(data['conversations'])} conversations; evaluated on {rows}. Prompts carry",
         f"{args['history_chars']} characters of history, answers are `{args['answer_format']}`.",
         "",
-        f"**Seeds.** Split seed {args['seed']}, GRPO `trainer.seed` {grpo_seed}. One run on one split, not a seed",
+        f"**Seeds.** {split_name(args)}, GRPO `trainer.seed` {grpo_seed}. One run on one split, not a seed",
         "grid: one GRPO seed moves a run by up to about 0.07 Recall@5 (`benchmarks/results/seed_grid.json`), so read",
         "the differences below with their intervals. This pair is what anyone can check without the",
         f"{_minutes(result['wall_time_s'])} of the run.",
         "",
-        f"**The adapters.** `warmup/` goes on the base ({warmup_text(args)}); `grpo/` goes on the base with",
+        f"**The adapters.** `warmup/` goes on the base ({warmup_text(args, data['rows']['train'])}); `grpo/` goes on "
+        "the base with",
         f"`warmup/` merged (GRPO started from the merged warm-up: {args['grpo_steps']} steps of {args['batch']}",
         f"prompts x {args['n']} samples, LoRA rank {args['lora_rank']} on {grpo_targets}). bf16 safetensors.",
         "",
@@ -388,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = result["settings"]["args"]
     check: dict[str, Any] = {
         "split_seed": bench["seed"],
+        "fold": [bench["fold"], bench["folds"]] if bench.get("fold") is not None else None,
+        "mentions": bench.get("mentions", 0),
         "history_chars": bench["history_chars"],
         "answer_format": bench["answer_format"],
         "dtype": result["compute_dtype"],

@@ -54,8 +54,16 @@ def _rows(check: dict[str, Any], tmp: Path) -> Path:
     from queryrl.apps.query_rewrite.data.kdconv_prep import prepare
     from queryrl.data.records import load_records
 
+    fold = tuple(check["fold"]) if check.get("fold") else None  # a --fold run's split, else the seeded one
     prepare(
-        KDCONV, tmp / "data", None, check["split_seed"], check["history_chars"], answer_format=check["answer_format"]
+        KDCONV,
+        tmp / "data",
+        None,
+        check["split_seed"],
+        check["history_chars"],
+        answer_format=check["answer_format"],
+        fold=fold,
+        mentions=check.get("mentions", 0),
     )
     wanted = {(r["conversation_id"], r["turn"]) for r in check["rows"]}
     rows = [
@@ -176,6 +184,31 @@ def test_a_restricted_run_publishes_its_kept_ids_and_the_option(tmp_path: Path, 
         assert option in card
     assert "--history-chars" not in card
     assert "Split seed 1, GRPO `trainer.seed` 7" in card
+
+
+def test_a_fold_run_publishes_its_fold_and_the_warm_up_s_turns(tmp_path: Path) -> None:
+    path = _fake_run(tmp_path, True, True)
+    result = json.loads(path.read_text())
+    result["settings"]["args"] |= {"fold": 3, "folds": 10, "seed": 0, "warmup_rows": 2000, "sft_epochs": 1}
+    path.write_text(json.dumps(result))
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    check = json.loads((out / "check.json").read_text())
+    assert check["fold"] == [3, 10]
+    assert check["split_seed"] == 0
+    assert check["mentions"] == 0
+    card = (out / "README.md").read_text()
+    assert "Fold 3 of 10 (seed 0), GRPO `trainer.seed` 7" in card
+    assert "fold 3 tested, fold 4 validated" in card
+    assert "LoRA SFT, 1 epoch, on every training turn (8) for the warm-up" in card  # 2000 asked, 8 there
+    result["settings"]["args"] |= {"warmup_rows": 4, "sft_epochs": 2}
+    path.write_text(json.dumps(result))
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    assert "LoRA SFT, 2 epochs, on 4 training turns sampled for the warm-up" in (out / "README.md").read_text()
+    result["settings"]["args"].pop("fold")
+    path.write_text(json.dumps(result))
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    assert json.loads((out / "check.json").read_text())["fold"] is None
 
 
 def test_a_full_head_run_publishes_as_before(tmp_path: Path) -> None:
