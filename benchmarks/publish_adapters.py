@@ -1,7 +1,7 @@
 """Publish a ``make bench-real`` run's two LoRA adapters with a model card (``benchmarks/published/<name>/``).
 
-    python benchmarks/publish_adapters.py experiments/results/real_model_bf16_vocab_g7_s1.json \\
-        --out benchmarks/published/gemma3-270m-kdconv-travel
+    python benchmarks/publish_adapters.py experiments/results/grid_warmall_fold0of10_g7.json \\
+        --out benchmarks/published/gemma3-270m-kdconv-travel --grid experiments/results/seed_grid_warmall_g789.json
 
 Reads the bench's JSON and its work folder (``settings.args.work``: ``adapters/warmup``, ``adapters/grpo``,
 ``eval/eval_samples.jsonl``) and writes, replacing the folder (the project keeps one pair):
@@ -15,7 +15,8 @@ Reads the bench's JSON and its work folder (``settings.args.work``: ``adapters/w
   system's Recall@5 and MRR and the SHA-256 of its query (numbers and digests only: no KdConv text);
 - ``README.md``: the model card (base model and its licence notice, data and split, seeds, the bench command
   that made the run, read back from the JSON's ``settings.args``, the machine from its ``machine``, the head the
-  trained systems decode with, the eval command, the eval table with its intervals, the flat-group share, the date).
+  trained systems decode with, the eval command, the eval table with its intervals, the flat-group share, the date;
+  with ``--grid`` a ``seed_grid.py`` JSON that holds the run, also its split's other GRPO seeds and the pooled grid).
 
 A restricted run's adapters are evaluated with its kept ids because that is what was measured: the restricted
 head's greedy token is the argmax over the kept tokens only, so decoding the same adapters with the full head
@@ -213,6 +214,41 @@ def validation_section(result: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _ci(d: Mapping[str, float]) -> str:
+    return f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+
+def grid_section(grid: Mapping[str, Any], grid_path: Path, result_path: Path) -> list[str]:
+    """Where the run sits in the seed grid `grid` (``benchmarks/seed_grid.py``'s JSON) that holds it: its split's
+    other GRPO seeds, and the grid's pooled result, so the card's one run is read as one draw of the GRPO seed.
+
+    Raises:
+        ValueError: the grid holds no run of `result_path`."""
+    mine = [r for r in grid["runs"] if (REPO / r["result"]).resolve() == result_path.resolve()]
+    if not mine:
+        raise ValueError(f"{shown(grid_path)} holds no run of {shown(result_path)}")
+    split = mine[0]["split"]
+    seeds = ", ".join(
+        f"seed {r['grpo_seed']} {r['grpo_recall@5']:.3f}"
+        for r in sorted(grid["runs"], key=lambda r: r["grpo_seed"])
+        if r["split"] == split
+    )
+    pooled = grid["pooled"]
+    ref, warm = pooled["grpo_minus_reference"], pooled["grpo_minus_warmup"]
+    return [
+        f"**Its grid.** This run is one of the {pooled['runs']} runs of `{shown(grid_path)}` ("
+        + ", ".join(pooled["splits"])
+        + f"). On {split} the GRPO seeds reached Recall@5 {seeds}: this pair is one draw of the GRPO seed. Pooled",
+        f"over the grid's {pooled['turns']:,} held-out turns (each turn's GRPO score averaged over its split's seeds):",
+        f"GRPO - reference {_ci(ref)} (over conversations [{ref['group_low']:+.3f}, {ref['group_high']:+.3f}]),",
+        f"GRPO - warm-up {_ci(warm)} (over conversations [{warm['group_low']:+.3f}, {warm['group_high']:+.3f}]),",
+        f"{pooled['ctx_dep_x_concat_last3']:.2f}x concat_last3 on context-dependent turns, intent kept on "
+        f"{100 * pooled['intent_kept_mean_of_runs']:.1f} % of turns and "
+        f"{100 * pooled['flat_groups_mean_of_runs']:.0f} % of GRPO's groups flat (means of the runs).",
+        "",
+    ]
+
+
 def _split(counts: Mapping[str, int]) -> str:
     return " / ".join(f"{counts[k]:,}" for k in ("train", "val", "test"))
 
@@ -301,8 +337,15 @@ def warmup_text(args: Mapping[str, Any], train_rows: int) -> str:
 
 
 def card(
-    result: Mapping[str, Any], result_path: Path, grpo_seed: int, date: str, note: str | None, vocab: Sequence[str]
+    result: Mapping[str, Any],
+    result_path: Path,
+    grpo_seed: int,
+    date: str,
+    note: str | None,
+    vocab: Sequence[str],
+    grid: list[str] | None = None,
 ) -> str:
+    """The model card; `grid`: :func:`grid_section`'s lines, after the seeds."""
     args = result["settings"]["args"]
     adapters = result.get("adapters") or {}
     flat = result["phases"]["grpo"].get("per_step", {}).get("zero_std_group_frac_mean")
@@ -345,6 +388,7 @@ def card(
         "the differences below with their intervals. This pair is what anyone can check without the",
         f"{_minutes(result['wall_time_s'])} of the run.",
         "",
+        *(grid or []),
         f"**The adapters.** `warmup/` goes on the base ({warmup_text(args, data['rows']['train'])}); `grpo/` goes on "
         "the base with",
         f"`warmup/` merged (GRPO started from the merged warm-up: {args['grpo_steps']} steps of {args['batch']}",
@@ -391,8 +435,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--machine-note", help="what the JSON's `machine` cannot say about the run (e.g. other jobs beside it)"
     )
+    parser.add_argument(
+        "--grid", type=Path, help="a benchmarks/seed_grid.py JSON that holds the run: the card says where it sits in it"
+    )
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text(encoding="utf-8"))
+    grid = None
+    if args.grid is not None:  # before the folder is replaced: a grid without the run stops here
+        try:
+            grid = grid_section(json.loads(args.grid.read_text(encoding="utf-8")), args.grid, args.result)
+        except ValueError as err:
+            print(f"publish_adapters: {err}", file=sys.stderr)
+            return 2
     work = Path(result["settings"]["args"]["work"])
     if not work.is_absolute():
         work = REPO / work
@@ -422,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check["vocab_ids"] = {name: f"{name}/{VOCAB_FILE}" for name in vocab}
     check["rows"] = check_rows(samples, args.rows)
     atomic_write_text(args.out / "check.json", json.dumps(check, indent=1) + "\n")
-    text = card(result, args.result.resolve(), grpo_seed, date, args.machine_note, list(vocab))
+    text = card(result, args.result.resolve(), grpo_seed, date, args.machine_note, list(vocab), grid)
     atomic_write_text(args.out / "README.md", text)
     print(f"wrote {args.out}")
     return 0

@@ -211,6 +211,32 @@ def test_a_fold_run_publishes_its_fold_and_the_warm_up_s_turns(tmp_path: Path) -
     assert json.loads((out / "check.json").read_text())["fold"] is None
 
 
+def test_the_card_places_the_run_in_the_grid_that_holds_it(tmp_path: Path) -> None:
+    path = _fake_run(tmp_path, True, True)
+    ci = {"diff": 0.014, "low": -0.011, "high": 0.041, "group_low": -0.018, "group_high": 0.048}
+    runs = [{"split": "fold 0/10", "grpo_seed": g, "result": str(tmp_path / f"r{g}.json"), "grpo_recall@5": x}
+            for g, x in ((9, 0.471), (8, 0.497))]  # fmt: skip
+    runs.append({"split": "fold 0/10", "grpo_seed": 7, "result": str(path), "grpo_recall@5": 0.509})
+    runs.append({"split": "fold 2/10", "grpo_seed": 7, "result": str(tmp_path / "f2.json"), "grpo_recall@5": 0.53})
+    pooled = {"runs": 4, "splits": ["fold 0/10", "fold 2/10"], "turns": 336, "grpo_minus_reference": ci}
+    pooled |= {"grpo_minus_warmup": ci, "ctx_dep_x_concat_last3": 1.94, "intent_kept_mean_of_runs": 0.96}
+    pooled |= {"flat_groups_mean_of_runs": 0.85}
+    grid = tmp_path / "grid.json"
+    grid.write_text(json.dumps({"runs": runs, "pooled": pooled}))
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(path), "--out", str(out), "--grid", str(grid)]) == 0
+    card = " ".join((out / "README.md").read_text().split())
+    assert "This run is one of the 4 runs of" in card
+    assert "On fold 0/10 the GRPO seeds reached Recall@5 seed 7 0.509, seed 8 0.497, seed 9 0.471" in card
+    assert "GRPO - reference +0.014 [-0.011, +0.041] (over conversations [-0.018, +0.048])" in card
+    assert "1.94x concat_last3" in card
+    assert "intent kept on 96.0 % of turns and 85 % of GRPO's groups flat" in card
+    grid.write_text(json.dumps({"runs": runs[:2], "pooled": pooled}))  # a grid without the run: nothing written
+    (out / "README.md").unlink()
+    assert publish_adapters.main([str(path), "--out", str(out), "--grid", str(grid)]) == 2
+    assert not (out / "README.md").exists()
+
+
 def test_a_full_head_run_publishes_as_before(tmp_path: Path) -> None:
     out = tmp_path / "published"
     assert publish_adapters.main([str(_fake_run(tmp_path, False, True)), "--out", str(out)]) == 0
