@@ -179,6 +179,47 @@ def grpo(
     return adv, adv
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo_reference", needs={"reference_baseline"})
+@torch.no_grad()
+def grpo_reference(
+    token_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    group_ids: GroupIds | None = None,
+    values: Tensor | None = None,
+    reward_baselines: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    epsilon: float = 1e-6,
+    norm_adv_by_std: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """GRPO whose group statistics also count the reference response's reward.
+
+    ``reward_baselines`` (N,) holds, for each row, what a reference's own response to the row's prompt scores
+    under the same reward (equal within a group; where a judge gave the rows of one prompt different scores,
+    their mean). Each group's mean and unbiased std are taken over its ``n``
+    scores and that one score, and the ``n`` samples get ``(r_i - mean) / (std + epsilon)``
+    (``r_i - mean`` without `norm_adv_by_std`). A group whose samples all score alike still learns where the
+    reference scores otherwise: up where they beat it, down where they fall short; a group that ties the
+    reference gets exactly 0. The reference is counted, not trained on. The idea of an off-policy response in
+    the group's advantage is LUFFY's (Yan et al. 2025, arXiv:2504.14945), which also trains on its tokens.
+    """
+    reward_baselines = _require(reward_baselines, "reward_baselines (the reference's reward)", "grpo_reference")
+    scores, inverse, num_groups = _grouped_scores(token_rewards, group_ids, "grpo_reference")
+    ref, zeros = reward_baselines.to(scores), scores.new_zeros(num_groups)
+    ref_g = zeros.index_add(0, inverse, ref) / zeros.index_add(0, inverse, torch.ones_like(ref))  # (G,) its rows' mean
+    constant, value_g = _constant_groups(ref, inverse, num_groups)
+    ref_g = torch.where(constant, value_g, ref_g)  # equal rows give their value back exactly
+    n = scores.shape[0]
+    joined = torch.cat([scores, ref_g])  # the reference as one more member of each group
+    joined_inverse = torch.cat([inverse, torch.arange(num_groups, device=inverse.device)])
+    mean, std, _ = group_mean_std(joined, joined_inverse, num_groups)
+    mean, std = mean[:n], std[:n]
+    adv = (scores - mean) / (std + epsilon) if norm_adv_by_std else scores - mean
+    adv = adv.unsqueeze(-1) * response_mask  # (N, T)
+    return adv, adv
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo_passk")
 @torch.no_grad()
 def grpo_passk(

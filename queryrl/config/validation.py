@@ -278,7 +278,8 @@ def _check_stop_rules(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.max_no_signal_steps must be >= 0 (0 = never stop), got {cfg.trainer.max_no_signal_steps}"
         )
-    if cfg.algo.filter_groups.enable and "greedy_baseline" in ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator):
+    needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
+    if cfg.algo.filter_groups.enable and needs & {"greedy_baseline", "reference_baseline"}:
         raise ConfigError(f"algo.filter_groups is not supported with algo.adv_estimator={cfg.algo.adv_estimator}")
 
 

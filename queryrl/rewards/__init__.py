@@ -27,6 +27,7 @@ from queryrl.rewards.judge import (
 from queryrl.rewards.loading import load_reward_function, load_weighted_functions
 from queryrl.rewards.manager import (
     MANAGER_OPTIONS,
+    REFERENCE_SCORE,
     REWARD_MANAGERS,
     NaiveRewardManager,
     PendingRewards,
@@ -46,6 +47,7 @@ from queryrl.rewards.trl_style import TrainerState, TRLRewardFunction, is_trl_st
 __all__ = [
     "BUILTIN_SCORERS",
     "MANAGER_OPTIONS",
+    "REFERENCE_SCORE",
     "REWARD_MANAGERS",
     "AsyncRewardManager",
     "BatchRewardManager",

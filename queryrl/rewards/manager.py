@@ -102,6 +102,11 @@ class RewardInput:
     group: int | None = None  # the prompt this response answers (its GRPO group) in the batch; None: unknown
 
 
+# the extra value a reward returns beside its score for algo.adv_estimator=grpo_reference: what a reference's own
+# response to the sample's prompt scores under the same reward (queryrl.trainer.scoring.reference_baselines)
+REFERENCE_SCORE = "reference_score"
+
+
 @dataclass
 class RewardResult:
     """The reward of one response.

@@ -51,6 +51,7 @@ from queryrl.trainer.scoring import (
     apply_scores,
     batch_advantages,
     generate_and_score,
+    reference_baselines,
     reward_side_metrics,
     train_sampling,
 )
@@ -216,7 +217,8 @@ class Trainer:
             return metrics
         batch, baselines = scored
         scores = torch.tensor(batch.non_tensor["score"], dtype=torch.float32)
-        metrics |= self.no_signal.observe(self.step, has_signal(scores, batch.group_ids.cpu()), metrics)
+        signal = has_signal(scores, batch.group_ids.cpu(), None if baselines is None else baselines.cpu())
+        metrics |= self.no_signal.observe(self.step, signal, metrics)
         if cfg.algo.filter_groups.enable:
             batch = self._informative_groups(batch, len(items), timer, metrics)
             if len(batch) == 0:
@@ -280,6 +282,8 @@ class Trainer:
             self._stop(RewardFunctionRaised(redact(f"stopped at step {self.step}: {fatal.error}")), saved=False)
         needs = ADVANTAGE_ESTIMATORS.needs(cfg.algo.adv_estimator)
         baselines = self._greedy_baselines(items, batch) if "greedy_baseline" in needs else None
+        if "reference_baseline" in needs:  # what the reference's own response scored, from the reward
+            baselines = reference_baselines(results, cfg.algo.adv_estimator)
         with timer("reward"):
             batch, reward_metrics, keep, failed = apply_scores(batch, results, cfg.reward.drop_failed_groups)
             metrics |= reward_metrics | reward_side_metrics(c.reward)

@@ -18,7 +18,7 @@ from torch import Tensor
 from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.algos.kl import apply_kl_in_reward
 from queryrl.engine.batch import Batch, outcome_to_tokens
-from queryrl.rewards import RewardInput, RewardResult, collect_judge_metrics, summarize
+from queryrl.rewards import REFERENCE_SCORE, RewardInput, RewardResult, collect_judge_metrics, summarize
 from queryrl.rollout import RolloutOutput, SamplingParams
 from queryrl.trainer.metrics import PhaseTimer, identical_group_fraction, unscored_rows, zero_std_group_fraction
 from queryrl.trainer.samples import NOT_TRAINED
@@ -296,6 +296,29 @@ def estimate_advantages(
             if int(members.sum()) > 1 and int((members & ~unscored).sum()) == 1:
                 advantages[members.to(advantages.device)] = 0.0
     return advantages, returns
+
+
+def reference_baselines(results: list[RewardResult], estimator: str) -> Tensor:
+    """(N,) the ``reference_score`` each scored sample's reward returned beside its score: what the reference's
+    own response to the sample's prompt scores under the same reward (the query-rewrite reward returns it when
+    the run's estimator needs it). A failed sample's is NaN (it leaves the batch anyway).
+
+    Raises:
+        ValueError: a scored sample whose reward returned none, naming the estimator.
+    """
+    out = []
+    for i, r in enumerate(results):
+        if r.score is None:
+            out.append(float("nan"))
+        elif REFERENCE_SCORE not in r.extra:
+            raise ValueError(
+                f"algo.adv_estimator={estimator} needs the reward to return {REFERENCE_SCORE!r} (the reference "
+                f"response's score on the prompt) for every sample; sample {i}'s reward returned "
+                f"{sorted(r.extra) or 'no extra values'} (the query-rewrite application's reward returns it)"
+            )
+        else:
+            out.append(float(r.extra[REFERENCE_SCORE]))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def reward_side_metrics(reward: Any) -> dict[str, float]:

@@ -113,9 +113,10 @@ def nothing_trained_message(watch: SkipWatch, first_step: int, last_step: int) -
     )
 
 
-def has_signal(scores: Tensor, group_ids: Tensor) -> bool:
+def has_signal(scores: Tensor, group_ids: Tensor, baselines: Tensor | None = None) -> bool:
     """Whether the scores of a step can move the policy: some group (of size > 1) scored its samples
-    differently, or, where no group has two samples, not every sample scored alike.
+    differently, or, where no group has two samples, not every sample scored alike; with `baselines` (ReMax's
+    greedy reward, grpo_reference's reference reward: one per sample) also a sample scored off its baseline.
 
     GRPO, RLOO and the other group estimators give every sample of an equal-scored group an advantage
     of 0; a step where every group is like that has no policy gradient at all (a KL term only pulls
@@ -123,6 +124,8 @@ def has_signal(scores: Tensor, group_ids: Tensor) -> bool:
     floor), a reward that is constant, or a task too hard or too easy for the model.
     """
     scored = ~torch.isnan(scores)  # unscored samples (TRL's all-None rows) carry no signal
+    if baselines is not None and bool((scores[scored] != baselines[scored]).any()):
+        return True
     scores, group_ids = scores[scored], group_ids[scored]
     if scores.numel() == 0:
         return False

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from queryrl.algos import ADVANTAGE_ESTIMATORS
 from queryrl.config import ConfigError
 from queryrl.config.validation import choice as _choice
 from queryrl.rag.client import check_document_fields
@@ -143,6 +144,10 @@ class QueryRewriteConfig:
     # column, else queryrl's heuristic rewriter) | rag_chat (the rewritten_query the RAG service at rag.url
     # returns on /rag/chat for each row: your reference pipeline's; the row's own where it returns none)
     sft_target: str = "row"
+    # also score the reference pipeline's own rewrite of each turn (the /rag/chat answer's rewritten_query) as if
+    # the policy had written it: the reward's reference_score, which algo.adv_estimator=grpo_reference counts in
+    # each group; on by itself with that estimator (settings_of)
+    reference_score: bool = False
 
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -311,6 +316,9 @@ def settings_of(cfg: DictConfig) -> QueryRewriteConfig:
     and no ``rag.reference_model``, the reference model is the initial policy (``model.path``)."""
     settings = OmegaConf.to_object(cfg.app.query_rewrite)
     assert isinstance(settings, QueryRewriteConfig)
+    estimator = OmegaConf.select(cfg, "algo.adv_estimator")
+    if estimator is not None and "reference_baseline" in ADVANTAGE_ESTIMATORS.needs(estimator):
+        settings.reference_score = True  # the estimator's baseline comes from the reward
     if settings.rag.reference_rewriter == "policy" and not settings.rag.reference_model:  # the frozen initial policy
         from queryrl.models import resolve_model_path
 

@@ -254,6 +254,24 @@ def test_seed_hybrid_trains_on_the_selected_candidates_only(
     assert last["reward/selected_z/mean"] >= 0.0  # max_log_prob picks the group's most likely: z >= 0
 
 
+def test_grpo_reference_trains_with_the_reference_s_score_from_the_reward(
+    tmp_path: Path, model_cache: Path, json_model: Path, few_rows: Path
+) -> None:
+    """``algo.adv_estimator=grpo_reference`` turns the reward's ``reference_score`` on and steps with it: the
+    step logs it beside the samples' own score and updates the policy."""
+    cfg = trained_cfg(tmp_path, model_cache, json_model, few_rows, "trainer.total_steps=1",
+                      "algo.adv_estimator=grpo_reference", "trainer.save_samples=64")  # fmt: skip
+    assert settings_of(cfg).reference_score
+    with Trainer(cfg) as trainer:
+        last = trainer.fit()
+    # judge 0.5 x [-1, 1], rank 1.0 x [0, 2], format 0.2 x [0, 1], less the intent penalty (1) where it applies
+    assert -1.5 <= last["reward/reference_score/mean"] <= 2.7
+    assert last["critic/advantages/max"] > last["critic/advantages/min"]
+    samples = [json.loads(x) for x in (tmp_path / "demo" / "samples" / "step_1.jsonl").read_text().splitlines()]
+    for group in {s["group"] for s in samples}:  # one reference score a prompt, whatever its samples wrote
+        assert len({s["reward_parts"]["reference_score"] for s in samples if s["group"] == group}) == 1
+
+
 @pytest.mark.slow
 def test_frozen_policy_as_the_reference_rewriter(json_model: Path, few_rows: Path) -> None:
     """``/rag/chat`` with the "policy" rewriter: the model folder's own greedy rewrite is the reference query."""

@@ -45,6 +45,12 @@ def rag_request_fields(
     return fields
 
 
+def fetch_depth(rag: QueryRewriteRAGConfig) -> int:
+    """The documents asked of the embedded service: ``rank_depth`` where set (deeper than ``top_k``), else
+    ``top_k``."""
+    return max(rag.top_k, rag.rank_depth or 0)
+
+
 def corpus_documents(corpus: str) -> list[Document]:
     """The documents of `corpus`: a built-in corpus by name (``sales_demo``, ``kdconv:KB_PATH``:
     :mod:`~queryrl.apps.query_rewrite.corpora`) or a corpus file (:func:`~queryrl.rag.load_corpus`)."""

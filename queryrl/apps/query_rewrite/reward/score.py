@@ -75,6 +75,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from omegaconf import DictConfig
@@ -111,11 +112,13 @@ from queryrl.apps.query_rewrite.reward.modes import (
     retrieval_rank_reward,
 )
 from queryrl.apps.query_rewrite.reward.rag import ID_FIELDS as ID_FIELDS  # where eval/samples.py reads it
-from queryrl.apps.query_rewrite.reward.rag import rag_client, rag_request_fields, row_contexts
+from queryrl.apps.query_rewrite.reward.rag import fetch_depth, rag_client, rag_request_fields, row_contexts
+from queryrl.apps.query_rewrite.reward.reference import reference_query, reference_reply
 from queryrl.rag import (
     RAGError,
 )
 from queryrl.rag.client import CHAT_FIELDS
+from queryrl.rewards import REFERENCE_SCORE
 
 ENTITY = "retrieval_entity"  # the graded entity component, computed only where weighted
 GRADED = "retrieval_graded"  # the graded rank-and-margin component, computed only where weighted
@@ -205,12 +208,6 @@ def _unparsed_score(s: QueryRewriteConfig, info: Mapping[str, Any], weights: dic
     score = mix_rewards(components, weights)
     assert score is not None
     return {"score": score, **out0, **_NOT_CUT}
-
-
-def fetch_depth(rag: QueryRewriteRAGConfig) -> int:
-    """The documents asked of the embedded service: ``rank_depth`` where set (deeper than ``top_k``), else
-    ``top_k``."""
-    return max(rag.top_k, rag.rank_depth or 0)
 
 
 def first_documents(result: Mapping[str, Any], k: int) -> dict[str, Any]:
@@ -456,7 +453,13 @@ class QueryRewriteReward:
         ground_truth: Any,
         extra_info: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return await score_reply(self.settings, data_source, solution_str, ground_truth, extra_info)
+        out = await score_reply(self.settings, data_source, solution_str, ground_truth, extra_info)
+        if self.settings.reference_score:  # grpo_reference's baseline: the reference's own rewrite, scored alike
+            info = extra_info or {}
+            reply = reference_reply(await reference_query(self.settings.rag, info, out), info.get("answer_format"))
+            settings = replace(self.settings, reference_score=False)
+            out[REFERENCE_SCORE] = (await score_reply(settings, data_source, reply, ground_truth, info))["score"]
+        return out
 
     def pop_metrics(self) -> dict[str, float]:
         """The RAG counters and judge consistency since the last call (:func:`pop_reward_metrics`)."""
