@@ -6,9 +6,10 @@
     python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
     KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18 and 24): 320 warm-up
-turns whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves gold
-(``--warmup-samples 0``), 320 characters of history in the prompt, 2 SFT epochs, 40 GRPO steps of 4 prompts x 4 with
+The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18, 24 and 34): every
+training turn whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves
+gold (``--warmup-samples 0``; ``--warmup-rows N`` samples N turns instead), 320 characters of history in the prompt,
+1 SFT epoch, 40 GRPO steps of 4 prompts x 4 with
 LoRA on every linear layer of a block (``--grpo-lora-targets``; the warm-up's LoRA is on the attention projections),
 48-token answers, every held-out row (``--eval-samples 0``).
 
@@ -91,11 +92,11 @@ from turn_rows import compact, identical_logged_groups
 from warmup_rounds import (
     add_round_args,
     check_round_args,
+    first_rows,
     further_rounds,
     mark_round,
     model_round,
     round_phase,
-    shuffled,
 )
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
@@ -371,7 +372,7 @@ def warm_up(
     import pandas as pd
 
     frame = pd.read_parquet(data["files"]["train"])
-    shuffled(frame, args.seed).head(args.warmup_rows).to_parquet(train_rows, index=False)
+    first_rows(frame, args).to_parquet(train_rows, index=False)
     warm = [queryrl, "warmup", "--model", str(model), "--data", str(train_rows), "--out", str(work / "warmup_data")]
     warm += ["--corpus", f"kdconv:{kb}", "--samples", str(args.warmup_samples), "--shots", str(args.warmup_shots)]
     warm += ["--max-new-tokens", str(args.max_response_length), "--dtype", dtype, "--seed", str(args.seed)]
@@ -431,7 +432,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # warm-up
     # defaults: the measured recipe of experiments/logs/real_model.md (levers 4 and 8); on Gemma 3 270M the model's own
     # samples never won a turn, so the warm-up is the reference's answers that retrieve gold (--warmup-samples 0)
-    parser.add_argument("--warmup-rows", type=int, default=320, help="training turns sampled for the warm-up")
+    parser.add_argument(
+        "--warmup-rows",
+        type=int,
+        default=None,
+        help="training turns sampled for the warm-up (default: every one; lever 34 of experiments/logs/real_model.md)",
+    )
     parser.add_argument(
         "--warmup-samples", type=int, default=0, help="rewrites per turn from the model (queryrl warmup; 0: none)"
     )
@@ -451,7 +457,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "keeps the SFT's compute)",
     )
     add_round_args(parser)
-    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-epochs", type=int, default=1)
     parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
     parser.add_argument(

@@ -59,6 +59,13 @@ def check_round_args(args: argparse.Namespace) -> str | None:
     for name in ("round_samples", "round_rows", "round_epochs"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be 1 or more, got {getattr(args, name)}"
+    if args.warmup_rows is not None and args.warmup_rows < 1:
+        return f"--warmup-rows must be 1 or more, got {args.warmup_rows}"
+    if args.warmup_rounds > 1 and args.warmup_rows is None:  # before the hour of round 1, not after it
+        return (
+            f"--warmup-rounds {args.warmup_rounds} needs --warmup-rows below the training turns: round 1 takes every "
+            "one by default, leaving none for round 2"
+        )
     return None
 
 
@@ -84,16 +91,24 @@ def shuffled(frame: Any, seed: int) -> Any:
     return frame.sample(frac=1.0, random_state=seed)
 
 
+def first_rows(frame: Any, args: argparse.Namespace) -> Any:
+    """Round 1's training turns: the first `--warmup-rows` of the split's shuffled order (default: all of them)."""
+    return shuffled(frame, args.seed).head(len(frame) if args.warmup_rows is None else args.warmup_rows)
+
+
 def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
     """Round `r`'s training turns (`r` >= 2): the `--round-rows` rows of `frame` (shuffled with the split's seed, as
     round 1 takes its first `--warmup-rows`) after those of rounds 1 .. r-1, written to `out`.
 
     Raises:
         ValueError: the training split has no rows left for round `r`."""
-    start = args.warmup_rows + (r - 2) * args.round_rows
+    start = len(first_rows(frame, args)) + (r - 2) * args.round_rows
     rows = shuffled(frame, args.seed).iloc[start : start + args.round_rows]
     if rows.empty:
-        raise ValueError(f"warm-up round {r}: the training split's {len(frame)} rows are used up by the earlier rounds")
+        hint = " (round 1 takes every one unless --warmup-rows is smaller)" if args.warmup_rows is None else ""
+        raise ValueError(
+            f"warm-up round {r}: the training split's {len(frame)} rows are used up by the earlier rounds{hint}"
+        )
     rows.to_parquet(out, index=False)
     return out
 

@@ -28,13 +28,28 @@ def test_each_round_samples_fresh_turns_in_the_splits_shuffled_order(tmp_path: P
     frame = pd.DataFrame({"x": list(range(12))})
     args = _args()
     order = list(frame.sample(frac=1.0, random_state=args.seed)["x"])
-    first = list(rounds.shuffled(frame, args.seed).head(args.warmup_rows)["x"])  # round 1's, as warm_up takes them
+    first = list(rounds.first_rows(frame, args)["x"])  # round 1's, as warm_up takes them
     second = pd.read_parquet(rounds.round_rows(frame, args, 2, tmp_path / "r2.parquet"))["x"].tolist()
     third = pd.read_parquet(rounds.round_rows(frame, args, 3, tmp_path / "r3.parquet"))["x"].tolist()
     assert (first, second, third) == (order[:4], order[4:7], order[7:10])
     assert pd.read_parquet(rounds.round_rows(frame, args, 4, tmp_path / "r4.parquet"))["x"].tolist() == order[10:]
     with pytest.raises(ValueError, match="round 5: the training split's 12 rows are used up"):
         rounds.round_rows(frame, args, 5, tmp_path / "r5.parquet")
+
+
+def test_by_default_round_one_takes_every_training_turn_and_leaves_none_for_round_two(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"x": list(range(12))})
+    args = bench.parse_args(["--model", "m"])
+    assert args.warmup_rows is None
+    assert sorted(rounds.first_rows(frame, args)["x"]) == list(range(12))
+    with pytest.raises(ValueError, match=r"round 2: .* unless --warmup-rows is smaller"):
+        rounds.round_rows(frame, args, 2, tmp_path / "r2.parquet")
+    assert rounds.check_round_args(args) is None
+    args.warmup_rounds = 2
+    assert "--warmup-rounds 2 needs --warmup-rows below the training turns" in (rounds.check_round_args(args) or "")
+    args.warmup_rows = 0
+    assert rounds.check_round_args(args) == "--warmup-rows must be 1 or more, got 0"
 
 
 def test_a_round_samples_the_model_alone_with_its_own_head(tmp_path: Path) -> None:
