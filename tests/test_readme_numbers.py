@@ -29,7 +29,10 @@ GRIDV = "benchmarks/results/seed_grid_restricted_val.json"  # the same runs on t
 GRIDB = "benchmarks/results/seed_grid_restricted_both.json"  # test and validation pooled
 VOCAB_S0 = "experiments/results/seed_grid_vocab_s0.json"  # restricted against full head, split 0, paired seeds
 VOCAB_STEP = "benchmarks/results/vocab_head.json"
-PUB = "experiments/results/real_model_bf16_vocab_g7_s1.json"  # the run of the published adapters
+PUB = "experiments/results/grid_warmall_fold0of10_g7.json"  # the run of the published adapters
+PUB8 = "experiments/results/grid_warmall_fold0of10_g8.json"  # its fold's other GRPO seeds
+PUB9 = "experiments/results/grid_warmall_fold0of10_g9.json"
+OLDPUB = "experiments/results/real_model_bf16_vocab_g7_s1.json"  # a run of the three seeded splits
 Hole = tuple[str, Callable[[Any], Any], str]  # file, value of its JSON, format
 
 
@@ -159,7 +162,7 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
     ("On each split's {} validation conversations, which no phase reads and no lever was chosen on "
      "(`benchmarks/val_eval.py`), the same runs are {} above the reference; test and validation pooled ({} turns), "
      "GRPO is above it by {} Recall@5 with an interval over conversations of [{}, {}] (MRR {} [{}, {}];", [
-        (PUB, at("data", "conversations", "val"), "d"), (GRIDV, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
+        (OLDPUB, at("data", "conversations", "val"), "d"), (GRIDV, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
         (GRIDB, at("pooled", "turns"), ",d"), (GRIDB, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
         (GRIDB, at("pooled", "grpo_minus_reference", "group_low"), "+.3f"),
         (GRIDB, at("pooled", "grpo_minus_reference", "group_high"), "+.3f"),
@@ -186,7 +189,8 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
         (GRID, lambda d: split_range(0)(d)[0], ".3f"), (GRID, lambda d: split_range(0)(d)[1], ".3f")]),
     ("their gain is not shown ({} [{}, {}])", diff_ci(GRID24, "against", "pooled", "lever_minus_baseline")),
     # the published adapters' run (benchmarks/published/gemma3-270m-kdconv-travel, its card from the same file)
-    ("(split {}, GRPO seed {}, bf16; {} + {} MB)", [(PUB, at("settings", "args", "seed"), "d"), (PUB, grpo_seed, "d"),
+    ("(fold {} of {}, GRPO seed {}, bf16; {} + {} MB)", [(PUB, at("settings", "args", "fold"), "d"),
+                                                        (PUB, at("settings", "args", "folds"), "d"), (PUB, grpo_seed, "d"),
                                                    (PUB, at("adapters", "warmup", "size_mb"), ".1f"),
                                                    (PUB, at("adapters", "grpo", "size_mb"), ".1f")]),
     ("On the {} held-out turns: warm-up {} Recall@5, GRPO {}, GRPO - warm-up {} [{}, {}], "
@@ -197,7 +201,9 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
     ("{}x concat_last3 on context-dependent turns, intent kept on {} % of turns, {} % of GRPO's groups flat", [
         (PUB, ctx_dep_x, ".2f"), (PUB, lambda d: 100 * d["final_eval"]["grpo"]["intent_kept"], ".1f"),
         (PUB, lambda d: 100 * d["phases"]["grpo"]["per_step"]["zero_std_group_frac_mean"], ".0f")]),
-    ("(the run: {} min {} s on the AVX512-BF16 CPU", [(PUB, lambda d: int(d["wall_time_s"] // 60), "d"),
+    ("the fold's other two GRPO seeds reached {} and {}, so this is the best of its three", [
+        (PUB8, at("final_eval", "grpo", "recall@5"), ".3f"), (PUB9, at("final_eval", "grpo", "recall@5"), ".3f")]),
+    ("(the run: {} min {} s on an Intel AVX512-BF16 CPU without AMX", [(PUB, lambda d: int(d["wall_time_s"] // 60), "d"),
                                                      (PUB, lambda d: int(d["wall_time_s"] % 60), "d")]),
 ]  # fmt: skip
 
