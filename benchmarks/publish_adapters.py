@@ -190,9 +190,7 @@ def comparison_table(comparisons: Mapping[str, Mapping[str, Any]]) -> list[str]:
         cells = []
         for metric in ("recall@5", "mrr"):
             m = c[metric]
-            cells.append(
-                f"{m['diff']:+.3f} [{m['low']:+.3f}, {m['high']:+.3f}] [{m['group_low']:+.3f}, {m['group_high']:+.3f}]"
-            )
+            cells.append(f"{_ci(m)} [{m['group_low']:+.3f}, {m['group_high']:+.3f}]")
         lines.append(f"| {c['a']} - {c['b']} | {c['n']} | {cells[0]} | {cells[1]} |")
     return lines
 

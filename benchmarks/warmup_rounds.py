@@ -91,9 +91,14 @@ def shuffled(frame: Any, seed: int) -> Any:
     return frame.sample(frac=1.0, random_state=seed)
 
 
+def _first_count(frame: Any, args: argparse.Namespace) -> int:
+    """How many training turns round 1 takes: `--warmup-rows`, at most the split's (default: all of them)."""
+    return len(frame) if args.warmup_rows is None else min(args.warmup_rows, len(frame))
+
+
 def first_rows(frame: Any, args: argparse.Namespace) -> Any:
     """Round 1's training turns: the first `--warmup-rows` of the split's shuffled order (default: all of them)."""
-    return shuffled(frame, args.seed).head(len(frame) if args.warmup_rows is None else args.warmup_rows)
+    return shuffled(frame, args.seed).head(_first_count(frame, args))
 
 
 def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
@@ -102,7 +107,7 @@ def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
 
     Raises:
         ValueError: the training split has no rows left for round `r`."""
-    start = len(first_rows(frame, args)) + (r - 2) * args.round_rows
+    start = _first_count(frame, args) + (r - 2) * args.round_rows
     rows = shuffled(frame, args.seed).iloc[start : start + args.round_rows]
     if rows.empty:
         hint = " (round 1 takes every one unless --warmup-rows is smaller)" if args.warmup_rows is None else ""
