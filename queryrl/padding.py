@@ -3,7 +3,8 @@
 Notation: `N` rows, `L` columns before padding, `W` the width after. Prompts are left-padded (the
 last prompt token sits next to the first response token), responses right-padded.
 ``RolloutOutput.concat`` (``queryrl.rollout.base``) and ``Batch.concat`` (``queryrl.engine.batch``)
-both stack row-wise with these.
+both stack row-wise with these. :func:`shared_prefix` finds the leading tokens left-padded prompts have in
+common (a system prompt), which the decoder, the update and SFT run once.
 
 Only torch is imported here: every layer may use it.
 """
@@ -56,3 +57,25 @@ def mask_positions(attention_mask: Tensor) -> Tensor:
     """Each row's own token positions from 0 (``cumsum(mask) - 1``), 0 on left padding: the
     ``position_ids`` of a left-padded batch, so a padded row sees the positions it would alone."""
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+# Distinct prompts that start with at least this many equal tokens run those once (the fast decoder's prefill,
+# the shared-prompt forward of the update, SFT's micro-batches): below it the separate pass saves less than it
+# costs. The query rewriter's 145-token system prompt is 45 % of its prompts' tokens on KdConv (mean 324).
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(ids: Tensor, mask: Tensor) -> int:
+    """How many leading real tokens all rows of the left-padded `ids` (U, P) share (`mask` (U, P) bool): at
+    most the shortest prompt's length minus one (each prompt keeps a token of its own), 0 for fewer than two
+    rows or fewer than :data:`MIN_SHARED_PREFIX` shared tokens."""
+    lengths = mask.sum(-1)
+    shortest = int(lengths.min())
+    if ids.shape[0] < 2 or shortest <= MIN_SHARED_PREFIX:
+        return 0
+    starts = (ids.shape[1] - lengths)[:, None] + torch.arange(shortest, device=ids.device)  # (U, L)
+    heads = ids.gather(1, starts)
+    differs = (heads != heads[:1]).any(0).nonzero()
+    c = int(differs[0]) if differs.numel() else shortest
+    c = min(c, shortest - 1)
+    return c if c >= MIN_SHARED_PREFIX else 0

@@ -209,6 +209,10 @@ class ActorConfig:
     # it falls back to the full forward by itself where nothing is shared; under gradient checkpointing (no
     # key/value cache) each prompt and its samples' responses run as one packed sequence instead
     share_prompt_forward: bool = True
+    # with share_prompt_forward: the distinct prompts' own common leading tokens (a system prompt, 16 tokens or
+    # more) also run once, each prompt's rest on their keys and values; the same log-probs up to float rounding.
+    # Off where a sliding window is shorter than the prompt and response (the prompts then run whole)
+    share_prefix_forward: bool = True
 
 
 @dataclass
@@ -300,6 +304,9 @@ class SFTConfig:
     # model trained from scratch gets ~14x more supervised tokens per step (see experiments/logs/rewriter_learning.md)
     prompt_loss_weight: float = 0.0
     eval_every: int = 0  # validation loss every N steps; 0 = only at the end
+    # run the prompts' common leading tokens (the system prompt) once a micro-batch and the rest of each row on
+    # its keys and values: the same loss up to float rounding; off under gradient checkpointing
+    share_prefix_forward: bool = True
     output_dir: str = ""  # default: {trainer.output_dir}/{trainer.experiment_name}/sft
 
 

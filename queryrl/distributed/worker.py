@@ -238,6 +238,7 @@ class PolicyWorker:
                 cfg.actor.ppo_micro_batch_size,
                 cfg.rollout.temperature,
                 share_prompt=cfg.actor.share_prompt_forward,
+                share_prefix=cfg.actor.share_prefix_forward,
             )
             return out.cpu()
         if what == "ref_logprobs":
@@ -252,6 +253,7 @@ class PolicyWorker:
                     cfg.actor.ppo_micro_batch_size,
                     cfg.rollout.temperature,
                     share_prompt=cfg.actor.share_prompt_forward,
+                    share_prefix=cfg.actor.share_prefix_forward,
                 )
             return out.cpu()
         raise ValueError(f"unknown computation {what!r}; valid: logprobs, ref_logprobs, values")

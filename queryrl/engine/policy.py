@@ -17,7 +17,7 @@ from queryrl.algos import entropy_from_logits
 from queryrl.engine.batch import Batch
 from queryrl.models.loading import compute_autocast
 from queryrl.models.vocab import head_tokens
-from queryrl.padding import mask_positions
+from queryrl.padding import MIN_SHARED_PREFIX, mask_positions, shared_prefix
 
 
 def logprobs_from_logits(logits: Tensor, tokens: Tensor) -> Tensor:
@@ -112,7 +112,60 @@ def can_share_prompt(model: nn.Module) -> bool:
     return keeps_logits(model) and not getattr(inner, name, False)
 
 
-def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, inverse: Tensor) -> Tensor:
+def _split_prefix(prompt_ids: Tensor, prompt_mask: Tensor, c: int) -> tuple[Tensor, Tensor]:
+    """The left-padded prompts (u, P) without their first `c` real tokens: ``(rest_ids, rest_mask)``, (u, W),
+    left-padded to the longest rest."""
+    lengths = prompt_mask.sum(dim=1) - c
+    width = int(lengths.max())
+    p = prompt_ids.shape[1]
+    columns = torch.arange(width, device=prompt_ids.device)
+    rest_mask = (columns >= width - lengths.unsqueeze(1)).long()  # (u, W)
+    source = (p - width + columns).expand_as(rest_mask)  # each row's rest ends in the last column, as its prompt
+    return prompt_ids.gather(1, source) * rest_mask, rest_mask
+
+
+def _prompt_pass(
+    model: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, room: int, share_prefix: bool = True
+) -> tuple[Any, Tensor]:
+    """The prompts' forward with a cache: ``(out, mask)``, `mask` the attention mask of the keys the cache holds.
+
+    When the prompts share a prefix of at least :data:`MIN_SHARED_PREFIX` tokens (the system prompt) it runs
+    once (:func:`prefix_cache`) and each prompt's rest on it; the rests are left-padded, so the padding sits
+    between the prefix and a rest, which leaves attention unchanged unless a sliding window is shorter than the
+    laid-out sequence (`room`: the response positions that follow): then the prompts run whole.
+    """
+    c = shared_prefix(prompt_ids, prompt_mask) if share_prefix else 0
+    window = attention_window(model)
+    if c >= MIN_SHARED_PREFIX and window != 0:
+        rest_ids, rest_mask = _split_prefix(prompt_ids, prompt_mask, c)
+        if window is None or c + rest_ids.shape[1] + room <= window:
+            start = int(prompt_ids.shape[1] - prompt_mask[0].sum())
+            cache = prefix_cache(model, prompt_ids[:1, start : start + c], prompt_ids.shape[0])
+            mask = torch.cat([rest_mask.new_ones(rest_mask.shape[0], c), rest_mask], dim=1)
+            with compute_autocast(model):
+                out = model(
+                    input_ids=rest_ids,
+                    attention_mask=mask,
+                    position_ids=c + mask_positions(rest_mask),
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **cache,
+                )
+            return out, mask
+    with compute_autocast(model):
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=mask_positions(prompt_mask),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return out, prompt_mask
+
+
+def shared_prompt_response_logits(
+    model: nn.Module, batch: Batch, rows: Tensor, inverse: Tensor, share_prefix: bool = True
+) -> Tensor:
     """(n, t, V) response logits (not yet divided by the temperature), each distinct prompt run once.
 
     GRPO's n samples of a prompt share it: the prompt (~190 tokens in the query-rewrite demo)
@@ -120,20 +173,14 @@ def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     the responses (~13 tokens) run per sample. Gradients flow back through the shared keys and
     values, so the loss and its gradient are those of the full forward, up to float rounding.
     The idea is Prefix Grouper's (Liu et al. 2025, "Prefix Grouper: Efficient GRPO Training
-    through Shared-Prefix Forward"); this is an implementation with transformers' cache.
+    through Shared-Prefix Forward"); this is an implementation with transformers' cache. The
+    distinct prompts' own common prefix (a system prompt) runs once too with `share_prefix`
+    (``actor.share_prefix_forward``, :func:`_prompt_pass`).
     """
     prompt_ids, prompt_mask = batch.prompt_ids[rows], batch.prompt_mask[rows].long()
-    prompt_positions = mask_positions(prompt_mask)
-    with compute_autocast(model):
-        out = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=prompt_positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-    first = out.logits[:, -1:][inverse]  # scores response token 0
     t = batch.response_ids.shape[1]
+    out, key_mask = _prompt_pass(model, prompt_ids, prompt_mask, t - 1, share_prefix)
+    first = out.logits[:, -1:][inverse]  # scores response token 0
     if t == 1:
         return first
     cache_arg = _cache_argument(model)
@@ -144,7 +191,7 @@ def shared_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     with compute_autocast(model):
         rest = model(
             input_ids=batch.response_ids[:, :-1],
-            attention_mask=attention_mask[:, : p + t - 1],
+            attention_mask=torch.cat([key_mask[inverse], attention_mask[:, p : p + t - 1]], dim=1),
             position_ids=position_ids[:, p : p + t - 1],
             use_cache=True,
             logits_to_keep=0,
@@ -167,6 +214,30 @@ def can_pack_prompt(model: nn.Module) -> bool:
     if getattr(config, "_attn_implementation", None) not in PACKED_ATTENTION:
         return False
     return all(t in PACKED_LAYER_TYPES for t in getattr(config, "layer_types", None) or ())
+
+
+def attention_window(model: nn.Module) -> int | None:
+    """The sliding-window length of `model`'s attention (``config.sliding_window``) when a layer uses one, None
+    when every layer attends to the whole sequence, 0 when a layer type is neither (full nor sliding)."""
+    config = getattr(_unwrapped(model), "config", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and any(t not in PACKED_LAYER_TYPES for t in types):
+        return 0
+    if types is not None and all(t == "full_attention" for t in types):
+        return None
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window else None
+
+
+def prefix_cache(model: nn.Module, prefix_ids: Tensor, n: int) -> dict[str, object]:
+    """The key/value cache of `prefix_ids` (1, c), run once and indexed out to `n` rows (an index_select, so
+    gradients from every row flow back into the one prefix pass), as the forward's cache keyword."""
+    with compute_autocast(model):
+        out = model(input_ids=prefix_ids, use_cache=True, logits_to_keep=1)
+    name = _cache_argument(model)
+    cache = out[name]
+    cache.reorder_cache(torch.zeros(n, dtype=torch.long, device=prefix_ids.device))
+    return {name: cache}
 
 
 def _block_of_each_sample(inverse: Tensor) -> Tensor:
@@ -253,7 +324,9 @@ def packed_prompt_response_logits(model: nn.Module, batch: Batch, rows: Tensor, 
     return logits[inverse[:, None], where]
 
 
-def response_logits(model: nn.Module, batch: Batch, temperature: float, share_prompt: bool = False) -> Tensor:
+def response_logits(
+    model: nn.Module, batch: Batch, temperature: float, share_prompt: bool = False, share_prefix: bool = True
+) -> Tensor:
     """(n, t, V) logits that scored each response token, divided by `temperature`.
 
     Position ``i`` predicts token ``i + 1``: the response's ``t`` tokens are scored by the last
@@ -262,7 +335,7 @@ def response_logits(model: nn.Module, batch: Batch, temperature: float, share_pr
     """
     groups = prompt_groups(batch) if share_prompt else None
     if groups is not None and can_share_prompt(model):
-        logits = shared_prompt_response_logits(model, batch, *groups)
+        logits = shared_prompt_response_logits(model, batch, *groups, share_prefix=share_prefix)
     elif groups is not None and can_pack_prompt(model):  # under gradient checkpointing: no cache
         logits = packed_prompt_response_logits(model, batch, *groups)
     else:
@@ -281,6 +354,7 @@ def forward_logprobs(
     with_entropy: bool,
     entropy_grad: bool = True,
     share_prompt: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (n, t) of the response tokens (with grad), and their entropy (n, t) if asked.
 
@@ -291,7 +365,7 @@ def forward_logprobs(
     the kept tokens, and so are the log-probs and the entropy: the response ids are looked up as restricted
     indices (a trained-on token outside the kept set is an error).
     """
-    logits = response_logits(model, batch, temperature, share_prompt)
+    logits = response_logits(model, batch, temperature, share_prompt, share_prefix)
     tokens = head_tokens(model, batch.response_ids, batch.response_mask)
     if with_entropy and not entropy_grad:  # the update's metric: one log_softmax for both
         return logprobs_and_entropy(logits, tokens)
@@ -308,6 +382,7 @@ def compute_logprobs(
     temperature: float,
     with_entropy: bool = False,
     share_prompt: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (N, T) (and entropy) over the whole batch, `micro_batch_size` sequences at a time."""
     was_training = model.training
@@ -317,7 +392,9 @@ def compute_logprobs(
     try:
         for micro in batch.split(micro_batch_size):
             micro = micro.trimmed()
-            lp, ent = forward_logprobs(model, micro, temperature, with_entropy, share_prompt=share_prompt)
+            lp, ent = forward_logprobs(
+                model, micro, temperature, with_entropy, share_prompt=share_prompt, share_prefix=share_prefix
+            )
             logprobs.append(micro.pad_responses_to(width, lp))
             if ent is not None:
                 entropies.append(micro.pad_responses_to(width, ent))

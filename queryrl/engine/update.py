@@ -130,6 +130,7 @@ def actor_micro_step(
         with_entropy=True,
         entropy_grad=want_entropy_grad,
         share_prompt=actor.share_prompt_forward,
+        share_prefix=actor.share_prefix_forward,
     )
     old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
     assert micro.advantages is not None

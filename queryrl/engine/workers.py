@@ -89,6 +89,7 @@ class LocalWorkers:
             cfg.actor.ppo_micro_batch_size,
             cfg.rollout.temperature,
             share_prompt=cfg.actor.share_prompt_forward,
+            share_prefix=cfg.actor.share_prefix_forward,
         )
         return logprobs
 
@@ -101,6 +102,7 @@ class LocalWorkers:
                 cfg.actor.ppo_micro_batch_size,
                 cfg.rollout.temperature,
                 share_prompt=cfg.actor.share_prompt_forward,
+                share_prefix=cfg.actor.share_prefix_forward,
             )
         return logprobs.to(c.device)
 

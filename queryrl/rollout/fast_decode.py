@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from queryrl.padding import shared_prefix
 from queryrl.rollout.base import SamplingParams
 from queryrl.rollout.fast_decode_arch import (
     SUPPORTED_ARCHITECTURES,
@@ -86,28 +87,6 @@ __all__ = ["SUPPORTED_ARCHITECTURES", "FastDecoder", "draw", "sample_step", "uns
 WIDE_RATIO = 4
 WIDE_MIN_ELEMENTS = 1 << 21
 SKINNY_ROWS = 64
-
-
-# Distinct prompts that start with at least this many equal tokens run those once (FastDecoder._prefill): below it
-# the separate pass saves less than it costs. The query rewriter's 145-token system prompt is 45 % of its prompts'
-# tokens on KdConv (mean 324).
-MIN_SHARED_PREFIX = 16
-
-
-def shared_prefix(ids: Tensor, mask: Tensor) -> int:
-    """How many leading real tokens all rows of the left-padded `ids` (U, P) share (`mask` (U, P) bool): at
-    most the shortest prompt's length minus one (each prompt keeps a token of its own), 0 for fewer than two
-    rows or fewer than :data:`MIN_SHARED_PREFIX` shared tokens."""
-    lengths = mask.sum(-1)
-    shortest = int(lengths.min())
-    if ids.shape[0] < 2 or shortest <= MIN_SHARED_PREFIX:
-        return 0
-    starts = (ids.shape[1] - lengths)[:, None] + torch.arange(shortest, device=ids.device)  # (U, L)
-    heads = ids.gather(1, starts)
-    differs = (heads != heads[:1]).any(0).nonzero()
-    c = int(differs[0]) if differs.numel() else shortest
-    c = min(c, shortest - 1)
-    return c if c >= MIN_SHARED_PREFIX else 0
 
 
 def _linear(h: Tensor, weight: Tensor | Int8Linear, bias: Tensor | None = None) -> Tensor:

@@ -55,6 +55,7 @@ from queryrl.trainer.machine_record import record_machine, warn_emulated_bf16
 from queryrl.trainer.sft_batch import (
     SFTExample,
     collate,
+    micro_batch,
     sum_prompt_and_target_loss,
     sum_target_loss,
 )
@@ -209,6 +210,7 @@ def accumulate_gradients(
     device: torch.device,
     prompt_loss_weight: float = 0.0,
     stats: dict[str, float] | None = None,
+    share_prefix: bool = True,
 ) -> tuple[float, int]:
     """Backward the token-mean loss of one optimizer batch, micro-batch by micro-batch.
 
@@ -222,20 +224,22 @@ def accumulate_gradients(
 
     The micro-batches are cut from `examples` sorted by length, so each is padded to a length close
     to its own sequences' (the gradient is a sum over sequences: the order changes float rounding
-    only); ``benchmarks/demo_speed.py`` measures what small sorted micro-batches save.
+    only); ``benchmarks/demo_speed.py`` measures what small sorted micro-batches save. With `share_prefix`
+    (``sft.share_prefix_forward``) the prompts' common prefix runs once a micro-batch (:func:`micro_batch`).
     """
     examples = sorted(examples, key=lambda e: len(e.prompt_ids) + len(e.target_ids))
     num_tokens = sum(len(e.target_ids) for e in examples)
     num_prompt = sum(max(len(e.prompt_ids) - 1, 0) for e in examples)
     total, prompt_total = 0.0, 0.0
     for start in range(0, len(examples), micro_batch_size):
-        batch = collate(examples[start : start + micro_batch_size], pad_id)
+        chunk = examples[start : start + micro_batch_size]
         if prompt_loss_weight > 0:
+            batch = collate(chunk, pad_id)
             loss_sum, _, prompt_sum, _ = sum_prompt_and_target_loss(model, batch, device)
             objective = loss_sum / max(num_tokens, 1) + prompt_loss_weight * prompt_sum / max(num_prompt, 1)
             prompt_total += prompt_sum.item()
         else:
-            loss_sum, _ = sum_target_loss(model, batch, device)
+            loss_sum, _ = sum_target_loss(model, micro_batch(model, chunk, pad_id, share_prefix), device)
             objective = loss_sum / max(num_tokens, 1)
         objective.backward()
         total += loss_sum.item()
@@ -246,14 +250,20 @@ def accumulate_gradients(
 
 @torch.no_grad()
 def evaluate_loss(
-    model: nn.Module, examples: Sequence[SFTExample], micro_batch_size: int, pad_id: int, device: torch.device
+    model: nn.Module,
+    examples: Sequence[SFTExample],
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    share_prefix: bool = True,
 ) -> float:
     """The token-mean target loss over `examples` (no gradient, eval mode, then back to train)."""
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
     for start in range(0, len(examples), micro_batch_size):
-        loss_sum, n = sum_target_loss(model, collate(examples[start : start + micro_batch_size], pad_id), device)
+        chunk = micro_batch(model, examples[start : start + micro_batch_size], pad_id, share_prefix)
+        loss_sum, n = sum_target_loss(model, chunk, device)
         total, tokens = total + loss_sum.item(), tokens + n
     model.train(was_training)
     return total / max(tokens, 1)
@@ -463,7 +473,7 @@ def _run_steps(
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
             loss, tokens = accumulate_gradients(
-                model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats
+                model, batch, s.micro_batch_size, pad_id, device, s.prompt_loss_weight, stats, s.share_prefix_forward
             )
             metrics = {"sft/loss": loss, "sft/lr": optimizer.param_groups[0]["lr"], "sft/tokens": float(tokens)}
             metrics |= stats | clip_and_step(optimizer, params, s.grad_clip, "sft")  # as the RL update steps
@@ -472,7 +482,9 @@ def _run_steps(
             result.losses.append(loss)
             last = step == total_steps
             if val.examples and ((s.eval_every and step % s.eval_every == 0) or last):
-                result.val_loss = evaluate_loss(model, val.examples, s.micro_batch_size, pad_id, device)
+                result.val_loss = evaluate_loss(
+                    model, val.examples, s.micro_batch_size, pad_id, device, s.share_prefix_forward
+                )
                 metrics["sft/val_loss"] = result.val_loss
             if step % max(t.log_every, 1) == 0 or last:
                 tracker.log(metrics, step=step)

@@ -3,6 +3,7 @@ gradients, with the prompt's positions computed once per group instead of once p
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from queryrl.engine.policy import (
     prompt_groups,
     shared_prompt_response_logits,
 )
+from queryrl.padding import shared_prefix
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
 from tests.rollout.helpers import ARCHS, arch_model, with_lora
 
@@ -259,3 +261,83 @@ def test_packed_forward_without_checkpointing_and_with_one_token(policy: Any) ->
         out = torch.log_softmax(logits.float(), -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
         mask = batch.response_mask.bool()
         torch.testing.assert_close(out[mask], ref[mask], atol=1e-5, rtol=0)
+
+
+def prefixed_batch(vocab: int, seed: int = 0, prefix: int = 20, t: int = 4) -> Batch:
+    """`grouped_batch`'s 3 prompts x 3 samples, each prompt after one `prefix`-token system prompt (so 23 to 26
+    real tokens, left-padded to 26)."""
+    batch = grouped_batch(vocab, seed, t)
+    gen = torch.Generator().manual_seed(seed + 100)
+    head = torch.randint(3, vocab, (prefix,), generator=gen)
+    n, p = batch.prompt_ids.shape
+    ids = torch.zeros(n, p + prefix, dtype=torch.long)
+    mask = torch.zeros(n, p + prefix, dtype=torch.long)
+    for i in range(n):
+        own = batch.prompt_ids[i][batch.prompt_mask[i].bool()]
+        row = torch.cat([head, own])
+        ids[i, -len(row) :], mask[i, -len(row) :] = row, 1
+    return Batch(
+        prompt_ids=ids,
+        prompt_mask=mask,
+        response_ids=batch.response_ids,
+        response_attention_mask=batch.response_attention_mask,
+        response_mask=batch.response_mask,
+        group_ids=batch.group_ids,
+    )
+
+
+def test_common_prefix_counts_the_real_tokens_every_prompt_starts_with() -> None:
+    batch = prefixed_batch(50)
+    assert shared_prefix(batch.prompt_ids, batch.prompt_mask) == 20
+    plain = grouped_batch(50)
+    assert shared_prefix(plain.prompt_ids, plain.prompt_mask) == 0
+    same = prefixed_batch(50).prompt_ids[[0, 3]]  # one prompt twice: all but its last token
+    assert shared_prefix(same, (same != 0).long()) == int((same[0] != 0).sum()) - 1
+    assert shared_prefix(same[:1], (same[:1] != 0).long()) == 0  # one prompt: nothing to share
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3_wide", *sorted(ARCHS)])
+def test_the_prompts_common_prefix_runs_once_with_the_full_forwards_logprobs(arch: str, tiny_bundle: Any) -> None:
+    """Prompts that open with one 20-token system prompt: it runs once, each distinct prompt's rest once on it,
+    then the samples' responses; log-probs and the LoRA gradients are the full forward's. Where a sliding window
+    is shorter than the laid-out prompt (Gemma 3 and Qwen2's sliding layers here, windows of 3-4 tokens) the
+    prompts run whole, with the same result."""
+    tok = tiny_bundle.tokenizer
+    if arch == "gemma3_wide":
+        base = arch_model(tok, "gemma3", sliding_window=64)
+    else:
+        base = tiny_bundle.model if arch == "qwen2" else arch_model(tok, arch)
+    model = with_lora(copy.deepcopy(base)).train()
+    batch = prefixed_batch(len(tok), seed=6)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = full_logprobs(model, batch)
+    (ref * batch.response_mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    calls, handle = embedded_rows(model)
+    logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    t = batch.response_ids.shape[1]
+    if arch in ("gemma3", "gemma3_untied", "qwen2_sliding"):
+        assert calls == [(3, 26), (9, t - 1)]
+    else:
+        assert calls == [(1, 20), (3, 6), (9, t - 1)]
+    (logprobs * batch.response_mask).sum().backward()
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(ref_grads) > 0
+    for grad, expected in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_share_prefix_false_runs_each_distinct_prompt_whole(policy: Any) -> None:
+    """``actor.share_prefix_forward=false``: the distinct prompts run once each, whole, as before the option."""
+    batch = prefixed_batch(len(policy.tokenizer), seed=2)
+    calls, handle = embedded_rows(policy.model)
+    with torch.no_grad():
+        forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True, share_prefix=False)
+        forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    t = batch.response_ids.shape[1]
+    assert calls == [(3, 26), (9, t - 1), (1, 20), (3, 6), (9, t - 1)]
