@@ -63,6 +63,9 @@ With ``--pass-rate-rows N`` (off by default) GRPO trains only on the prompts tha
 and reward, and keeps those whose samples scored differently (``data/train_signal.parquet``, its report under
 ``phases.pass_rate``); ``--train-file`` gives GRPO such a file from an earlier run (GRPO seeds from one warm-up
 share it).
+With ``--grpo-rows unseen`` (off by default) GRPO trains on the training turns the warm-up's ``--warmup-rows`` leave
+out (``data/train_grpo_rows.parquet``, the split's shuffled order after the warm-up's rows), so its prompts are ones
+the warm-up SFT has not memorised.
 With ``--mentions N`` (off by default) every prompt of every split (and of ``KDCONV_TEST``) carries a history summary
 listing the knowledge base's names the conversation mentioned before the turn, the latest N
 (``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter reads in the whole conversation.
@@ -97,6 +100,7 @@ from warmup_rounds import (
     mark_round,
     model_round,
     round_phase,
+    unseen_rows,
 )
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
@@ -486,6 +490,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="GRPO's training rows from this file (e.g. an earlier run's data/train_signal.parquet)",
     )
+    parser.add_argument(
+        "--grpo-rows",
+        choices=("all", "unseen"),
+        default="all",
+        help="GRPO's prompts: every training turn, or only those the warm-up's --warmup-rows leave out (lever 36 of "
+        "experiments/logs/real_model.md: the warm-up has not memorised them, so a group's samples differ more often)",
+    )
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
     parser.add_argument("--n", type=int, default=4, help="responses per prompt (rollout.n)")
@@ -635,6 +646,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2
+    if args.grpo_rows == "unseen" and (args.train_file is not None or args.pass_rate_rows):
+        print("--grpo-rows unseen chooses GRPO's rows itself: leave out --train-file and --pass-rate-rows")
+        return 2
     if args.train_file is not None and (
         not args.train_file.is_file() or args.train_file.resolve().is_relative_to(work)
     ):
@@ -726,6 +740,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = work / "grpo_run"
     train_settings = grpo_settings(args, dtype)
     train_file = str(args.train_file.resolve()) if args.train_file is not None else data["files"]["train"]
+    if args.grpo_rows == "unseen":  # the turns the warm-up's SFT never saw (--warmup-rows leaves them out)
+        import pandas as pd
+
+        frame = pd.read_parquet(data["files"]["train"])
+        train_file = str(unseen_rows(frame, args, work / "data" / "train_grpo_rows.parquet"))
     common = [f"model.path={warmup_model}", f"trainer.output_dir={work}", "data.val_files=[]"]
     common += [f"app.query_rewrite.rag.corpus=kdconv:{kb}", f"data.train_files=[{train_file}]"]
     if args.pass_rate_rows:  # the prompts whose samples the warm-up scores differently (queryrl pass-rate)

@@ -61,6 +61,11 @@ def check_round_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be 1 or more, got {getattr(args, name)}"
     if args.warmup_rows is not None and args.warmup_rows < 1:
         return f"--warmup-rows must be 1 or more, got {args.warmup_rows}"
+    if getattr(args, "grpo_rows", "all") == "unseen" and (args.warmup_rows is None or args.warmup_rounds > 1):
+        return (
+            "--grpo-rows unseen trains GRPO on the turns round 1 of the warm-up leaves out: it needs --warmup-rows "
+            "below the training turns and one warm-up round"
+        )
     if args.warmup_rounds > 1 and args.warmup_rows is None:  # before the hour of round 1, not after it
         return (
             f"--warmup-rounds {args.warmup_rounds} needs --warmup-rows below the training turns: round 1 takes every "
@@ -99,6 +104,22 @@ def _first_count(frame: Any, args: argparse.Namespace) -> int:
 def first_rows(frame: Any, args: argparse.Namespace) -> Any:
     """Round 1's training turns: the first `--warmup-rows` of the split's shuffled order (default: all of them)."""
     return shuffled(frame, args.seed).head(_first_count(frame, args))
+
+
+def unseen_rows(frame: Any, args: argparse.Namespace, out: Path) -> Path:
+    """The training turns round 1 of the warm-up leaves out (the split's shuffled order after its first
+    `--warmup-rows`), written to `out`: GRPO's prompts with ``--grpo-rows unseen``, the same for every GRPO seed of
+    a split whether it builds the warm-up or reuses one.
+
+    Raises:
+        ValueError: `--warmup-rows` takes every training turn."""
+    rows = shuffled(frame, args.seed).iloc[_first_count(frame, args) :]
+    if rows.empty:
+        raise ValueError(
+            f"--grpo-rows unseen: --warmup-rows {args.warmup_rows} takes all {len(frame)} training turns, none is left"
+        )
+    rows.to_parquet(out, index=False)
+    return out
 
 
 def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:

@@ -125,3 +125,41 @@ def test_bad_round_options_are_refused_before_anything_runs(
     assert bench.main(["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work), option, value]) == 2
     assert f"{option} must be 1 or more" in capsys.readouterr().out
     assert (work / "keep").exists()
+
+
+def test_grpo_on_unseen_rows_takes_the_turns_the_warm_up_leaves_out(tmp_path: Path) -> None:
+    """``--grpo-rows unseen``: the split's shuffled order after round 1's --warmup-rows, disjoint from the warm-up's
+    turns and together with them every turn; refused without --warmup-rows, with further rounds, or when the warm-up
+    takes every turn."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"x": list(range(12))})
+    args = _args("--grpo-rows", "unseen")
+    assert rounds.check_round_args(args) is None
+    warm = list(rounds.first_rows(frame, args)["x"])
+    rest = pd.read_parquet(rounds.unseen_rows(frame, args, tmp_path / "g.parquet"))["x"].tolist()
+    order = list(frame.sample(frac=1.0, random_state=args.seed)["x"])
+    assert (warm, rest) == (order[:4], order[4:])
+    args.warmup_rows = 12
+    with pytest.raises(ValueError, match="takes all 12 training turns"):
+        rounds.unseen_rows(frame, args, tmp_path / "g.parquet")
+    assert "--grpo-rows unseen" in (
+        rounds.check_round_args(bench.parse_args(["--model", "m", "--grpo-rows", "unseen"])) or ""
+    )
+    args.warmup_rows, args.warmup_rounds = 4, 2
+    assert "one warm-up round" in (rounds.check_round_args(args) or "")
+
+
+@needs_kdconv("travel/dev.json")  # without KdConv the bench skips before it reads its options
+def test_grpo_on_unseen_rows_refuses_a_train_file_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep").write_text("x")
+    argv = ["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work), "--warmup-rows", "4"]
+    assert bench.main([*argv, "--grpo-rows", "unseen", "--pass-rate-rows", "8"]) == 2
+    assert "--grpo-rows unseen chooses GRPO's rows itself" in capsys.readouterr().out
+    assert (work / "keep").exists()
