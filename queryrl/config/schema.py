@@ -211,7 +211,7 @@ class ActorConfig:
     share_prompt_forward: bool = True
     # with share_prompt_forward: the distinct prompts' own common leading tokens (a system prompt, 16 tokens or
     # more) also run once, each prompt's rest on their keys and values; the same log-probs up to float rounding.
-    # Off where a sliding window is shorter than the prompt and response (the prompts then run whole)
+    # Off where a sliding window is shorter than the prompt and response, and under FSDP (the prompts run whole)
     share_prefix_forward: bool = True
 
 

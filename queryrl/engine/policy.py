@@ -112,6 +112,15 @@ def can_share_prompt(model: nn.Module) -> bool:
     return keeps_logits(model) and not getattr(inner, name, False)
 
 
+def _sharded(model: nn.Module) -> bool:
+    """Whether `model` is an FSDP2 module (``fully_shard``), whose every forward is a collective."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
 def _split_prefix(prompt_ids: Tensor, prompt_mask: Tensor, c: int) -> tuple[Tensor, Tensor]:
     """The left-padded prompts (u, P) without their first `c` real tokens: ``(rest_ids, rest_mask)``, (u, W),
     left-padded to the longest rest."""
@@ -132,9 +141,10 @@ def _prompt_pass(
     When the prompts share a prefix of at least :data:`MIN_SHARED_PREFIX` tokens (the system prompt) it runs
     once (:func:`prefix_cache`) and each prompt's rest on it; the rests are left-padded, so the padding sits
     between the prefix and a rest, which leaves attention unchanged unless a sliding window is shorter than the
-    laid-out sequence (`room`: the response positions that follow): then the prompts run whole.
+    laid-out sequence (`room`: the response positions that follow): then the prompts run whole. Under FSDP
+    they run whole too: each forward is an all-gather, and the ranks' micro-batches may decide differently.
     """
-    c = shared_prefix(prompt_ids, prompt_mask) if share_prefix else 0
+    c = shared_prefix(prompt_ids, prompt_mask) if share_prefix and not _sharded(model) else 0
     window = attention_window(model)
     if c >= MIN_SHARED_PREFIX and window != 0:
         rest_ids, rest_mask = _split_prefix(prompt_ids, prompt_mask, c)

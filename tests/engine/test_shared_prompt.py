@@ -341,3 +341,17 @@ def test_share_prefix_false_runs_each_distinct_prompt_whole(policy: Any) -> None
     handle.remove()
     t = batch.response_ids.shape[1]
     assert calls == [(3, 26), (9, t - 1), (1, 20), (3, 6), (9, t - 1)]
+
+
+def test_under_fsdp_each_distinct_prompt_runs_whole(policy: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every forward of an FSDP module is an all-gather, and two ranks' micro-batches may decide differently about
+    a prefix, so a sharded model never takes the prefix path (the ranks then run the same number of forwards)."""
+    from queryrl.engine import policy as engine_policy
+
+    monkeypatch.setattr(engine_policy, "_sharded", lambda _model: True)
+    batch = prefixed_batch(len(policy.tokenizer), seed=2)
+    calls, handle = embedded_rows(policy.model)
+    with torch.no_grad():
+        forward_logprobs(policy.model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
+    handle.remove()
+    assert calls == [(3, 26), (9, batch.response_ids.shape[1] - 1)]
