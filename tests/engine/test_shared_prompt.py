@@ -3,7 +3,6 @@ gradients, with the prompt's positions computed once per group instead of once p
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from queryrl.engine.policy import (
 )
 from queryrl.padding import shared_prefix
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
-from tests.rollout.helpers import ARCHS, arch_model, with_lora
+from tests.rollout.helpers import ARCHS, PREFIX_ARCHS, arch_model, lora_arch, with_lora
 
 
 def grouped_batch(vocab: int, seed: int = 0, t: int = 5) -> Batch:
@@ -296,18 +295,14 @@ def test_common_prefix_counts_the_real_tokens_every_prompt_starts_with() -> None
     assert shared_prefix(same[:1], (same[:1] != 0).long()) == 0  # one prompt: nothing to share
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3_wide", *sorted(ARCHS)])
+@pytest.mark.parametrize("arch", PREFIX_ARCHS)
 def test_the_prompts_common_prefix_runs_once_with_the_full_forwards_logprobs(arch: str, tiny_bundle: Any) -> None:
     """Prompts that open with one 20-token system prompt: it runs once, each distinct prompt's rest once on it,
     then the samples' responses; log-probs and the LoRA gradients are the full forward's. Where a sliding window
     is shorter than the laid-out prompt (Gemma 3 and Qwen2's sliding layers here, windows of 3-4 tokens) the
     prompts run whole, with the same result."""
     tok = tiny_bundle.tokenizer
-    if arch == "gemma3_wide":
-        base = arch_model(tok, "gemma3", sliding_window=64)
-    else:
-        base = tiny_bundle.model if arch == "qwen2" else arch_model(tok, arch)
-    model = with_lora(copy.deepcopy(base)).train()
+    model = lora_arch(tiny_bundle, arch)
     batch = prefixed_batch(len(tok), seed=6)
     params = [p for p in model.parameters() if p.requires_grad]
     ref = full_logprobs(model, batch)

@@ -128,6 +128,21 @@ def arch_model(tokenizer: Any, name: str, **overrides: Any) -> nn.Module:
     return model
 
 
+# the architectures the shared-prefix paths are checked on: the tiny Qwen2, each of ARCHS, and Gemma 3 with a
+# sliding window longer than the rows (so its prefix is shared where the ARCHS one's window forbids it)
+PREFIX_ARCHS = ["qwen2", "gemma3_wide", *sorted(ARCHS)]
+
+
+def lora_arch(bundle: Any, name: str) -> nn.Module:
+    """A LoRA copy (in train mode) of the tiny policy (``qwen2``), of ``ARCHS[name]``, or of Gemma 3 with a
+    64-token window (``gemma3_wide``), for the tiny tokenizer of `bundle`."""
+    if name == "gemma3_wide":
+        base = arch_model(bundle.tokenizer, "gemma3", sliding_window=64)
+    else:
+        base = bundle.model if name == "qwen2" else arch_model(bundle.tokenizer, name)
+    return with_lora(base).train()  # with_lora deep-copies the model
+
+
 def to_bfloat16(model: nn.Module) -> nn.Module:
     """`model` stored in bfloat16 as ``from_pretrained(dtype=bfloat16)`` leaves it: the RoPE frequency
     buffers stay float32."""

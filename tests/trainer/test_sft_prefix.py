@@ -21,7 +21,7 @@ from queryrl.trainer.sft_batch import (
     shared_prefix_length,
     sum_target_loss,
 )
-from tests.rollout.helpers import ARCHS, arch_model, with_lora
+from tests.rollout.helpers import PREFIX_ARCHS, lora_arch, with_lora
 
 CPU = torch.device("cpu")
 PAD = 0
@@ -87,17 +87,13 @@ def test_the_shared_layout_holds_every_token_once_with_its_own_positions(window:
     assert bool(batch["attention_mask"][:, 0].all()) == (window == 8)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma3_wide", *sorted(ARCHS)])
+@pytest.mark.parametrize("arch", PREFIX_ARCHS)
 def test_every_architecture_gives_the_whole_forwards_loss_and_gradients(arch: str, tiny_bundle: Any) -> None:
     """With LoRA adapters on Qwen2 (also with a sliding layer), Llama and Gemma 3 (sliding windows shorter than
     the rows, and one longer: ``gemma3_wide``): the shared-prefix loss and the adapters' gradients equal the
     left-padded whole batch's, and the prefix goes through the model once."""
     tok = tiny_bundle.tokenizer
-    if arch == "gemma3_wide":
-        base = arch_model(tok, "gemma3", sliding_window=64)
-    else:
-        base = tiny_bundle.model if arch == "qwen2" else arch_model(tok, arch)
-    model = with_lora(copy.deepcopy(base)).train()
+    model = lora_arch(tiny_bundle, arch)
     rows = examples(len(tok), seed=3)
     expected, count, expected_grads = loss_and_grads(model, collate(rows, PAD))
     shared = micro_batch(model, rows, PAD, share_prefix=True)
