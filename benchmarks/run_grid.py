@@ -26,8 +26,8 @@ is reported with its log, the cells that need its warm-up are not run, the other
 ``touch runs/grid/NAME/STOP`` starts no more cells and lets the running ones finish (the next call goes on).
 
 What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds each cell's command, status, wall
-time and commit (a cell an earlier call finished keeps what that call recorded), whether the tree had changes, and
-the machine. At the end the grid summary (``seed_grid.py``'s
+time and commit (a cell an earlier call finished keeps what that call recorded, and so does one this call does not
+list), whether the tree had changes, and the machine. At the end the grid summary (``seed_grid.py``'s
 JSON, rows ``both`` with ``--val`` else ``test``) goes to ``--results-dir``'s ``seed_grid_NAME.json`` with that record
 under ``cost``. Run the grid from a checkout that does not change while it runs (a ``git worktree`` at a commit):
 each cell starts Python anew and reads the code as it is then.
@@ -160,8 +160,10 @@ def run_cells(cells: list[Cell], jobs: int, record: dict[str, Any], record_path:
     it."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     status: dict[str, str] = {}
-    entries: dict[str, dict[str, Any]] = {}
     earlier = _earlier_cells(record_path)
+    names = {cell.name for cell in cells}
+    # an earlier call's cells that this call does not list (a narrower --fold-list or --grpo-seeds) stay recorded
+    entries: dict[str, dict[str, Any]] = {k: v for k, v in earlier.items() if k not in names}
     for cell in cells:
         entries[cell.name] = {"commands": cell.commands, "log": str(cell.log), "result": str(cell.result)}
         if _first_step(cell) == len(cell.commands):  # what an earlier call recorded of it stays (its wall time)

@@ -150,6 +150,14 @@ def test_cells_run_jobs_at_a_time_and_a_failed_warm_up_stops_only_its_split(
         "s1_g8": "done",
     }
 
+    # a narrower call (one split's seeds, as when a failed cell is run again alone) keeps the other split's record
+    assert run_grid.run_cells(cells[:2], 1, record, tmp_path / "run_grid.json") == []
+    kept = json.loads((tmp_path / "run_grid.json").read_text())["cells"]
+    assert set(kept) == set(saved)
+    assert {n: kept[n] for n in saved if n not in {c.name for c in cells[:2]}} == {
+        n: saved[n] for n in saved if n not in {c.name for c in cells[:2]}
+    }
+
 
 def test_a_result_without_its_validation_eval_runs_only_that_step_again(tmp_path: Path) -> None:
     (cell,) = _plan(tmp_path, "g", "--splits", "0", "--val")
