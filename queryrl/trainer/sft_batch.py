@@ -74,7 +74,7 @@ def shared_prefix_length(examples: Sequence[SFTExample]) -> int:
     n = 0
     while n < limit and all(e.prompt_ids[n] == first[n] for e in examples):
         n += 1
-    return max(n, 0)
+    return n
 
 
 def collate_shared(
@@ -94,10 +94,10 @@ def collate_shared(
     c = shared_prefix_length(examples) if len(examples) > 1 else 0
     if c < min_prefix:
         return None
-    rests = [(e.prompt_ids[c:], e.target_ids) for e in examples]
-    width = max(len(p) + len(t) for p, t in rests)
+    rests = [SFTExample(e.prompt_ids[c:], e.target_ids, e.source, e.index) for e in examples]
+    width = max(len(r.prompt_ids) + len(r.target_ids) for r in rests)
     if window is None or c + width <= window:
-        batch = collate([SFTExample(e.prompt_ids[c:], e.target_ids, e.source, e.index) for e in examples], pad_id)
+        batch = collate(rests, pad_id)
         batch["position_ids"] = batch["position_ids"] + c
     else:
         batch = {
@@ -106,10 +106,10 @@ def collate_shared(
             "attention_mask": torch.zeros((len(rests), width), dtype=torch.long),
             "position_ids": (c + torch.arange(width)).expand(len(rests), width),
         }
-        for i, (prompt, target) in enumerate(rests):
-            end = len(prompt) + len(target)
-            batch["input_ids"][i, :end] = torch.tensor(prompt + target)
-            batch["labels"][i, len(prompt) : end] = torch.tensor(target)
+        for i, r in enumerate(rests):
+            end = len(r.prompt_ids) + len(r.target_ids)
+            batch["input_ids"][i, :end] = torch.tensor(r.prompt_ids + r.target_ids)
+            batch["labels"][i, len(r.prompt_ids) : end] = torch.tensor(r.target_ids)
             batch["attention_mask"][i, :end] = 1
     batch["prefix_ids"] = torch.tensor(examples[0].prompt_ids[:c]).unsqueeze(0)
     return batch

@@ -109,6 +109,18 @@ def test_further_rounds_train_each_round_from_the_last_and_a_model_with_them_all
     assert calls == []
 
 
+def _refusal_argv(tmp_path: Path) -> tuple[list[str], Path]:
+    """The bench's arguments for a run that must be refused before it touches anything: a model folder, KdConv, and a
+    --work folder holding a file the bench would delete if it started; that folder."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep").write_text("x")
+    return ["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work)], work
+
+
 @needs_kdconv("travel/dev.json")  # without KdConv the bench skips before it reads its options
 @pytest.mark.parametrize(
     ("option", "value"), [("--warmup-rounds", "0"), ("--round-samples", "0"), ("--round-rows", "0")]
@@ -116,13 +128,8 @@ def test_further_rounds_train_each_round_from_the_last_and_a_model_with_them_all
 def test_bad_round_options_are_refused_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str
 ) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "keep").write_text("x")
-    assert bench.main(["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work), option, value]) == 2
+    argv, work = _refusal_argv(tmp_path)
+    assert bench.main([*argv, option, value]) == 2
     assert f"{option} must be 1 or more" in capsys.readouterr().out
     assert (work / "keep").exists()
 
@@ -153,13 +160,7 @@ def test_grpo_on_unseen_rows_takes_the_turns_the_warm_up_leaves_out(tmp_path: Pa
 def test_grpo_on_unseen_rows_refuses_a_train_file_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "keep").write_text("x")
-    argv = ["--model", str(model), "--kdconv-dir", str(KDCONV), "--work", str(work), "--warmup-rows", "4"]
-    assert bench.main([*argv, "--grpo-rows", "unseen", "--pass-rate-rows", "8"]) == 2
+    argv, work = _refusal_argv(tmp_path)
+    assert bench.main([*argv, "--warmup-rows", "4", "--grpo-rows", "unseen", "--pass-rate-rows", "8"]) == 2
     assert "--grpo-rows unseen chooses GRPO's rows itself" in capsys.readouterr().out
     assert (work / "keep").exists()

@@ -22,7 +22,7 @@ from queryrl.engine.policy import (
 )
 from queryrl.padding import shared_prefix
 from tests.engine.helpers import TEMPERATURE, full_logprobs, load
-from tests.rollout.helpers import ARCHS, PREFIX_ARCHS, arch_model, lora_arch, with_lora
+from tests.rollout.helpers import ARCHS, PREFIX_ARCHS, SHORT_WINDOW_ARCHS, arch_model, lora_arch, with_lora
 
 
 def grouped_batch(vocab: int, seed: int = 0, t: int = 5) -> Batch:
@@ -58,6 +58,28 @@ def embedded_rows(model: nn.Module) -> tuple[list[tuple[int, int]], Any]:
     return calls, handle
 
 
+def _full_forward(model: nn.Module, batch: Batch) -> tuple[Tensor, list[Tensor]]:
+    """The full forward's log-probs and the trainable parameters' gradients of their masked sum (then cleared)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    ref = full_logprobs(model, batch)
+    (ref * batch.response_mask).sum().backward()
+    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return ref, ref_grads
+
+
+def _assert_matches(model: nn.Module, batch: Batch, logprobs: Tensor, ref: Tensor, ref_grads: list[Tensor]) -> None:
+    """`logprobs` (a shared path's) equal the full forward's `ref` on the response tokens, and the gradients of
+    their masked sum equal `ref_grads`."""
+    (logprobs * batch.response_mask).sum().backward()
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    assert len(grads) == len(ref_grads) > 0
+    for grad, expected in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+
+
 def test_prompt_groups_finds_the_distinct_prompts() -> None:
     batch = grouped_batch(50)
     groups = prompt_groups(batch)
@@ -73,26 +95,14 @@ def test_prompt_groups_finds_the_distinct_prompts() -> None:
 def test_same_logprobs_and_gradients_as_the_full_forward(policy: Any) -> None:
     model = policy.model
     batch = grouped_batch(len(policy.tokenizer))
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    ref = full_logprobs(model, batch)
-    (ref * batch.response_mask).sum().backward()
-    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
-    model.zero_grad(set_to_none=True)
+    ref, ref_grads = _full_forward(model, batch)
 
     calls, handle = embedded_rows(model)
     logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
     handle.remove()
-    (logprobs * batch.response_mask).sum().backward()
-
     # the 3 distinct prompts (6 positions), then the 9 responses without their last token
     assert calls == [(3, 6), (9, batch.response_ids.shape[1] - 1)]
-    mask = batch.response_mask.bool()
-    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
-    grads = [p.grad for p in params if p.grad is not None]
-    assert len(grads) == len(ref_grads)
-    for grad, expected in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+    _assert_matches(model, batch, logprobs, ref, ref_grads)
 
 
 def test_one_token_responses_need_no_second_pass(policy: Any) -> None:
@@ -198,23 +208,13 @@ def test_every_fast_decode_architecture_with_lora_shares_exactly(arch: str, tiny
     sequences), with LoRA adapters, log-probs and the adapters' gradients as the full forward's."""
     model = with_lora(arch_model(tiny_bundle.tokenizer, arch)).train()
     batch = grouped_batch(len(tiny_bundle.tokenizer), seed=4)
-    params = [p for p in model.parameters() if p.requires_grad]
-    ref = full_logprobs(model, batch)
-    (ref * batch.response_mask).sum().backward()
-    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
-    model.zero_grad(set_to_none=True)
+    ref, ref_grads = _full_forward(model, batch)
     assert can_share_prompt(model)
     calls, handle = embedded_rows(model)
     logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
     handle.remove()
     assert calls == [(3, 6), (9, batch.response_ids.shape[1] - 1)]
-    (logprobs * batch.response_mask).sum().backward()
-    mask = batch.response_mask.bool()
-    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
-    grads = [p.grad for p in params if p.grad is not None]
-    assert len(grads) == len(ref_grads) > 0
-    for grad, expected in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+    _assert_matches(model, batch, logprobs, ref, ref_grads)
 
 
 def _logprobs_and_grads(model: nn.Module, batch: Batch, logits: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -304,26 +304,16 @@ def test_the_prompts_common_prefix_runs_once_with_the_full_forwards_logprobs(arc
     tok = tiny_bundle.tokenizer
     model = lora_arch(tiny_bundle, arch)
     batch = prefixed_batch(len(tok), seed=6)
-    params = [p for p in model.parameters() if p.requires_grad]
-    ref = full_logprobs(model, batch)
-    (ref * batch.response_mask).sum().backward()
-    ref_grads = [p.grad.clone() for p in params if p.grad is not None]
-    model.zero_grad(set_to_none=True)
+    ref, ref_grads = _full_forward(model, batch)
     calls, handle = embedded_rows(model)
     logprobs, _ = forward_logprobs(model, batch, TEMPERATURE, with_entropy=False, share_prompt=True)
     handle.remove()
     t = batch.response_ids.shape[1]
-    if arch in ("gemma3", "gemma3_untied", "qwen2_sliding"):
+    if arch in SHORT_WINDOW_ARCHS:
         assert calls == [(3, 26), (9, t - 1)]
     else:
         assert calls == [(1, 20), (3, 6), (9, t - 1)]
-    (logprobs * batch.response_mask).sum().backward()
-    mask = batch.response_mask.bool()
-    torch.testing.assert_close(logprobs[mask], ref[mask], atol=1e-5, rtol=0)
-    grads = [p.grad for p in params if p.grad is not None]
-    assert len(grads) == len(ref_grads) > 0
-    for grad, expected in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-4)
+    _assert_matches(model, batch, logprobs, ref, ref_grads)
 
 
 def test_share_prefix_false_runs_each_distinct_prompt_whole(policy: Any) -> None:

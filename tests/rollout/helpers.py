@@ -131,6 +131,11 @@ def arch_model(tokenizer: Any, name: str, **overrides: Any) -> nn.Module:
 # the architectures the shared-prefix paths are checked on: the tiny Qwen2, each of ARCHS, and Gemma 3 with a
 # sliding window longer than the rows (so its prefix is shared where the ARCHS one's window forbids it)
 PREFIX_ARCHS = ["qwen2", "gemma3_wide", *sorted(ARCHS)]
+SHORT_WINDOW_ARCHS = (
+    "gemma3",
+    "gemma3_untied",
+    "qwen2_sliding",
+)  # sliding windows of 3-4 tokens, shorter than the rows
 
 
 def lora_arch(bundle: Any, name: str) -> nn.Module:

@@ -21,7 +21,7 @@ from queryrl.trainer.sft_batch import (
     shared_prefix_length,
     sum_target_loss,
 )
-from tests.rollout.helpers import PREFIX_ARCHS, lora_arch, with_lora
+from tests.rollout.helpers import PREFIX_ARCHS, SHORT_WINDOW_ARCHS, lora_arch, with_lora
 
 CPU = torch.device("cpu")
 PAD = 0
@@ -98,7 +98,7 @@ def test_every_architecture_gives_the_whole_forwards_loss_and_gradients(arch: st
     expected, count, expected_grads = loss_and_grads(model, collate(rows, PAD))
     shared = micro_batch(model, rows, PAD, share_prefix=True)
     assert "prefix_ids" in shared
-    sliding = arch in ("gemma3", "gemma3_untied", "qwen2_sliding")  # windows of 3-4 tokens: right-padded rests
+    sliding = arch in SHORT_WINDOW_ARCHS  # windows of 3-4 tokens: right-padded rests
     assert bool(shared["attention_mask"][:, -1].all()) == (not sliding)
     calls, handle = embedded_rows(model)
     loss, shared_count, grads = loss_and_grads(model, shared)
