@@ -65,7 +65,9 @@ and reward, and keeps those whose samples scored differently (``data/train_signa
 share it).
 With ``--grpo-rows unseen`` (off by default) GRPO trains on the training turns the warm-up's ``--warmup-rows`` leave
 out (``data/train_grpo_rows.parquet``, the split's shuffled order after the warm-up's rows), so its prompts are ones
-the warm-up SFT has not memorised.
+the warm-up SFT has not memorised. With ``--grpo-rows val`` GRPO trains on the split's validation conversations
+(``data/val.parquet``) and the warm-up keeps every training turn: prompts of conversations neither phase saw, at no
+cost to the warm-up; those conversations are then no longer held out (``benchmarks/val_eval.py`` refuses such a run).
 With ``--mentions N`` (off by default) every prompt of every split (and of ``KDCONV_TEST``) carries a history summary
 listing the knowledge base's names the conversation mentioned before the turn, the latest N
 (``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter reads in the whole conversation.
@@ -97,10 +99,10 @@ from warmup_rounds import (
     check_round_args,
     first_rows,
     further_rounds,
+    grpo_rows_file,
     mark_round,
     model_round,
     round_phase,
-    unseen_rows,
 )
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
@@ -492,10 +494,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--grpo-rows",
-        choices=("all", "unseen"),
+        choices=("all", "unseen", "val"),
         default="all",
-        help="GRPO's prompts: every training turn, or only those the warm-up's --warmup-rows leave out (lever 36 of "
-        "experiments/logs/real_model.md: the warm-up has not memorised them, so a group's samples differ more often)",
+        help="GRPO's prompts: every training turn, only those the warm-up's --warmup-rows leave out (lever 36 of "
+        "experiments/logs/real_model.md: the warm-up has not memorised them, so a group's samples differ more often), "
+        "or the validation conversations' turns (lever 37: unseen by the warm-up, which keeps every training turn; "
+        "they are then not held out)",
     )
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
@@ -646,8 +650,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup_model is not None and not (args.warmup_model / "config.json").is_file():
         print(f"--warmup-model must be a model folder with config.json, got {args.warmup_model}")
         return 2
-    if args.grpo_rows == "unseen" and (args.train_file is not None or args.pass_rate_rows):
-        print("--grpo-rows unseen chooses GRPO's rows itself: leave out --train-file and --pass-rate-rows")
+    if args.grpo_rows != "all" and (args.train_file is not None or args.pass_rate_rows):
+        print(f"--grpo-rows {args.grpo_rows} chooses GRPO's rows itself: leave out --train-file and --pass-rate-rows")
         return 2
     if args.train_file is not None and (
         not args.train_file.is_file() or args.train_file.resolve().is_relative_to(work)
@@ -739,12 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
     train_settings = grpo_settings(args, dtype)
-    train_file = str(args.train_file.resolve()) if args.train_file is not None else data["files"]["train"]
-    if args.grpo_rows == "unseen":  # the turns the warm-up's SFT never saw (--warmup-rows leaves them out)
-        import pandas as pd
-
-        frame = pd.read_parquet(data["files"]["train"])
-        train_file = str(unseen_rows(frame, args, work / "data" / "train_grpo_rows.parquet"))
+    train_file = grpo_rows_file(args, data["files"], work / "data")
     common = [f"model.path={warmup_model}", f"trainer.output_dir={work}", "data.val_files=[]"]
     common += [f"app.query_rewrite.rag.corpus=kdconv:{kb}", f"data.train_files=[{train_file}]"]
     if args.pass_rate_rows:  # the prompts whose samples the warm-up scores differently (queryrl pass-rate)

@@ -4,10 +4,11 @@ Each split of the real-model bench holds out two sets of conversations: ``data/t
 reports, on which the levers of ``experiments/logs/real_model.md`` were chosen) and ``data/val.parquet``, which no
 phase reads: the warm-up samples training turns, GRPO runs with ``data.val_files=[]`` and picks no checkpoint. So the
 validation conversations are as unseen by the trained adapters as the test ones, and unlike them no lever was chosen
-on them. This evaluates each run's final systems (the same systems, model folders, kept-ids files, dtype, token
-budget and comparisons as its final eval, read back from ``WORK/eval/eval.json``) on ``WORK/data/val.parquet`` into
-``WORK/eval_val/``, and records the summary in the result JSON as ``val_eval`` (timing under ``phases.eval_val``).
-``benchmarks/seed_grid.py --rows val`` (or ``both``) then reads those rows.
+on them (a run with ``--grpo-rows val`` trained GRPO on them, so it is refused). This evaluates each run's final
+systems (the same systems, model folders, kept-ids files, dtype, token budget and comparisons as its final eval, read
+back from ``WORK/eval/eval.json``) on ``WORK/data/val.parquet`` into ``WORK/eval_val/``, and records the summary in
+the result JSON as ``val_eval`` (timing under ``phases.eval_val``). ``benchmarks/seed_grid.py --rows val`` (or
+``both``) then reads those rows.
 
     python benchmarks/val_eval.py experiments/results/real_model_bf16_vocab_g7_s0.json ...   # one run after another
 
@@ -65,6 +66,8 @@ def _load(path: Path) -> dict[str, Any]:
         raise ValEvalError(f"{path}: not readable as JSON ({exc})") from None
     except (KeyError, TypeError) as exc:
         raise ValEvalError(f"{path}: not a benchmarks/real_model.py result (no {exc} in it)") from None
+    if result["settings"]["args"].get("grpo_rows") == "val":
+        raise ValEvalError(f"{path}: GRPO trained on its validation conversations (--grpo-rows val): not held out")
     for needed in (work / "eval" / "eval.json", work / "data" / "val.parquet"):
         if not needed.is_file():
             raise ValEvalError(f"{path}: its run folder has no {needed}")

@@ -122,6 +122,18 @@ def unseen_rows(frame: Any, args: argparse.Namespace, out: Path) -> Path:
     return out
 
 
+def grpo_rows_file(args: argparse.Namespace, files: dict[str, str], data_dir: Path) -> str:
+    """GRPO's training file: `args.train_file`, else by ``--grpo-rows``: every training turn (``all``), those the
+    warm-up leaves out (``unseen``, written to `data_dir`), or the validation conversations' turns (``val``)."""
+    if args.train_file is not None:
+        return str(args.train_file.resolve())
+    if args.grpo_rows == "unseen":  # the turns the warm-up's SFT never saw (--warmup-rows leaves them out)
+        import pandas as pd
+
+        return str(unseen_rows(pd.read_parquet(files["train"]), args, data_dir / "train_grpo_rows.parquet"))
+    return files["val"] if args.grpo_rows == "val" else files["train"]
+
+
 def round_rows(frame: Any, args: argparse.Namespace, r: int, out: Path) -> Path:
     """Round `r`'s training turns (`r` >= 2): the `--round-rows` rows of `frame` (shuffled with the split's seed, as
     round 1 takes its first `--warmup-rows`) after those of rounds 1 .. r-1, written to `out`.

@@ -68,3 +68,16 @@ def test_a_run_without_a_validation_file_is_one_line_and_exit_2(
     assert err.startswith(f"val_eval: {bad}: its run folder has no ")
     assert "val.parquet" in err
     assert not (tmp_path / "a" / "work" / "eval_val").exists()
+
+
+def test_a_run_whose_grpo_trained_on_the_validation_conversations_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--grpo-rows val`` trains GRPO on those conversations: they are not held out, so no second eval on them."""
+    result = _finished_run(tmp_path)
+    record = json.loads(result.read_text())
+    record["settings"]["args"]["grpo_rows"] = "val"
+    result.write_text(json.dumps(record))
+    assert val_eval.main([str(result)]) == 2
+    assert "GRPO trained on its validation conversations (--grpo-rows val)" in capsys.readouterr().err
+    assert not (tmp_path / "work" / "eval_val").exists()

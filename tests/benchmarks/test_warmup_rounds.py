@@ -156,11 +156,28 @@ def test_grpo_on_unseen_rows_takes_the_turns_the_warm_up_leaves_out(tmp_path: Pa
     assert "one warm-up round" in (rounds.check_round_args(args) or "")
 
 
+def test_grpo_rows_picks_grpos_training_file(tmp_path: Path) -> None:
+    """``--grpo-rows``: every training turn, the unseen ones (written beside the split), or the validation
+    conversations' file; a ``--train-file`` wins (the bench refuses it together with ``unseen``/``val``)."""
+    pd = pytest.importorskip("pandas")
+    train = tmp_path / "train.parquet"
+    pd.DataFrame({"x": list(range(12))}).to_parquet(train, index=False)
+    files = {"train": str(train), "val": str(tmp_path / "val.parquet")}
+    assert rounds.grpo_rows_file(_args(), files, tmp_path) == str(train)
+    assert rounds.grpo_rows_file(_args("--grpo-rows", "val"), files, tmp_path) == files["val"]
+    unseen = rounds.grpo_rows_file(_args("--grpo-rows", "unseen"), files, tmp_path)
+    assert unseen == str(tmp_path / "train_grpo_rows.parquet")
+    assert len(pd.read_parquet(unseen)) == 8
+    given = tmp_path / "signal.parquet"
+    assert rounds.grpo_rows_file(_args("--train-file", str(given)), files, tmp_path) == str(given.resolve())
+
+
 @needs_kdconv("travel/dev.json")  # without KdConv the bench skips before it reads its options
-def test_grpo_on_unseen_rows_refuses_a_train_file_before_anything_runs(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("rows", ["unseen", "val"])
+def test_grpo_rows_refuses_a_train_file_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str
 ) -> None:
     argv, work = _refusal_argv(tmp_path)
-    assert bench.main([*argv, "--warmup-rows", "4", "--grpo-rows", "unseen", "--pass-rate-rows", "8"]) == 2
-    assert "--grpo-rows unseen chooses GRPO's rows itself" in capsys.readouterr().out
+    assert bench.main([*argv, "--warmup-rows", "4", "--grpo-rows", rows, "--pass-rate-rows", "8"]) == 2
+    assert f"--grpo-rows {rows} chooses GRPO's rows itself" in capsys.readouterr().out
     assert (work / "keep").exists()
