@@ -36,6 +36,7 @@ each cell starts Python anew and reads the code as it is then.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -283,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise GridSetupError("--jobs must be at least 1 and --grpo-seeds must not repeat a seed")
         if any(a.startswith("trainer.seed=") for a in bench_args):
             raise GridSetupError("trainer.seed is the grid's (--grpo-seeds), not an override after --")
+        val_grpo = "--grpo-rows=val" in bench_args or ("--grpo-rows", "val") in itertools.pairwise(bench_args)
+        if args.val and val_grpo:
+            raise GridSetupError("--val evaluates the validation conversations, which --grpo-rows val trains GRPO on")
         cells = plan(args, bench_args)
         if args.dry_run:
             for cell in cells:

@@ -71,6 +71,8 @@ def test_own_warmups_build_a_splits_warm_up_from_the_base_grids_and_share_it(tmp
         (["g", "--splits", "0", "--grpo-seeds", "7", "7"], "must not repeat a seed"),
         (["g", "--splits", "0", "--own-warmups"], "--own-warmups builds on the warm-ups of --warmups-from BASE"),
         (["g", "--splits", "0", "--model", "nowhere"], "--model must be a model folder with config.json"),
+        (["g", "--splits", "0", "--val", "--", "--grpo-rows", "val"], "--val evaluates the validation conversations"),
+        (["g", "--splits", "0", "--val", "--", "--grpo-rows=val"], "--val evaluates the validation conversations"),
     ],
 )
 def test_a_grid_that_cannot_run_is_one_line_and_exit_2(
