@@ -48,8 +48,9 @@ Compute dtype: bfloat16 where the CPU has native bf16 arithmetic (AMX or AVX512-
 it) and its measured matmul rate is well above float32's (``queryrl.machine.bf16_pays``), else float32
 (`--dtype` forces one: a forced bfloat16 on a CPU that emulates it gets one warning line); with bfloat16,
 zero-shot is also evaluated in float32 on the first `--fp32-check` rows and the two are compared
-(``dtype_check``). Each phase runs in its own process, with `--threads` torch threads (default: every core the
-bench may use); its wall time and peak RSS
+(``dtype_check``). The warm-up SFT computes in float32 unless `--sft-dtype` says otherwise (``bfloat16``, or ``auto``
+as `--dtype`'s: ``model.compute_dtype`` over float32 weights and AdamW state). Each phase runs in its own process,
+with `--threads` torch threads (default: every core the bench may use); its wall time and peak RSS
 (``/usr/bin/time``'s ``%M``) are recorded, with the means of the trainer's per-step ``timing_s/<phase>``. An
 eval generates its models `--eval-processes` at a time (default: as many as `--threads`, one thread each;
 ``queryrl eval --processes``).
@@ -464,6 +465,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_round_args(parser)
     parser.add_argument("--sft-epochs", type=int, default=1)
+    parser.add_argument(
+        "--sft-dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="float32",
+        help="the warm-up SFT's compute dtype (default float32, as every measured warm-up; auto as --dtype's)",
+    )
     parser.add_argument("--sft-lr", type=float, default=2e-4)
     parser.add_argument("--reference-sft", action="store_true", help="also SFT on the reference's answers")
     parser.add_argument(
@@ -577,6 +584,8 @@ def sft_cmd(
     cmd += [f"model.lora.rank={args.lora_rank}", f"data.max_prompt_length={args.max_prompt_length}"]
     cmd += [f"data.max_response_length={args.max_response_length}", f"trainer.num_threads={args.threads}"]
     cmd += [f"trainer.output_dir={work}", f"trainer.experiment_name={phase}_run", "data.val_files=[]"]
+    sft_dtype = auto_dtype() if args.sft_dtype == "auto" else args.sft_dtype
+    cmd += [f"model.compute_dtype={sft_dtype}"] if sft_dtype != "float32" else []
     return cmd + (["model.vocab.restrict=true"] if args.restrict_vocab else [])
 
 
@@ -638,6 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_json = args.out or RESULTS_DIR / f"real_model_{name}.json"
     kb = kdconv_dir / kb_name(kdconv_dir)
     dtype = choose_dtype(args.dtype)
+    warn_if_emulated_bf16(args.sft_dtype, "--sft-dtype")
     if args.fold is not None and not (args.folds >= 3 and 0 <= args.fold < args.folds):
         print(f"--fold must be 0 to --folds - 1 with --folds 3 or more, got --fold {args.fold} --folds {args.folds}")
         return 2

@@ -224,6 +224,28 @@ def test_evals_generate_their_models_one_process_a_thread_unless_told() -> None:
     assert processes(["--threads", "2", "--eval-processes", "1"]) == "1"
 
 
+def test_sft_dtype_reaches_the_warm_up_sft_as_its_compute_dtype(tmp_path: Path) -> None:
+    """``--sft-dtype`` (default float32, every measured warm-up's): bfloat16 becomes ``model.compute_dtype`` over the
+    float32 weights, a valid config; float32 passes nothing; ``auto`` resolves as ``--dtype auto`` does."""
+    from queryrl.config import load_config
+    from queryrl.machine import auto_dtype
+
+    def compute(argv: list[str]) -> list[str]:
+        cmd = bench.sft_cmd("queryrl", bench.parse_args(argv), tmp_path / "m", "w.parquet", tmp_path, "warmup")
+        return [c for c in cmd if c.startswith("model.compute_dtype=")]
+
+    assert bench.parse_args([]).sft_dtype == "float32"
+    assert compute([]) == []
+    assert compute(["--sft-dtype", "bfloat16"]) == ["model.compute_dtype=bfloat16"]
+    assert compute(["--sft-dtype", "auto"]) == (
+        [] if auto_dtype() == "float32" else [f"model.compute_dtype={auto_dtype()}"]
+    )
+    cmd = bench.sft_cmd("queryrl", bench.parse_args(["--sft-dtype", "bfloat16"]), tmp_path / "m", "w", tmp_path, "x")
+    overrides = [c for c in cmd[4:] if not c.startswith(("model.path=", "sft.train_files="))]
+    cfg = load_config(str(bench.CONFIG), overrides).model
+    assert (cfg.dtype, cfg.compute_dtype) == ("float32", "bfloat16")
+
+
 def test_restrict_vocab_reaches_the_warm_up_sft_and_the_trained_systems_evals(tmp_path: Path) -> None:
     """``--restrict-vocab`` (the default): the SFT command trains with the restricted head (a valid config), and the
     evals decode warmup / ref_sft / grpo with their kept ids (a warm-up without its own: the GRPO run's), only where
