@@ -334,6 +334,16 @@ def warmup_text(args: Mapping[str, Any], train_rows: int) -> str:
     return text
 
 
+def summary_text(mentions: int) -> str:
+    """The prompts' history summary (``--mentions N``) in the card's words; "" without one."""
+    if not mentions:
+        return ""
+    return (
+        f" and a history summary naming the latest {mentions} knowledge-base entities the conversation mentioned "
+        f"(`--mentions {mentions}`, which the eval below passes too)"
+    )
+
+
 def card(
     result: Mapping[str, Any],
     result_path: Path,
@@ -358,6 +368,8 @@ def card(
     decoding = result["settings"].get("eval_decoding") or "greedy"
     files = ",".join(f"{name}=DIR/{name}/{VOCAB_FILE}" for name in vocab)
     vocab_option = [f"  --vocab-ids {files} \\"] if vocab else []
+    mentions = args.get("mentions", 0)
+    vocab_option += [f"  --mentions {mentions} \\"] if mentions else []  # the prompts the run trained on
     lines = [
         "# Gemma 3 270M query rewriter: warm-up and GRPO LoRA adapters (KdConv travel)",
         "",
@@ -379,7 +391,8 @@ def card(
         "**Data and split.** KdConv travel `dev.json` (thu-coai/KdConv, Apache-2.0; not in this repository), split",
         f"by conversation {split_text(args)}: train / val / test {_split(data['rows'])} rows from",
         f"{_split(data['conversations'])} conversations; evaluated on {rows}. Prompts carry",
-        f"{args['history_chars']} characters of history, answers are `{args['answer_format']}`.",
+        f"{args['history_chars']} characters of history{summary_text(args.get('mentions', 0))}, answers are "
+        f"`{args['answer_format']}`.",
         "",
         f"**Seeds.** {split_name(args)}, GRPO `trainer.seed` {grpo_seed}. One run on one split, not a seed",
         "grid: one GRPO seed moves a run by up to about 0.07 Recall@5 (`benchmarks/results/seed_grid.json`), so read",

@@ -198,6 +198,7 @@ def test_a_fold_run_publishes_its_fold_and_the_warm_up_s_turns(tmp_path: Path) -
     assert check["split_seed"] == 0
     assert check["mentions"] == 0
     card = (out / "README.md").read_text()
+    assert "--mentions" not in card
     assert "Fold 3 of 10 (seed 0), GRPO `trainer.seed` 7" in card
     assert "fold 3 tested, fold 4 validated" in card
     assert "LoRA SFT, 1 epoch, on every training turn (8) for the warm-up" in card  # 2000 asked, 8 there
@@ -209,6 +210,22 @@ def test_a_fold_run_publishes_its_fold_and_the_warm_up_s_turns(tmp_path: Path) -
     path.write_text(json.dumps(result))
     assert publish_adapters.main([str(path), "--out", str(out)]) == 0
     assert json.loads((out / "check.json").read_text())["fold"] is None
+
+
+def test_a_run_with_a_history_summary_says_so_and_its_eval_command_passes_it(tmp_path: Path) -> None:
+    """A ``--mentions N`` run: check.json, the card's data line and its ``queryrl eval`` command all carry N (the
+    prompts without the summary are not the ones the adapters were trained and measured on)."""
+    path = _fake_run(tmp_path, True, True)
+    result = json.loads(path.read_text())
+    result["settings"]["args"]["mentions"] = 5
+    path.write_text(json.dumps(result))
+    out = tmp_path / "published"
+    assert publish_adapters.main([str(path), "--out", str(out)]) == 0
+    assert json.loads((out / "check.json").read_text())["mentions"] == 5
+    card = (out / "README.md").read_text()
+    assert "a history summary naming the latest 5 knowledge-base entities" in card
+    command = card[card.index("queryrl eval --config") :].split("```")[0]
+    assert "--mentions 5 \\" in command
 
 
 def test_the_card_places_the_run_in_the_grid_that_holds_it(tmp_path: Path) -> None:
