@@ -30,6 +30,8 @@ GRIDB = "benchmarks/results/seed_grid_restricted_both.json"  # test and validati
 VOCAB_S0 = "experiments/results/seed_grid_vocab_s0.json"  # restricted against full head, split 0, paired seeds
 VOCAB_STEP = "benchmarks/results/vocab_head.json"
 GRIDM = "experiments/results/seed_grid_mentwarm_4folds.json"  # today's defaults: levers 33 + 34, 4 folds x 3 seeds
+GRIDMV = "experiments/results/seed_grid_mentwarm_4folds_val.json"  # the same runs on the validation conversations
+GRIDMB = "experiments/results/seed_grid_mentwarm_4folds_both.json"  # test and validation pooled
 GRIDW = "experiments/results/seed_grid_warmall_g789.json"  # the previous defaults: lever 34 on the same folds
 MACHINES = [
     ("experiments/results/grid_warmall_amd_fold{}of10_g7.json", "experiments/results/grid_warmall_fold{}of10_g7.json")
@@ -182,6 +184,14 @@ CLAIMS: list[tuple[str, list[Hole]]] = [
         (GRIDM, at("pooled", "grpo_minus_reference_mrr", "diff"), "+.3f"),
         (GRIDM, at("pooled", "grpo_minus_reference_mrr", "group_low"), "+.3f"),
         (GRIDM, at("pooled", "grpo_minus_reference_mrr", "group_high"), "+.3f"), (GRIDM, folds_above_reference, "s")]),
+    ("on the folds' validation conversations, which no phase reads, {} (over conversations [{}, {}]), and test and "
+     "validation pooled ({} turns) {} (over conversations [{}, {}])", [
+        (GRIDMV, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
+        (GRIDMV, at("pooled", "grpo_minus_reference", "group_low"), "+.3f"),
+        (GRIDMV, at("pooled", "grpo_minus_reference", "group_high"), "+.3f"),
+        (GRIDMB, at("pooled", "turns"), ",d"), (GRIDMB, at("pooled", "grpo_minus_reference", "diff"), "+.3f"),
+        (GRIDMB, at("pooled", "grpo_minus_reference", "group_low"), "+.3f"),
+        (GRIDMB, at("pooled", "grpo_minus_reference", "group_high"), "+.3f")]),
     ("It is not above its own warm-up ({} [{}, {}])", diff_ci(GRIDM, "pooled", "grpo_minus_warmup")),
     ("lifted the warm-up by {} over the previous defaults' (over conversations [{}, {}]) and GRPO by {} (over "
      "conversations [{}, {}])", [
