@@ -367,9 +367,9 @@ def card(
     )
     decoding = result["settings"].get("eval_decoding") or "greedy"
     files = ",".join(f"{name}=DIR/{name}/{VOCAB_FILE}" for name in vocab)
-    vocab_option = [f"  --vocab-ids {files} \\"] if vocab else []
+    eval_options = [f"  --vocab-ids {files} \\"] if vocab else []
     mentions = args.get("mentions", 0)
-    vocab_option += [f"  --mentions {mentions} \\"] if mentions else []  # the prompts the run trained on
+    eval_options += [f"  --mentions {mentions} \\"] if mentions else []  # the prompts the run trained on
     lines = [
         "# Gemma 3 270M query rewriter: warm-up and GRPO LoRA adapters (KdConv travel)",
         "",
@@ -411,7 +411,7 @@ def card(
         "queryrl eval --config configs/query_rewrite_kdconv.yaml --data KDCONV/travel/test.json \\",
         f"  --dtype {result['compute_dtype']} --max-new-tokens {args['max_response_length']} --out eval.json \\",
         "  --compare grpo:warmup,grpo:reference \\",
-        *vocab_option,
+        *eval_options,
         "  --systems concat_last3,reference,warmup=BASE+DIR/warmup,grpo=BASE+DIR/warmup+DIR/grpo",
         "```",
         "",
