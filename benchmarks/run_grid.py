@@ -29,8 +29,9 @@ What it cost: ``runs/grid/NAME/run_grid.json`` (written after every cell) holds 
 time and commit (a cell an earlier call finished keeps what that call recorded, and so does one this call does not
 list), whether the tree had changes, and the machine. At the end the grid summary (``seed_grid.py``'s
 JSON, rows ``both`` with ``--val`` else ``test``) goes to ``--results-dir``'s ``seed_grid_NAME.json`` with that record
-under ``cost``. Run the grid from a checkout that does not change while it runs (a ``git worktree`` at a commit):
-each cell starts Python anew and reads the code as it is then.
+under ``cost`` (``seed_grid_NAME_folds0_3.json`` for ``--fold-list 0 3``: a grid name reused for other folds does not
+write over the first call's summary). Run the grid from a checkout that does not change while it runs (a ``git
+worktree`` at a commit): each cell starts Python anew and reads the code as it is then.
 """
 
 from __future__ import annotations
@@ -327,10 +328,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GridError as exc:
         print(f"run_grid: {exc}", file=sys.stderr)
         return 2
-    target = args.results_dir / f"seed_grid_{args.name}.json"
+    target = summary_path(args)
     write_json(target, out)
     print(f"run_grid: {len(cells)} cells in {record['wall_s']} s; the grid: {target}")
     return 0
+
+
+def summary_path(args: argparse.Namespace) -> Path:
+    """Where the grid summary goes: ``seed_grid_NAME.json`` for every fold, ``seed_grid_NAME_foldsA_B.json`` for
+    ``--fold-list A B``."""
+    folds = "" if args.fold_list is None else "_folds" + "_".join(str(k) for k in args.fold_list)
+    return args.results_dir / f"seed_grid_{args.name}{folds}.json"
 
 
 if __name__ == "__main__":

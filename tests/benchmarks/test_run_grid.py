@@ -190,3 +190,15 @@ def test_a_stop_file_starts_no_more_cells_and_the_next_call_goes_on(tmp_path: Pa
     assert saved["s0_g7"]["status"] == "done"  # the running cell finished
     assert saved["s1_g7"]["status"].startswith("not started: ")
     assert run_grid.run_cells(cells, 1, {}, grid / "run_grid.json") == []  # STOP was removed: it goes on
+
+
+def test_a_fold_list_names_its_summary_so_a_reused_grid_name_keeps_the_first_summary(tmp_path: Path) -> None:
+    """``seed_grid_NAME.json`` for every fold; ``--fold-list 0 3`` writes ``seed_grid_NAME_folds0_3.json`` (a later call
+    of the same grid name on other folds once wrote over a committed summary)."""
+    res = ["--results-dir", str(tmp_path)]
+    every, _ = run_grid.parse(["g", "--folds", "10", *res])
+    some, _ = run_grid.parse(["g", "--folds", "10", "--fold-list", "0", "3", *res])
+    assert run_grid.summary_path(every) == tmp_path / "seed_grid_g.json"
+    assert run_grid.summary_path(some) == tmp_path / "seed_grid_g_folds0_3.json"
+    splits, _ = run_grid.parse(["g", "--splits", "0", "1", *res])
+    assert run_grid.summary_path(splits) == tmp_path / "seed_grid_g.json"
