@@ -391,7 +391,7 @@ def card(
         "**Data and split.** KdConv travel `dev.json` (thu-coai/KdConv, Apache-2.0; not in this repository), split",
         f"by conversation {split_text(args)}: train / val / test {_split(data['rows'])} rows from",
         f"{_split(data['conversations'])} conversations; evaluated on {rows}. Prompts carry",
-        f"{args['history_chars']} characters of history{summary_text(args.get('mentions', 0))}, answers are "
+        f"{args['history_chars']} characters of history{summary_text(mentions)}, answers are "
         f"`{args['answer_format']}`.",
         "",
         f"**Seeds.** {split_name(args)}, GRPO `trainer.seed` {grpo_seed}. One run on one split, not a seed",
