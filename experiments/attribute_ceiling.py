@@ -65,7 +65,7 @@ def ceiling(files: list[Path], kb: str, context_dependent: bool = False) -> dict
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            if not row["gold"] or (context_dependent and not (row.get("turn") or 0) > 0):
+            if not row["gold"] or (context_dependent and (row.get("turn") or 0) == 0):
                 continue
             kind = attribute_class(row["gold"])
             turn = {

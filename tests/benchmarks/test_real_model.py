@@ -176,6 +176,7 @@ def test_the_kdconv_test_file_is_read_whole_with_the_benchs_window(tmp_path: Pat
     assert windowed > 0  # long conversations are cut to the window, as the bench's own rows
     assert rows["extra_info"].map(lambda e: e["history_summary"]).eq("").all()  # --mentions 0: no summary
     assert bench.parse_args([]).mentions == 5  # the default since lever 33's four-fold grid (2026-12-07)
+    assert bench.parse_args([]).max_response_length == 96  # lever 38: 48 cut the long turns' rewrites
     mentions = bench.external_rows(test_file, KDCONV, tmp_path / "m.parquet", window, "text", mentions=3)
     summaries = pd.read_parquet(mentions["file"])["extra_info"].map(lambda e: e["history_summary"])
     assert summaries.str.startswith("对话中提到过").any()  # --mentions reaches the KDCONV_TEST rows too
