@@ -69,6 +69,9 @@ out (``data/train_grpo_rows.parquet``, the split's shuffled order after the warm
 the warm-up SFT has not memorised. With ``--grpo-rows val`` GRPO trains on the split's validation conversations
 (``data/val.parquet``) and the warm-up keeps every training turn: prompts of conversations neither phase saw, at no
 cost to the warm-up; those conversations are then no longer held out (``benchmarks/val_eval.py`` refuses such a run).
+With ``--grpo-rows swapped`` GRPO trains on one entity-swapped copy of every training turn
+(``data/train_grpo_swapped.parquet``, ``warmup_rounds.swapped_rows``): the warm-up keeps every turn with its own
+names, and GRPO's prompts are the same turns with other places' names, which it has not memorised.
 With ``--mentions N`` (default 5, lever 33 of ``experiments/logs/real_model.md``; 0 for none) every prompt of every
 split (and of ``KDCONV_TEST``) carries a history summary listing the knowledge base's names the conversation mentioned
 before the turn, the latest N (``queryrl/apps/query_rewrite/data/mentions.py``): the names the reference rewriter
@@ -502,12 +505,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--grpo-rows",
-        choices=("all", "unseen", "val"),
+        choices=("all", "unseen", "val", "swapped"),
         default="all",
         help="GRPO's prompts: every training turn, only those the warm-up's --warmup-rows leave out (lever 36 of "
         "experiments/logs/real_model.md: the warm-up has not memorised them, so a group's samples differ more often), "
-        "or the validation conversations' turns (lever 37: unseen by the warm-up, which keeps every training turn; "
-        "they are then not held out)",
+        "the validation conversations' turns (lever 37: unseen by the warm-up, which keeps every training turn; they "
+        "are then not held out), or an entity-swapped copy of every training turn (lever 39: the warm-up learnt each "
+        "turn with its own names, so a copy is a prompt it has not memorised and a rewrite must copy the name the "
+        "conversation uses)",
     )
     parser.add_argument("--grpo-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="prompts per GRPO step (data.train_batch_size)")
@@ -760,7 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # GRPO (LoRA) from the warm-up model
     run = work / "grpo_run"
     train_settings = grpo_settings(args, dtype)
-    train_file = grpo_rows_file(args, data["files"], work / "data")
+    train_file = grpo_rows_file(args, data["files"], work / "data", kb)
     common = [f"model.path={warmup_model}", f"trainer.output_dir={work}", "data.val_files=[]"]
     common += [f"app.query_rewrite.rag.corpus=kdconv:{kb}", f"data.train_files=[{train_file}]"]
     if args.pass_rate_rows:  # the prompts whose samples the warm-up scores differently (queryrl pass-rate)

@@ -122,15 +122,42 @@ def unseen_rows(frame: Any, args: argparse.Namespace, out: Path) -> Path:
     return out
 
 
-def grpo_rows_file(args: argparse.Namespace, files: dict[str, str], data_dir: Path) -> str:
+def swapped_rows(frame: Any, kb: Path, seed: int, out: Path) -> Path:
+    """One entity-swapped copy of every training turn that names a knowledge-base entity
+    (:func:`~queryrl.apps.query_rewrite.data.kdconv_swap.swap_rows`, seeded with the split's seed), written to
+    `out`: GRPO's prompts with ``--grpo-rows swapped``. The warm-up learnt the turns with their own names; in a copy
+    every name (prompt, history summary and gold labels alike) is another place's that has the gold attributes, so a
+    rewrite that recalls the memorised name instead of copying the one the conversation uses retrieves nothing."""
+    import pandas as pd
+
+    from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
+    from queryrl.apps.query_rewrite.data.kdconv_prep import kb_attributes
+    from queryrl.apps.query_rewrite.data.kdconv_swap import swap_rows
+
+    copies = swap_rows(frame.to_dict("records"), kb_attributes(kdconv_corpus(kb)), 1, seed)
+    if not copies:
+        raise ValueError("--grpo-rows swapped: no training turn names a knowledge-base entity, nothing to swap")
+    partial = out.with_name(out.name + ".partial")
+    pd.DataFrame(copies).to_parquet(partial, index=False)
+    partial.replace(out)
+    return out
+
+
+def grpo_rows_file(args: argparse.Namespace, files: dict[str, str], data_dir: Path, kb: Path | None = None) -> str:
     """GRPO's training file: `args.train_file`, else by ``--grpo-rows``: every training turn (``all``), those the
-    warm-up leaves out (``unseen``, written to `data_dir`), or the validation conversations' turns (``val``)."""
+    warm-up leaves out (``unseen``, written to `data_dir`), the validation conversations' turns (``val``), or an
+    entity-swapped copy of every training turn (``swapped``, written to `data_dir`; needs the knowledge base `kb`)."""
     if args.train_file is not None:
         return str(args.train_file.resolve())
-    if args.grpo_rows == "unseen":  # the turns the warm-up's SFT never saw (--warmup-rows leaves them out)
+    if args.grpo_rows in ("unseen", "swapped"):
         import pandas as pd
 
-        return str(unseen_rows(pd.read_parquet(files["train"]), args, data_dir / "train_grpo_rows.parquet"))
+        frame = pd.read_parquet(files["train"])
+        if args.grpo_rows == "unseen":  # the turns the warm-up's SFT never saw (--warmup-rows leaves them out)
+            return str(unseen_rows(frame, args, data_dir / "train_grpo_rows.parquet"))
+        if kb is None:
+            raise ValueError("--grpo-rows swapped needs the knowledge base to swap names from")
+        return str(swapped_rows(frame, kb, args.seed, data_dir / "train_grpo_swapped.parquet"))
     return files["val"] if args.grpo_rows == "val" else files["train"]
 
 

@@ -172,8 +172,46 @@ def test_grpo_rows_picks_grpos_training_file(tmp_path: Path) -> None:
     assert rounds.grpo_rows_file(_args("--train-file", str(given)), files, tmp_path) == str(given.resolve())
 
 
+def test_grpo_on_swapped_rows_renames_every_turn_and_its_gold(tmp_path: Path) -> None:
+    """``--grpo-rows swapped``: one entity-swapped copy of each training turn that names a place (prompt and gold
+    labels renamed alike, another place with the gold attribute), the same copies for every GRPO seed of a split;
+    refused without a knowledge base, and when no turn names a place."""
+    pd = pytest.importorskip("pandas")
+    names = ("北京故宫", "颐和园", "天坛", "香山公园")
+    kb = tmp_path / "kb.json"
+    kb.write_text(json.dumps({n: [[n, "地址", f"{n}的地址"], [n, "门票", "免费"]] for n in names}), encoding="utf-8")
+
+    def row(turn: int, text: str, gold: list[str]) -> dict[str, Any]:
+        return {
+            "prompt": [{"role": "user", "content": text}],
+            "reward_model": {"ground_truth": {"gold_doc_ids": gold, "gold_titles": [g.split("::")[0] for g in gold]}},
+            "extra_info": {"conversation_id": "dev-0001", "turn": turn},
+        }
+
+    train = tmp_path / "train.parquet"
+    rows = [row(1, "客服：北京故宫很好。\n当前问题：地址在哪？", ["北京故宫::地址"]), row(3, "你好", [])]
+    pd.DataFrame(rows).to_parquet(train, index=False)
+    files = {"train": str(train), "val": str(tmp_path / "val.parquet")}
+    args = _args("--grpo-rows", "swapped")
+    out = rounds.grpo_rows_file(args, files, tmp_path, kb)
+    assert out == str(tmp_path / "train_grpo_swapped.parquet")
+    (copy,) = pd.read_parquet(out).to_dict("records")  # the turn that names no place has no copy
+    (new,) = copy["reward_model"]["ground_truth"]["gold_titles"]
+    assert new in names
+    assert new != "北京故宫"
+    assert copy["reward_model"]["ground_truth"]["gold_doc_ids"][0] == f"{new}::地址"
+    assert copy["prompt"][0]["content"] == f"客服：{new}很好。\n当前问题：地址在哪？"
+    assert copy["extra_info"]["conversation_id"] == "dev-0001-swap0"
+    assert pd.read_parquet(rounds.grpo_rows_file(args, files, tmp_path, kb)).equals(pd.read_parquet(out))
+    with pytest.raises(ValueError, match="needs the knowledge base"):
+        rounds.grpo_rows_file(args, files, tmp_path)
+    pd.DataFrame(rows[1:]).to_parquet(train, index=False)
+    with pytest.raises(ValueError, match="no training turn names a knowledge-base entity"):
+        rounds.grpo_rows_file(args, files, tmp_path, kb)
+
+
 @needs_kdconv("travel/dev.json")  # without KdConv the bench skips before it reads its options
-@pytest.mark.parametrize("rows", ["unseen", "val"])
+@pytest.mark.parametrize("rows", ["unseen", "val", "swapped"])
 def test_grpo_rows_refuses_a_train_file_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str
 ) -> None:
