@@ -108,6 +108,7 @@ from warmup_rounds import (
     mark_round,
     model_round,
     round_phase,
+    write_rows,
 )
 
 from queryrl.apps.query_rewrite.data.kdconv_prep import GOLD_TARGETS, kb_attributes, kb_name, prepare
@@ -397,10 +398,7 @@ def warm_up(
 
         kept = pd.read_parquet(warmup_file).to_dict("records")
         copies = swap_rows(kept, kb_attributes(kdconv_corpus(kb)), args.warmup_swaps, args.seed)
-        warmup_file = work / "warmup_data" / "warmup_swapped.parquet"
-        partial = warmup_file.with_name(warmup_file.name + ".partial")
-        pd.DataFrame([*kept, *copies]).to_parquet(partial, index=False)
-        partial.replace(warmup_file)
+        warmup_file = write_rows([*kept, *copies], work / "warmup_data" / "warmup_swapped.parquet")
         phase["swapped_rows"] = {"kept": len(kept), "copies": len(copies), "per_row": args.warmup_swaps}
     warmup_model = sft(round_phase(1, args.warmup_rounds), str(warmup_file))
     mark_round(warmup_model, {"round": 1, "data": str(warmup_file)})

@@ -128,8 +128,6 @@ def swapped_rows(frame: Any, kb: Path, seed: int, out: Path) -> Path:
     `out`: GRPO's prompts with ``--grpo-rows swapped``. The warm-up learnt the turns with their own names; in a copy
     every name (prompt, history summary and gold labels alike) is another place's that has the gold attributes, so a
     rewrite that recalls the memorised name instead of copying the one the conversation uses retrieves nothing."""
-    import pandas as pd
-
     from queryrl.apps.query_rewrite.data.kdconv import kdconv_corpus
     from queryrl.apps.query_rewrite.data.kdconv_prep import kb_attributes
     from queryrl.apps.query_rewrite.data.kdconv_swap import swap_rows
@@ -137,8 +135,15 @@ def swapped_rows(frame: Any, kb: Path, seed: int, out: Path) -> Path:
     copies = swap_rows(frame.to_dict("records"), kb_attributes(kdconv_corpus(kb)), 1, seed)
     if not copies:
         raise ValueError("--grpo-rows swapped: no training turn names a knowledge-base entity, nothing to swap")
+    return write_rows(copies, out)
+
+
+def write_rows(rows: list[dict[str, Any]], out: Path) -> Path:
+    """`rows` as a parquet file at `out`, written to a temporary name and renamed."""
+    import pandas as pd
+
     partial = out.with_name(out.name + ".partial")
-    pd.DataFrame(copies).to_parquet(partial, index=False)
+    pd.DataFrame(rows).to_parquet(partial, index=False)
     partial.replace(out)
     return out
 
